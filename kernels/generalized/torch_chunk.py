@@ -1,0 +1,113 @@
+"""Vectorised PyTorch chunk form of the generalized recurrence: the path for CPU tensors.
+
+Same algorithm as the Triton kernel (see ``chunk.py``), written with batched tensor ops so
+autograd gives the backward. Within a chunk, with G the inclusive cumulative log-decay,
+G' = G - g the exclusive one and X_t = S_{t-1}^T B_t the read of the previous state:
+
+    X = (I + L_AB)^{-1} (Bhat S_0 + L_KB V)                 (paper eq. 13-14, UT form)
+    O = Qhat S_0 + M_QK V - M_QA X                           (eq. 18)
+    S_C = exp(G_C) * S_0 + Ktil^T V - Atil^T X              (eq. 17)
+
+where every decay factor is exp of a difference G_t - G_i with t >= i, computed pairwise
+(never exp(-G), which overflows; ALGORITHM.md).
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 16
+
+
+def _pairwise_decay(g_read: torch.Tensor, g_write: torch.Tensor, strict: bool) -> torch.Tensor:
+    """exp(g_read[t] - g_write[i]) for i <= t (i < t if strict), else 0: ``[..., C, C, K]``."""
+    c = g_read.shape[-2]
+    mask = torch.ones(c, c, dtype=torch.bool, device=g_read.device).tril(-1 if strict else 0)
+    diff = g_read.unsqueeze(-2) - g_write.unsqueeze(-3)
+    return diff.masked_fill(~mask[..., None], float("-inf")).exp()
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """``[..., C, r, D] -> [..., C*r, D]`` (token-major, rank fastest)."""
+    return x.reshape(*x.shape[:-3], x.shape[-3] * x.shape[-2], x.shape[-1])
+
+
+def torch_chunk_generalized(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    reverse: bool = False,
+    chunk_size: int = CHUNK,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Chunked generalized op in PyTorch; shapes as in :func:`naive_generalized`."""
+    if reverse:
+        flip = [x.flip(1) for x in (q, k, v, a, b, g)]
+        o, s = torch_chunk_generalized(*flip, scale, initial_state, output_final_state, False, chunk_size)
+        return o.flip(1), s
+    out_dtype = q.dtype
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    batch, seq_len, heads, dk = q.shape
+    r_kv, dv, r_ab = v.shape[-2], v.shape[-1], a.shape[-2]
+    scale = 1.0 if scale is None else scale
+    c = chunk_size
+    n = -(-seq_len // c)
+    pad = n * c - seq_len
+
+    def prep(x):  # [B, T, H, ...] -> [B, H, N, C, ...], zero-padded (padding tokens are identity steps)
+        x = x.to(compute).transpose(1, 2)
+        x = F.pad(x, [0, 0] * (x.dim() - 3) + [0, pad])
+        return x.reshape(batch, heads, n, c, *x.shape[3:])
+
+    q, k, v, a, b, g = (prep(x) for x in (q * scale, k, v, a, b, g))
+    G = g.cumsum(-2)
+    Gp = G - g
+    e_post = _pairwise_decay(G, G, strict=False)  # [B, H, N, C, C, K]
+    m_qk = torch.einsum("...sk,...stk,...trk->...str", q, e_post, k)
+    m_qk = m_qk.reshape(*m_qk.shape[:-2], c * r_kv)
+    q_hat = q * G.exp()
+    decay_last = (G[..., -1:, :] - G).exp()  # exp(G_C - G_i)
+    k_til = _flat(k * decay_last.unsqueeze(-2))
+    v_flat = _flat(v)
+    state_in = q_hat.new_zeros(batch, heads, dk, dv)
+    if initial_state is not None:
+        state_in = state_in + initial_state.to(compute)
+    state_in = state_in.unsqueeze(2)  # broadcast over chunks
+
+    if r_ab > 0:
+        e_pre = _pairwise_decay(Gp, G, strict=True)
+        l_ab = torch.einsum("...srk,...stk,...tpk->...srtp", b, e_pre, a).reshape(batch, heads, n, c * r_ab, c * r_ab)
+        l_kb = torch.einsum("...srk,...stk,...tpk->...srtp", b, e_pre, k).reshape(batch, heads, n, c * r_ab, c * r_kv)
+        m_qa = torch.einsum("...sk,...stk,...tpk->...stp", q, e_post, a).reshape(batch, heads, n, c, c * r_ab)
+        eye = torch.eye(c * r_ab, dtype=compute, device=q.device)
+        solve = torch.linalg.solve_triangular(eye + l_ab, eye.expand_as(l_ab), upper=False, unitriangular=True)
+        b_hat = _flat(b * Gp.exp().unsqueeze(-2))
+        wx = solve @ b_hat  # X = wx S_0 + u
+        u = solve @ (l_kb @ v_flat)
+        a_til = _flat(a * decay_last.unsqueeze(-2))
+        q_eff = q_hat - m_qa @ wx
+        o_local = m_qk @ v_flat - m_qa @ u
+        s_trans = a_til.transpose(-1, -2) @ wx  # S_C = exp(G_C) S_0 - s_trans S_0 + s_add
+        s_add = k_til.transpose(-1, -2) @ v_flat - a_til.transpose(-1, -2) @ u
+    else:
+        q_eff, o_local, s_trans = q_hat, m_qk @ v_flat, None
+        s_add = k_til.transpose(-1, -2) @ v_flat
+    g_chunk = G[..., -1, :].exp().unsqueeze(-1)  # [B, H, N, K, 1]
+
+    states = []
+    state = state_in[:, :, 0]
+    for i in range(n):
+        states.append(state)
+        nxt = g_chunk[:, :, i] * state + s_add[:, :, i]
+        if s_trans is not None:
+            nxt = nxt - s_trans[:, :, i] @ state
+        state = nxt
+    starts = torch.stack(states, dim=2)  # state entering each chunk
+    o = q_eff @ starts + o_local  # [B, H, N, C, V]
+    o = o.reshape(batch, heads, n * c, dv)[:, :, :seq_len].transpose(1, 2).to(out_dtype)
+    return o, (state.to(out_dtype) if output_final_state else None)

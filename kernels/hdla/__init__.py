@@ -1,0 +1,1 @@
+from .naive import hdla_decay_factors, naive_hdla

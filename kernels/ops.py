@@ -1,0 +1,80 @@
+"""Public ops: validate inputs, then run the Triton kernels (CUDA tensors, or any tensor
+under ``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors)."""
+import os
+from typing import Optional, Tuple
+
+import torch
+
+from .generalized.torch_chunk import torch_chunk_generalized
+from .hdla.naive import hdla_decay_factors
+from .utils import check_generalized_inputs, check_hdla_inputs
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Triton runs CUDA tensors, and CPU tensors when ``TRITON_INTERPRET=1``."""
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def chunk_generalized(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    reverse: bool = False,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Generalized linear attention (HDLA paper eq. 8), chunkwise.
+
+    ``S_t = (Diag(exp g_t) - A_t B_t^T) S_{t-1} + K_t V_t^T``, ``o_t = scale * S_t^T q_t``.
+
+    Args:
+        q, g: ``[B, T, H, K]`` (``g = log d_t <= 0``).
+        k: ``[B, T, H, r_kv, K]``; v: ``[B, T, H, r_kv, V]``, ``r_kv >= 1``.
+        a, b: ``[B, T, H, r_ab, K]``, ``r_ab >= 0`` (the columns of A_t, B_t).
+        scale: output scale, ``None`` means 1.
+        initial_state: ``[B, H, K, V]`` or None.
+        output_final_state: also return the state after the last scanned token.
+        reverse: scan from token T-1 down to 0.
+
+    Returns:
+        ``(o [B, T, H, V], final_state [B, H, K, V] or None)``; ``o`` has q's dtype.
+    """
+    check_generalized_inputs(q, k, v, a, b, g, initial_state, scale)
+    if use_triton(q):
+        from .generalized.chunk import triton_chunk_generalized
+
+        return triton_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+    return torch_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+
+
+def chunk_hdla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    reverse: bool = False,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """HDLA (paper eq. 27): ``S_t = (I - b k k^T) Diag(exp g) (I - b k k^T) S_{t-1} + k v^T``.
+
+    Args:
+        q, k, g: ``[B, T, H, K]`` (k L2-normalised by the caller, ``g = log lambda``).
+        v: ``[B, T, H, V]``; beta: ``[B, T, H]`` in [0, 2].
+        Other arguments as :func:`chunk_generalized`.
+    """
+    check_hdla_inputs(q, k, v, beta, g, initial_state, scale)
+    if use_triton(q):
+        from .hdla.chunk import triton_chunk_hdla
+
+        return triton_chunk_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
+    a, b = hdla_decay_factors(k, beta, g)
+    return torch_chunk_generalized(
+        q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, scale, initial_state, output_final_state, reverse
+    )

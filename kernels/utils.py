@@ -1,0 +1,86 @@
+"""Input checks shared by the ops: every error names the argument and what was expected."""
+from typing import Optional, Tuple
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+MAX_HEAD_DIM = 256
+MIN_HEAD_DIM = 1
+
+
+def _shape(x: torch.Tensor) -> str:
+    return "[" + ", ".join(str(d) for d in x.shape) + "]"
+
+
+def check_tensor(name: str, x, expected: Tuple[int, ...], ref: torch.Tensor, layout: str) -> None:
+    """Raise ValueError unless ``x`` is a tensor of shape ``expected`` on ``ref``'s device and dtype."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(expected):
+        exp = "[" + ", ".join(str(d) for d in expected) + "]"
+        raise ValueError(f"{name} must have shape {layout} = {exp}, got {_shape(x)}")
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device} but q is on {ref.device}; all inputs must share one device")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{name} has dtype {x.dtype}; expected one of float32, bfloat16, float16, float64")
+
+
+def check_head_dims(dk: int, dv: int) -> None:
+    for name, d in (("K (head dim of q/k)", dk), ("V (head dim of v)", dv)):
+        if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"{name} = {d} is not supported; expected 1 <= {name.split()[0]} <= {MAX_HEAD_DIM}")
+
+
+def check_common(
+    q: torch.Tensor,
+    dv: int,
+    initial_state: Optional[torch.Tensor],
+    scale: Optional[float],
+) -> Tuple[int, int, int, int]:
+    """Check q and the initial state; return (B, T, H, K)."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        got = _shape(q) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"q must have shape [B, T, H, K], got {got}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q has dtype {q.dtype}; expected one of float32, bfloat16, float16, float64")
+    batch, seq_len, heads, dk = q.shape
+    if seq_len < 1 or batch < 1 or heads < 1:
+        raise ValueError(f"q must have B, T, H >= 1, got shape {_shape(q)}")
+    check_head_dims(dk, dv)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, (batch, heads, dk, dv), q, "[B, H, K, V]")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise ValueError(f"scale must be a float or None, got {type(scale).__name__}")
+    return batch, seq_len, heads, dk
+
+
+def check_generalized_inputs(q, k, v, a, b, g, initial_state, scale) -> Tuple[int, int]:
+    """Validate the generalized op's inputs; return (r_kv, r_ab)."""
+    if not isinstance(v, torch.Tensor) or v.dim() != 5:
+        got = _shape(v) if isinstance(v, torch.Tensor) else type(v).__name__
+        raise ValueError(f"v must have shape [B, T, H, r_kv, V], got {got}")
+    batch, seq_len, heads, dk = check_common(q, v.shape[-1], initial_state, scale)
+    r_kv, dv = v.shape[-2], v.shape[-1]
+    if r_kv < 1:
+        raise ValueError(f"v must have r_kv >= 1 (shape [B, T, H, r_kv, V]), got {_shape(v)}")
+    check_tensor("v", v, (batch, seq_len, heads, r_kv, dv), q, "[B, T, H, r_kv, V]")
+    check_tensor("k", k, (batch, seq_len, heads, r_kv, dk), q, "[B, T, H, r_kv, K]")
+    check_tensor("g", g, (batch, seq_len, heads, dk), q, "[B, T, H, K]")
+    if not isinstance(a, torch.Tensor) or a.dim() != 5:
+        got = _shape(a) if isinstance(a, torch.Tensor) else type(a).__name__
+        raise ValueError(f"a must have shape [B, T, H, r_ab, K], got {got}")
+    r_ab = a.shape[-2]
+    check_tensor("a", a, (batch, seq_len, heads, r_ab, dk), q, "[B, T, H, r_ab, K]")
+    check_tensor("b", b, (batch, seq_len, heads, r_ab, dk), q, "[B, T, H, r_ab, K] (same r_ab as a)")
+    return r_kv, r_ab
+
+
+def check_hdla_inputs(q, k, v, beta, g, initial_state, scale) -> None:
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        got = _shape(v) if isinstance(v, torch.Tensor) else type(v).__name__
+        raise ValueError(f"v must have shape [B, T, H, V], got {got}")
+    batch, seq_len, heads, dk = check_common(q, v.shape[-1], initial_state, scale)
+    check_tensor("v", v, (batch, seq_len, heads, v.shape[-1]), q, "[B, T, H, V]")
+    check_tensor("k", k, (batch, seq_len, heads, dk), q, "[B, T, H, K]")
+    check_tensor("g", g, (batch, seq_len, heads, dk), q, "[B, T, H, K]")
+    check_tensor("beta", beta, (batch, seq_len, heads), q, "[B, T, H]")
