@@ -1,0 +1,1 @@
+from .registry import create_mixer, list_mixers, register_mixer
