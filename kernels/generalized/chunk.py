@@ -1,6 +1,6 @@
 """Triton chunk op for the generalized recurrence, forward and backward.
 
-Backward (derivation in ``docs/backward.md``). With Z_t = dL/dS_t the adjoint state,
+Backward. With Z_t = dL/dS_t the adjoint state,
 
     Z_t = P_{t+1}^T Z_{t+1} + scale q_t do_t^T,    P^T = D - B A^T,
 
