@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import triton
 
-from .scan import BT, THRESH, chunk_scan_kernel
+from .scan import BT, THRESH, chunk_local_kernel, chunk_scan_kernel
 
 
 def _pow2(n: int) -> int:
@@ -33,12 +33,13 @@ def _rank(x: Optional[torch.Tensor]) -> int:
     return 0 if x is None else x.shape[3]
 
 
-def _launch_config(dk: int, dv: int, slots: int):
-    """(BK, BV, num_warps) for a head size and the widest rank stack in the tiles."""
+def _launch_config(dk: int, dv: int, programs: int):
+    """(BK, BV, num_warps) for the sequential kernel: BV small enough to give ~2 programs per SM."""
     bk = max(16, triton.next_power_of_2(dk))
     bv = max(16, min(64 if bk <= 128 else 32, triton.next_power_of_2(dv)))
-    num_warps = 4 if bk * slots <= 128 else 8
-    return bk, bv, num_warps
+    while bv > 16 and programs * triton.cdiv(dv, bv) < 256:
+        bv //= 2
+    return bk, bv, 4 if bk <= 64 else 8
 
 
 def chunk_scan(
@@ -60,7 +61,7 @@ def chunk_scan(
     w_post: Optional[torch.Tensor] = None,
     w_pre: Optional[torch.Tensor] = None,
 ):
-    """Run the chunk-scan kernel once.
+    """Run the chunk-local and the sequential kernel once.
 
     Args:
         q: ``[B, T, H, NQ, K]`` query stack for V-readouts ``scale * S_t^T q`` (or None).
@@ -69,46 +70,59 @@ def chunk_scan(
         a, b: ``[B, T, H, r_ab, K]`` (or None for rank 0); ``hdla=(k, beta)`` builds them instead.
         shift: take step p's transition from scan step p-1 (identity at the first step).
         swap_ab: use ``D - B A^T`` (the transposed transition).
-        x_given: ``[B, T, H, r_ab, V]``: the reads X, known from an earlier pass (skips the solve).
+        x_given: ``[B, T, H, r_ab, V]``: the reads X, known from an earlier pass (skips the solve;
+            then q must be None).
         w_post / w_pre: ``[B, T, H, n, V]`` V-vectors for K-readouts of S_t / S_{t-1}.
 
     Returns:
         dict with ``o`` ``[B, T, H, NQ, V]``, ``x`` ``[B, T, H, r_ab, V]``, ``k_post`` and ``k_pre``
         ``[B, T, H, n, K]``, ``final`` ``[B, H, K, V]`` as requested (fp32 except ``o``).
     """
+    if swap_ab and hdla is None:
+        a, b = b, a
     batch, seq_len, heads, r_kv, dk = k.shape
     dv = v.shape[-1]
     r_ab = 2 if hdla is not None else _rank(a)
     nq, nwp, nwq = _rank(q), _rank(w_post), _rank(w_pre)
-    bk, bv, num_warps = _launch_config(dk, dv, max(_pow2(r) for r in (r_kv, r_ab, nq, nwp, nwq)))
+    assert x_given is None or nq == 0, "V-readouts need the solve; x_given skips it"
+    n_chunks = triton.cdiv(seq_len, BT)
+    bk, bv, num_warps = _launch_config(dk, dv, batch * heads)
     n_v = triton.cdiv(dv, bv)
     dev = k.device
     f32 = dict(device=dev, dtype=torch.float32)
     empty = torch.empty(0, **f32)
-    out = {}
+    kh, beta = hdla if hdla is not None else (empty, empty)
+    rap, rkp, nqp = _pow2(r_ab), _pow2(r_kv), _pow2(nq)
+    solve = r_ab > 0 and x_given is None
+    wx = torch.empty(batch, seq_len, heads, r_ab, dk, **f32) if solve else empty
+    ur = torch.empty(batch * heads, n_chunks, BT * rap, BT * rkp, **f32) if solve else empty
+    qe = torch.empty(batch, seq_len, heads, nq, dk, **f32) if nq else empty
+    mo = torch.empty(batch * heads, n_chunks, BT * nqp, BT * rkp, **f32) if nq else empty
+
+    def ptr(t):
+        return empty if t is None else t.contiguous()
+
+    common = dict(NQ=nq, NQP=nqp, RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap, BT=BT, BK=bk,
+                  HDLA=hdla is not None, SWAP_AB=swap_ab, SHIFT=int(shift), REVERSE=reverse)
+    k, g = k.contiguous(), g.contiguous()
+    if solve or nq:
+        chunk_local_kernel[(n_chunks, batch * heads)](
+            ptr(q), k, ptr(a), ptr(b), ptr(kh), ptr(beta), g, wx, ur, qe, mo,
+            seq_len, heads, dk, float(scale), THRESH, num_warps=4 if bk * rap <= 128 else 8, **common,
+        )
     o = torch.empty(batch, seq_len, heads, nq, dv, device=dev, dtype=q.dtype) if nq else empty
     x = torch.empty(batch, seq_len, heads, r_ab, dv, **f32) if store_x else empty
     k_post = torch.empty(n_v, batch, seq_len, heads, nwp, dk, **f32) if nwp else empty
     k_pre = torch.empty(n_v, batch, seq_len, heads, nwq, dk, **f32) if nwq else empty
     final = torch.empty(batch, heads, dk, dv, **f32) if store_final else empty
-    kh, beta = hdla if hdla is not None else (empty, empty)
-
-    def ptr(t):
-        return empty if t is None else t.contiguous()
-
-    grid = (n_v, batch * heads)
-    chunk_scan_kernel[grid](
-        ptr(q), k.contiguous(), v.contiguous(), ptr(a), ptr(b), ptr(kh), ptr(beta), g.contiguous(),
-        ptr(x_given), ptr(w_post), ptr(w_pre),
-        o, x, k_post, k_pre, ptr(initial_state), final,
-        seq_len, heads, dk, dv, float(scale), k_post[0].numel() if nwp else 0,
-        k_pre[0].numel() if nwq else 0, THRESH,
-        NQ=nq, NQP=_pow2(nq), RKV=r_kv, RKP=_pow2(r_kv), RAB=r_ab, RAP=_pow2(r_ab),
-        NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq),
-        BT=BT, BK=bk, BV=bv, HDLA=hdla is not None, SWAP_AB=swap_ab, SHIFT=int(shift),
-        REVERSE=reverse, X_GIVEN=x_given is not None, STORE_X=store_x,
-        USE_H0=initial_state is not None, STORE_HT=store_final, num_warps=num_warps,
+    chunk_scan_kernel[(n_v, batch * heads)](
+        k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, wx, ur, qe, mo,
+        ptr(x_given), ptr(w_post), ptr(w_pre), o, x, k_post, k_pre, ptr(initial_state), final,
+        seq_len, heads, dk, dv, k_post[0].numel() if nwp else 0, k_pre[0].numel() if nwq else 0, THRESH,
+        NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), BV=bv, X_GIVEN=x_given is not None,
+        STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, num_warps=num_warps, **common,
     )
+    out = {}
     if nq:
         out["o"] = o
     if store_x:

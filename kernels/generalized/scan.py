@@ -1,13 +1,17 @@
 """The Triton chunk-scan kernel behind every op in this package.
 
-One program owns one (batch, head, V-block) and walks the sequence chunk by chunk
-(``BT = 16`` tokens), keeping the state ``S`` (``[K, BV]``, fp32) in registers. Per chunk,
-with G the inclusive and G' = G - g the exclusive cumulative log-decay (fp32) and
-``X_t = S_{t-1}^T B_t`` the read of the previous state (HDLA paper eq. 13-18, UT form):
+Two kernels. Per chunk of ``BT = 16`` tokens, with G the inclusive and G' = G - g the
+exclusive cumulative log-decay (fp32) and ``X_t = S_{t-1}^T B_t`` the read of the previous
+state (HDLA paper eq. 13-18, UT form):
 
-    X   = (I + L_AB)^{-1} (Bhat S + L_KB V)           L_AB[t,i] = B_t^T diag(e^{G'_t - G_i}) A_i, i < t
-    O   = Qhat S + M_QK V - M_QA X                     M_QK[t,i] = q_t^T diag(e^{G_t - G_i}) K_i, i <= t
-    S  <- e^{G_C} S + Ktil^T V - Atil^T X             Ktil_i = e^{G_C - G_i} K_i
+    X   = (I + L_AB)^{-1} (Bhat S + L_KB V)  = Wx S + Ur V    L_AB[t,i] = B_t^T diag(e^{G'_t - G_i}) A_i, i < t
+    O   = Qhat S + M_QK V - M_QA X           = Qeff S + Mo V  M_QK[t,i] = q_t^T diag(e^{G_t - G_i}) K_i, i <= t
+    S  <- e^{G_C} S + Ktil^T V - Atil^T X                      Ktil_i = e^{G_C - G_i} K_i
+
+``chunk_local_kernel`` computes Wx, Ur, Qeff and Mo, which do not depend on the state, for
+all chunks in parallel (the Gram matrices and the triangular inverse live there).
+``chunk_scan_kernel`` then walks the chunks of one (batch, head, V-block) in order with the
+state ``S`` (``[K, BV]``, fp32) in registers, doing only products with the state.
 
 Decay factors are only ever exp of a difference whose sign is known (ALGORITHM.md). The
 Gram matrices take one of two routes per chunk: if ``max |G| <= THRESH`` they factor as
@@ -185,10 +189,69 @@ def _unit_lower_inverse(lmat, N: tl.constexpr, BT: tl.constexpr, RP: tl.constexp
 
 
 @triton.jit
+def chunk_local_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, kh_ptr, beta_ptr, g_ptr,
+    wx_ptr, ur_ptr, qe_ptr, mo_ptr,
+    T, H, K, scale, thresh,
+    NQ: tl.constexpr, NQP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
+    RAB: tl.constexpr, RAP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
+):
+    """State-independent part of one chunk: Wx ``[BT*RAP, K]`` and Ur ``[BT*RAP, BT*RKP]``
+    (so that X = Wx S + Ur V), Qeff ``[BT*NQP, K]`` and Mo ``[BT*NQP, BT*RKP]`` (O = Qeff S + Mo V)."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    n_chunks = tl.num_programs(0)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    p0 = i_c * BT
+    ck = tl.arange(0, BK)
+    mk = ck < K
+    g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
+    g_cum = tl.cumsum(g_tok, 0)
+    g_exc = g_cum - g_tok
+    fast = tl.max(tl.abs(g_cum)) <= thresh
+    kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
+    g_k = _expand(g_cum, BT, RKP, BK)
+    cols_k = tl.arange(0, BT * RKP)
+    tile = i_bh.to(tl.int64) * n_chunks + i_c
+
+    if RAB > 0:
+        if HDLA:
+            a_t, b_t = _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p0, T, H, ck, mk, K, BT, SHIFT, REVERSE)
+            if SWAP_AB:  # transposed transition D - B A^T (the adjoint scan); generic a, b are swapped by the caller
+                a_t, b_t = b_t, a_t
+        else:
+            a_t = _load_rows(a_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
+            b_t = _load_rows(b_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
+        g_a = _expand(g_cum, BT, RAP, BK)
+        g_b = _expand(g_exc, BT, RAP, BK)
+        inv = _unit_lower_inverse(_gram(b_t, g_b, a_t, g_a, g_cum, fast, BT, RAP, RAP, True), BT * RAP, BT, RAP)
+        wx = tl.dot(inv, b_t * tl.exp(g_b))
+        ur = tl.dot(inv, _gram(b_t, g_b, kt, g_k, g_cum, fast, BT, RAP, RKP, True))
+        _store_rows(wx_ptr, wx, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
+        rows_a = tl.arange(0, BT * RAP)
+        tl.store(ur_ptr + tile * (BT * RAP * BT * RKP) + rows_a[:, None] * (BT * RKP) + cols_k[None, :], ur)
+
+    if NQ > 0:
+        qt = _load_rows(q_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE) * scale
+        g_q = _expand(g_cum, BT, NQP, BK)
+        qeff = qt * tl.exp(g_q)
+        mo = _gram(qt, g_q, kt, g_k, g_cum, fast, BT, NQP, RKP, False)
+        if RAB > 0:
+            m_qa = _gram(qt, g_q, a_t, g_a, g_cum, fast, BT, NQP, RAP, False)
+            qeff -= tl.dot(m_qa, wx)
+            mo -= tl.dot(m_qa, ur)
+        _store_rows(qe_ptr, qeff, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, REVERSE)
+        rows_q = tl.arange(0, BT * NQP)
+        tl.store(mo_ptr + tile * (BT * NQP * BT * RKP) + rows_q[:, None] * (BT * RKP) + cols_k[None, :], mo)
+
+
+@triton.jit
 def chunk_scan_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, kh_ptr, beta_ptr, g_ptr, xin_ptr, wp_ptr, wq_ptr,
+    k_ptr, v_ptr, a_ptr, kh_ptr, beta_ptr, g_ptr, wx_ptr, ur_ptr, qe_ptr, mo_ptr, xin_ptr, wp_ptr, wq_ptr,
     o_ptr, xout_ptr, kp_ptr, kq_ptr, h0_ptr, ht_ptr,
-    T, H, K, V, scale, kp_stride, kq_stride, thresh,
+    T, H, K, V, kp_stride, kq_stride, thresh,
     NQ: tl.constexpr, NQP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, NWP: tl.constexpr, NWPP: tl.constexpr,
     NWQ: tl.constexpr, NWQP: tl.constexpr,
@@ -196,15 +259,18 @@ def chunk_scan_kernel(
     HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
     X_GIVEN: tl.constexpr, STORE_X: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
 ):
+    """Sequential pass over the chunks of one (batch, head, V-block)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
+    n_chunks = tl.cdiv(T, BT)
     ck = tl.arange(0, BK)
     mk = ck < K
     cv = i_v * BV + tl.arange(0, BV)
     mv = cv < V
     toks = tl.arange(0, BT)
+    cols_k = tl.arange(0, BT * RKP)
     state_offs = i_bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
     state_mask = mk[:, None] & mv[None, :]
     if USE_H0:
@@ -212,8 +278,9 @@ def chunk_scan_kernel(
     else:
         s = tl.zeros([BK, BV], dtype=tl.float32)
 
-    for i_c in range(0, tl.cdiv(T, BT)):
+    for i_c in range(0, n_chunks):
         p0 = i_c * BT
+        tile = i_bh.to(tl.int64) * n_chunks + i_c
         g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
         g_cum = tl.cumsum(g_tok, 0)
         g_exc = g_cum - g_tok
@@ -228,30 +295,27 @@ def chunk_scan_kernel(
         if RAB > 0:
             if HDLA:
                 a_t, b_t = _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p0, T, H, ck, mk, K, BT, SHIFT, REVERSE)
+                if SWAP_AB:
+                    a_t = b_t
             else:
                 a_t = _load_rows(a_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
-                b_t = _load_rows(b_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
-            if SWAP_AB:  # transposed transition D - B A^T (the adjoint scan)
-                a_t, b_t = b_t, a_t
             g_a = _expand(g_cum, BT, RAP, BK)
             if X_GIVEN:
                 x = _load_rows(xin_ptr, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, 0, REVERSE)
             else:
-                g_b = _expand(g_exc, BT, RAP, BK)
-                l_ab = _gram(b_t, g_b, a_t, g_a, g_cum, fast, BT, RAP, RAP, True)
-                l_kb = _gram(b_t, g_b, kt, g_k, g_cum, fast, BT, RAP, RKP, True)
-                rhs = tl.dot(b_t * tl.exp(g_b), s) + tl.dot(l_kb, vt)
-                x = tl.dot(_unit_lower_inverse(l_ab, BT * RAP, BT, RAP), rhs)
+                wx = _load_rows(wx_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
+                rows_a = tl.arange(0, BT * RAP)
+                ur = tl.load(ur_ptr + tile * (BT * RAP * BT * RKP) + rows_a[:, None] * (BT * RKP) + cols_k[None, :])
+                x = tl.dot(wx, s) + tl.dot(ur, vt)
             if STORE_X:
                 _store_rows(xout_ptr, x, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, REVERSE)
             s_next -= tl.dot(tl.trans(a_t * tl.exp(g_last[None, :] - g_a)), x)
 
         if NQ > 0:
-            qt = _load_rows(q_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE) * scale
-            g_q = _expand(g_cum, BT, NQP, BK)
-            o = tl.dot(qt * tl.exp(g_q), s) + tl.dot(_gram(qt, g_q, kt, g_k, g_cum, fast, BT, NQP, RKP, False), vt)
-            if RAB > 0:
-                o -= tl.dot(_gram(qt, g_q, a_t, g_a, g_cum, fast, BT, NQP, RAP, False), x)
+            qeff = _load_rows(qe_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE)
+            rows_q = tl.arange(0, BT * NQP)
+            mo = tl.load(mo_ptr + tile * (BT * NQP * BT * RKP) + rows_q[:, None] * (BT * RKP) + cols_k[None, :])
+            o = tl.dot(qeff, s) + tl.dot(mo, vt)
             _store_rows(o_ptr, o, i_b, i_h, p0, T, H, cv, mv, V, NQ, NQP, BT, REVERSE)
 
         if NWP > 0:  # S_t w: post-update K-readouts
