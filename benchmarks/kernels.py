@@ -158,6 +158,7 @@ def main():
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--check-fla", action="store_true", help="compare with fla's DPLR over 2T")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--profile", default="", help="shape name: print the top kernels of our fwd+bwd there")
     args = parser.parse_args()
     device = "cuda"
     dtype = getattr(torch, args.dtype)
@@ -188,10 +189,22 @@ def main():
     result["check_fp32"] = check_against_loop(torch.float32, device)
     if args.check_fla:
         result["fla_oracle"] = check_fla_oracle(device)
+    if args.profile:
+        profile_ours(make_inputs(*SHAPES[args.profile], dtype, device))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernels.json"), "w") as f:
         json.dump(result, f, indent=1)
     print_table(result)
+
+
+def profile_ours(inputs):
+    """Top CUDA kernels of five fwd+bwd calls of our op."""
+    grad = torch.randn_like(ours(*inputs))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            torch.autograd.grad(ours(*inputs), inputs, grad)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
 
 
 def print_table(result):

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import triton
 
-from .scan import BT, THRESH, chunk_local_kernel, chunk_scan_kernel
+from .scan import BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_scan_kernel
 
 
 def _pow2(n: int) -> int:
@@ -111,6 +111,7 @@ def chunk_scan(
             seq_len, heads, dk, float(scale), THRESH, num_warps=4 if bk * rap <= 128 else 8, **common,
         )
     o = torch.empty(batch, seq_len, heads, nq, dv, device=dev, dtype=q.dtype) if nq else empty
+    store_x = store_x or (r_ab > 0 and x_given is None and (nwp or nwq))  # the K-readouts need X
     x = torch.empty(batch, seq_len, heads, r_ab, dv, **f32) if store_x else empty
     k_post = torch.empty(n_v, batch, seq_len, heads, nwp, dk, **f32) if nwp else empty
     k_pre = torch.empty(n_v, batch, seq_len, heads, nwq, dk, **f32) if nwq else empty
@@ -120,17 +121,27 @@ def chunk_scan(
         ptr(x_given), ptr(w_post), ptr(w_pre), o, x, k_post, k_pre, ptr(initial_state), final,
         seq_len, heads, dk, dv, k_post[0].numel() if nwp else 0, k_pre[0].numel() if nwq else 0, THRESH,
         NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), BV=bv, X_GIVEN=x_given is not None,
-        STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, num_warps=num_warps, **common,
+        STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, num_warps=num_warps,
+        num_stages=2 if bk <= 64 else 1, **common,
     )
     out = {}
     if nq:
         out["o"] = o
     if store_x:
         out["x"] = x
-    if nwp:
-        out["k_post"] = k_post.sum(0) if n_v > 1 else k_post[0]
-    if nwq:
-        out["k_pre"] = k_pre.sum(0) if n_v > 1 else k_pre[0]
+    x_read = x_given if x_given is not None else x
+    for name, w, partial, strict in (("k_post", w_post, k_post, False), ("k_pre", w_pre, k_pre, True)):
+        if w is None:
+            continue
+        local = torch.empty(batch, seq_len, heads, w.shape[3], dk, **f32)
+        n_w = w.shape[3]
+        chunk_kread_kernel[(n_chunks, batch * heads)](
+            w.contiguous(), k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, ptr(x_read), local,
+            seq_len, heads, dk, dv, THRESH, NW=n_w, NWP=_pow2(n_w), RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap,
+            BT=BT, BK=bk, BV=max(16, triton.next_power_of_2(dv)), HDLA=hdla is not None, SWAP_AB=swap_ab,
+            SHIFT=int(shift), REVERSE=reverse, STRICT=strict, num_warps=4 if bk * dv <= 4096 else 8,
+        )
+        out[name] = local + partial.sum(0)
     if store_final:
         out["final"] = final
     return out

@@ -285,7 +285,6 @@ def chunk_scan_kernel(
         g_cum = tl.cumsum(g_tok, 0)
         g_exc = g_cum - g_tok
         g_last = _row_of(g_cum, toks, BT - 1)
-        fast = tl.max(tl.abs(g_cum)) <= thresh
 
         kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
         vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
@@ -318,25 +317,64 @@ def chunk_scan_kernel(
             o = tl.dot(qeff, s) + tl.dot(mo, vt)
             _store_rows(o_ptr, o, i_b, i_h, p0, T, H, cv, mv, V, NQ, NQP, BT, REVERSE)
 
-        if NWP > 0:  # S_t w: post-update K-readouts
+        if NWP > 0:  # e^{G_t} (S w_t): the state part of the post-update K-readouts S_t w_t
             w = _load_rows(wp_ptr, i_b, i_h, p0, T, H, cv, mv, V, NWP, NWPP, BT, 0, REVERSE)
-            g_w = _expand(g_cum, BT, NWPP, BK)
-            out = tl.exp(g_w) * tl.dot(w, tl.trans(s))
-            out += _k_readout(tl.dot(w, tl.trans(vt)), g_w, kt, g_k, g_cum, fast, BT, NWPP, RKP, False, BK)
-            if RAB > 0:
-                out -= _k_readout(tl.dot(w, tl.trans(x)), g_w, a_t, g_a, g_cum, fast, BT, NWPP, RAP, False, BK)
+            out = tl.exp(_expand(g_cum, BT, NWPP, BK)) * tl.dot(w, tl.trans(s))
             _store_rows(kp_ptr + i_v * kp_stride, out, i_b, i_h, p0, T, H, ck, mk, K, NWP, NWPP, BT, REVERSE)
 
-        if NWQ > 0:  # S_{t-1} w: pre-update K-readouts
+        if NWQ > 0:  # e^{G'_t} (S w_t): the state part of the pre-update K-readouts S_{t-1} w_t
             w = _load_rows(wq_ptr, i_b, i_h, p0, T, H, cv, mv, V, NWQ, NWQP, BT, 0, REVERSE)
-            g_w = _expand(g_exc, BT, NWQP, BK)
-            out = tl.exp(g_w) * tl.dot(w, tl.trans(s))
-            out += _k_readout(tl.dot(w, tl.trans(vt)), g_w, kt, g_k, g_cum, fast, BT, NWQP, RKP, True, BK)
-            if RAB > 0:
-                out -= _k_readout(tl.dot(w, tl.trans(x)), g_w, a_t, g_a, g_cum, fast, BT, NWQP, RAP, True, BK)
+            out = tl.exp(_expand(g_exc, BT, NWQP, BK)) * tl.dot(w, tl.trans(s))
             _store_rows(kq_ptr + i_v * kq_stride, out, i_b, i_h, p0, T, H, ck, mk, K, NWQ, NWQP, BT, REVERSE)
 
         s = s_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_offs, s.to(ht_ptr.dtype.element_ty), mask=state_mask)
+
+
+@triton.jit
+def chunk_kread_kernel(
+    w_ptr, k_ptr, v_ptr, a_ptr, kh_ptr, beta_ptr, g_ptr, x_ptr, out_ptr,
+    T, H, K, V, thresh,
+    NW: tl.constexpr, NWP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
+    RAB: tl.constexpr, RAP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
+    STRICT: tl.constexpr,
+):
+    """Chunk-local part of the K-readouts, for all chunks in parallel (full V per program):
+
+        sum_{i <= t} e^{G_t - G_i} (K_i (V_i^T w_t) - A_i (X_i^T w_t))     (i < t and G' if STRICT)
+    """
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    p0 = i_c * BT
+    ck = tl.arange(0, BK)
+    mk = ck < K
+    cv = tl.arange(0, BV)
+    mv = cv < V
+    g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
+    g_cum = tl.cumsum(g_tok, 0)
+    fast = tl.max(tl.abs(g_cum)) <= thresh
+    if STRICT:
+        g_w = _expand(g_cum - g_tok, BT, NWP, BK)
+    else:
+        g_w = _expand(g_cum, BT, NWP, BK)
+    w = _load_rows(w_ptr, i_b, i_h, p0, T, H, cv, mv, V, NW, NWP, BT, 0, REVERSE)
+    kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
+    vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
+    g_k = _expand(g_cum, BT, RKP, BK)
+    out = _k_readout(tl.dot(w, tl.trans(vt)), g_w, kt, g_k, g_cum, fast, BT, NWP, RKP, STRICT, BK)
+    if RAB > 0:
+        if HDLA:
+            a_t, b_t = _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p0, T, H, ck, mk, K, BT, SHIFT, REVERSE)
+            if SWAP_AB:
+                a_t = b_t
+        else:
+            a_t = _load_rows(a_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
+        x = _load_rows(x_ptr, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, 0, REVERSE)
+        g_a = _expand(g_cum, BT, RAP, BK)
+        out -= _k_readout(tl.dot(w, tl.trans(x)), g_w, a_t, g_a, g_cum, fast, BT, NWP, RAP, STRICT, BK)
+    _store_rows(out_ptr, out, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, REVERSE)
