@@ -98,31 +98,33 @@ def chunk_scan(
     ur = torch.empty(batch * heads, n_chunks, BT * rap, BT * rkp, **f32) if solve else empty
     qe = torch.empty(batch, seq_len, heads, nq, dk, **f32) if nq else empty
     mo = torch.empty(batch * heads, n_chunks, BT * nqp, BT * rkp, **f32) if nq else empty
+    ktil = torch.empty(batch, seq_len, heads, r_kv, dk, **f32)
+    atil = torch.empty(batch, seq_len, heads, r_ab, dk, **f32) if r_ab else empty
+    gamma = torch.empty(batch * heads, n_chunks, dk, **f32)
 
     def ptr(t):
         return empty if t is None else t.contiguous()
 
-    common = dict(NQ=nq, NQP=nqp, RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap, BT=BT, BK=bk,
-                  HDLA=hdla is not None, SWAP_AB=swap_ab, SHIFT=int(shift), REVERSE=reverse)
     k, g = k.contiguous(), g.contiguous()
-    if solve or nq:
-        chunk_local_kernel[(n_chunks, batch * heads)](
-            ptr(q), k, ptr(a), ptr(b), ptr(kh), ptr(beta), g, wx, ur, qe, mo,
-            seq_len, heads, dk, float(scale), THRESH, num_warps=4 if bk * rap <= 128 else 8, **common,
-        )
+    transition = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap, BT=BT, BK=bk, REVERSE=reverse)
+    chunk_local_kernel[(n_chunks, batch * heads)](
+        ptr(q), k, ptr(a), ptr(b), ptr(kh), ptr(beta), g, wx, ur, qe, mo, ktil, atil, gamma,
+        seq_len, heads, dk, float(scale), THRESH, NQ=nq, NQP=nqp, HDLA=hdla is not None, SWAP_AB=swap_ab,
+        SHIFT=int(shift), SOLVE=solve, num_warps=4 if bk * rap <= 128 else 8, **transition,
+    )
     o = torch.empty(batch, seq_len, heads, nq, dv, device=dev, dtype=q.dtype) if nq else empty
     store_x = store_x or (r_ab > 0 and x_given is None and (nwp or nwq))  # the K-readouts need X
     x = torch.empty(batch, seq_len, heads, r_ab, dv, **f32) if store_x else empty
-    k_post = torch.empty(n_v, batch, seq_len, heads, nwp, dk, **f32) if nwp else empty
-    k_pre = torch.empty(n_v, batch, seq_len, heads, nwq, dk, **f32) if nwq else empty
+    alloc = torch.zeros if n_v > 1 else torch.empty  # V-blocks add their parts atomically
+    k_post = alloc(batch, seq_len, heads, nwp, dk, **f32) if nwp else empty
+    k_pre = alloc(batch, seq_len, heads, nwq, dk, **f32) if nwq else empty
     final = torch.empty(batch, heads, dk, dv, **f32) if store_final else empty
     chunk_scan_kernel[(n_v, batch * heads)](
-        k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, wx, ur, qe, mo,
-        ptr(x_given), ptr(w_post), ptr(w_pre), o, x, k_post, k_pre, ptr(initial_state), final,
-        seq_len, heads, dk, dv, k_post[0].numel() if nwp else 0, k_pre[0].numel() if nwq else 0, THRESH,
-        NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), BV=bv, X_GIVEN=x_given is not None,
-        STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, num_warps=num_warps,
-        num_stages=2 if bk <= 64 else 1, **common,
+        v.contiguous(), ktil, atil, gamma, wx, ur, qe, mo, ptr(x_given), ptr(w_post), ptr(w_pre),
+        o, x, k_post, k_pre, ptr(initial_state), final, seq_len, heads, dk, dv,
+        NQ=nq, NQP=nqp, NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), BV=bv, X_GIVEN=x_given is not None,
+        STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, ATOMIC=n_v > 1,
+        num_warps=num_warps, num_stages=2, **transition,
     )
     out = {}
     if nq:
@@ -130,18 +132,17 @@ def chunk_scan(
     if store_x:
         out["x"] = x
     x_read = x_given if x_given is not None else x
-    for name, w, partial, strict in (("k_post", w_post, k_post, False), ("k_pre", w_pre, k_pre, True)):
+    for name, w, acc, strict in (("k_post", w_post, k_post, False), ("k_pre", w_pre, k_pre, True)):
         if w is None:
             continue
-        local = torch.empty(batch, seq_len, heads, w.shape[3], dk, **f32)
         n_w = w.shape[3]
         chunk_kread_kernel[(n_chunks, batch * heads)](
-            w.contiguous(), k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, ptr(x_read), local,
-            seq_len, heads, dk, dv, THRESH, NW=n_w, NWP=_pow2(n_w), RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap,
-            BT=BT, BK=bk, BV=max(16, triton.next_power_of_2(dv)), HDLA=hdla is not None, SWAP_AB=swap_ab,
-            SHIFT=int(shift), REVERSE=reverse, STRICT=strict, num_warps=4 if bk * dv <= 4096 else 8,
+            w.contiguous(), k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, ptr(x_read), acc,
+            seq_len, heads, dk, dv, THRESH, NW=n_w, NWP=_pow2(n_w), BV=max(16, triton.next_power_of_2(dv)),
+            HDLA=hdla is not None, SWAP_AB=swap_ab, SHIFT=int(shift), STRICT=strict,
+            num_warps=4 if bk * dv <= 4096 else 8, **transition,
         )
-        out[name] = local + partial.sum(0)
+        out[name] = acc
     if store_final:
         out["final"] = final
     return out
