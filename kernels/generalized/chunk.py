@@ -60,6 +60,7 @@ def chunk_scan(
     store_final: bool = False,
     w_post: Optional[torch.Tensor] = None,
     w_pre: Optional[torch.Tensor] = None,
+    launch: Optional[dict] = None,
 ):
     """Run the chunk-local and the sequential kernel once.
 
@@ -73,6 +74,7 @@ def chunk_scan(
         x_given: ``[B, T, H, r_ab, V]``: the reads X, known from an earlier pass (skips the solve;
             then q must be None).
         w_post / w_pre: ``[B, T, H, n, V]`` V-vectors for K-readouts of S_t / S_{t-1}.
+        launch: overrides of the serial kernel's ``BV``, ``num_warps``, ``num_stages`` (tuning).
 
     Returns:
         dict with ``o`` ``[B, T, H, NQ, V]``, ``x`` ``[B, T, H, r_ab, V]``, ``k_post`` and ``k_pre``
@@ -87,7 +89,8 @@ def chunk_scan(
     assert x_given is None or nq == 0, "V-readouts need the solve; x_given skips it"
     n_chunks = triton.cdiv(seq_len, BT)
     bk, bv, num_warps = _launch_config(dk, dv, batch * heads)
-    n_v = triton.cdiv(dv, bv)
+    launch = dict(dict(BV=bv, num_warps=num_warps, num_stages=2), **(launch or {}))
+    n_v = triton.cdiv(dv, launch["BV"])
     dev = k.device
     f32 = dict(device=dev, dtype=torch.float32)
     empty = torch.empty(0, **f32)
@@ -122,9 +125,9 @@ def chunk_scan(
     chunk_scan_kernel[(n_v, batch * heads)](
         v.contiguous(), ktil, atil, gamma, wx, ur, qe, mo, ptr(x_given), ptr(w_post), ptr(w_pre),
         o, x, k_post, k_pre, ptr(initial_state), final, seq_len, heads, dk, dv,
-        NQ=nq, NQP=nqp, NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), BV=bv, X_GIVEN=x_given is not None,
+        NQ=nq, NQP=nqp, NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), X_GIVEN=x_given is not None,
         STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, ATOMIC=n_v > 1,
-        num_warps=num_warps, num_stages=2, **transition,
+        **launch, **transition,
     )
     out = {}
     if nq:
