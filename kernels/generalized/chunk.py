@@ -152,10 +152,12 @@ def chunk_scan(
 
 
 def _scan_cumsum(x: torch.Tensor, reverse_scan: bool) -> torch.Tensor:
-    """Sum over the scan steps at or after each one: ``[B, T, H, K]``."""
+    """Sum over the scan steps at or after each one: ``[B, T, H, K]`` (scanned along the last
+    dim, where PyTorch's scan is fast)."""
+    x = x.movedim(1, -1)
     if reverse_scan:  # scan runs T-1 -> 0, "after" means smaller t
-        return x.cumsum(1)
-    return x.flip(1).cumsum(1).flip(1)
+        return x.cumsum(-1).movedim(-1, 1)
+    return x.flip(-1).cumsum(-1).flip(-1).movedim(-1, 1)
 
 
 def generalized_backward(saved, do, dht, scale, reverse, hdla=None):

@@ -177,14 +177,20 @@ def _k_readout(coef, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.cons
 
 @triton.jit
 def _unit_lower_inverse(lmat, N: tl.constexpr, BT: tl.constexpr, RP: tl.constexpr):
-    """``(I + L)^{-1}`` for L strictly lower block-triangular over tokens (r x r blocks), by
-    forward substitution one token at a time (paper eq. 13-14)."""
+    """``(I + L)^{-1}`` for L strictly lower block-triangular over tokens (r x r blocks; paper
+    eq. 13-14) by block doubling: with D the inverse restricted to blocks of n tokens and C the
+    entries of L between the two halves of each 2n-token block, the 2n-block inverse is
+    D - D C D. Starts from 2-token blocks ([[I, 0], [C, I]]^{-1} = [[I, 0], [-C, I]])."""
     rows = tl.arange(0, N)
+    tok = rows // RP
     eye = (rows[:, None] == rows[None, :]).to(tl.float32)
-    inv = eye
-    for i in range(1, BT):
-        upd = eye - tl.dot(lmat, inv, input_precision="ieee")
-        inv = tl.where(((rows // RP) == i)[:, None], upd, inv)
+    inv = eye - tl.where((tok[:, None] // 2) == (tok[None, :] // 2), lmat, 0.0)
+    for level in tl.static_range(1, BT.bit_length() - 1):
+        half: tl.constexpr = 1 << level
+        cross = ((tok[:, None] // (2 * half)) == (tok[None, :] // (2 * half))) & (
+            (tok[:, None] // half) != (tok[None, :] // half))
+        dc = tl.dot(inv, tl.where(cross, lmat, 0.0), input_precision="tf32x3")
+        inv = inv - tl.dot(dc, inv, input_precision="tf32x3")
     return inv
 
 
