@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.interpret_worker import CASES
+from tests.interpret_cases import CASES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import triton
 
-from .scan import BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_scan_kernel
+from .scan import BT, LOG2_BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_scan_kernel
 
 
 def _pow2(n: int) -> int:
@@ -113,7 +113,7 @@ def chunk_scan(
     chunk_local_kernel[(n_chunks, batch * heads)](
         ptr(q), k, ptr(a), ptr(b), ptr(kh), ptr(beta), g, wx, ur, qe, mo, ktil, atil, gamma,
         seq_len, heads, dk, float(scale), THRESH, NQ=nq, NQP=nqp, HDLA=hdla is not None, SWAP_AB=swap_ab,
-        SHIFT=int(shift), SOLVE=solve, num_warps=4 if bk * rap <= 128 else 8, **transition,
+        SHIFT=int(shift), SOLVE=solve, LOG2_BT=LOG2_BT, num_warps=4 if bk * rap <= 128 else 8, **transition,
     )
     o = torch.empty(batch, seq_len, heads, nq, dv, device=dev, dtype=q.dtype) if nq else empty
     store_x = store_x or (r_ab > 0 and x_given is None and (nwp or nwq))  # the K-readouts need X

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 BT = 16
+LOG2_BT = 4
 THRESH = 60.0  # |G| bound under which e^{G} and e^{-G} are both finite in fp32
 
 
@@ -176,19 +177,19 @@ def _k_readout(coef, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.cons
 
 
 @triton.jit
-def _unit_lower_inverse(lmat, N: tl.constexpr, BT: tl.constexpr, RP: tl.constexpr):
+def _unit_lower_inverse(lmat, N: tl.constexpr, LEVELS: tl.constexpr, RP: tl.constexpr):
     """``(I + L)^{-1}`` for L strictly lower block-triangular over tokens (r x r blocks; paper
     eq. 13-14) by block doubling: with D the inverse restricted to blocks of n tokens and C the
     entries of L between the two halves of each 2n-token block, the 2n-block inverse is
-    D - D C D. Starts from 2-token blocks ([[I, 0], [C, I]]^{-1} = [[I, 0], [-C, I]])."""
+    D - D C D. Starts from 2-token blocks ([[I, 0], [C, I]]^{-1} = [[I, 0], [-C, I]]);
+    LEVELS = log2(tokens per chunk)."""
     rows = tl.arange(0, N)
     tok = rows // RP
     eye = (rows[:, None] == rows[None, :]).to(tl.float32)
-    inv = eye - tl.where((tok[:, None] // 2) == (tok[None, :] // 2), lmat, 0.0)
-    for level in tl.static_range(1, BT.bit_length() - 1):
-        half: tl.constexpr = 1 << level
-        cross = ((tok[:, None] // (2 * half)) == (tok[None, :] // (2 * half))) & (
-            (tok[:, None] // half) != (tok[None, :] // half))
+    inv = eye - tl.where((tok[:, None] >> 1) == (tok[None, :] >> 1), lmat, 0.0)
+    for level in tl.static_range(1, LEVELS):
+        cross = ((tok[:, None] >> (level + 1)) == (tok[None, :] >> (level + 1))) & (
+            (tok[:, None] >> level) != (tok[None, :] >> level))
         dc = tl.dot(inv, tl.where(cross, lmat, 0.0), input_precision="tf32x3")
         inv = inv - tl.dot(dc, inv, input_precision="tf32x3")
     return inv
@@ -202,7 +203,7 @@ def chunk_local_kernel(
     NQ: tl.constexpr, NQP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
-    SOLVE: tl.constexpr,
+    SOLVE: tl.constexpr, LOG2_BT: tl.constexpr,
 ):
     """State-independent part of one chunk, stored for the sequential kernel:
     Wx ``[BT*RAP, K]`` and Ur ``[BT*RAP, BT*RKP]`` (X = Wx S + Ur V), Qeff ``[BT*NQP, K]`` and
@@ -240,7 +241,7 @@ def chunk_local_kernel(
         _store_rows(atil_ptr, a_t * tl.exp(g_last[None, :] - g_a), i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
         if SOLVE:
             g_b = _expand(g_exc, BT, RAP, BK)
-            inv = _unit_lower_inverse(_gram(b_t, g_b, a_t, g_a, g_cum, fast, BT, RAP, RAP, True), BT * RAP, BT, RAP)
+            inv = _unit_lower_inverse(_gram(b_t, g_b, a_t, g_a, g_cum, fast, BT, RAP, RAP, True), BT * RAP, LOG2_BT, RAP)
             wx = tl.dot(inv, b_t * tl.exp(g_b))
             ur = tl.dot(inv, _gram(b_t, g_b, kt, g_k, g_cum, fast, BT, RAP, RKP, True))
             _store_rows(wx_ptr, wx, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
