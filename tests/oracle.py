@@ -60,8 +60,8 @@ def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.f
 
     ref_leaves, ref_o, ref_s = run(loop, lambda x: x.clone())
     gen = torch.Generator().manual_seed(seed)
-    do = torch.randn(ref_o.shape, generator=gen, dtype=torch.float64)
-    ds = torch.randn(ref_s.shape, generator=gen, dtype=torch.float64)
+    do = torch.randn(ref_o.shape, generator=gen, dtype=torch.float64).to(ref_o.device)
+    ds = torch.randn(ref_s.shape, generator=gen, dtype=torch.float64).to(ref_o.device)
     ref_grads = torch.autograd.grad((ref_o * do).sum() + (ref_s * ds).sum(), [ref_leaves[n] for n in names])
     leaves, o, s = run(op, lambda x: x.detach().to(dtype))
     grads = torch.autograd.grad((o.double() * do).sum() + (s.double() * ds).sum(), [leaves[n] for n in names])
