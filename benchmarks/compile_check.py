@@ -16,6 +16,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from hdla_vision.kernels.generalized import scan
+from hdla_vision.kernels.hdla.backward import hdla_backward_epilogue_kernel
 
 FLOATS = {"scale", "thresh"}
 
@@ -48,6 +49,7 @@ def variants(dim):
         base = dict(common, BV=bv, X_GIVEN=False, STORE_X=True, USE_H0=False, STORE_HT=True, ATOMIC=True, _warps=warps)
         yield f"scan fwd BV{bv}", scan.chunk_scan_kernel, dict(base, NQ=1, NQP=1, NWP=0, NWPP=1, NWQ=0, NWQP=1)
         yield f"scan adjoint BV{bv}", scan.chunk_scan_kernel, dict(base, NQ=3, NQP=4, NWP=3, NWPP=4, NWQ=0, NWQP=1)
+    yield "hdla epilogue", hdla_backward_epilogue_kernel, dict(BT=16, BK=dim, REVERSE=False, HAS_FINAL=True, _warps=warps)
     yield "kread post", scan.chunk_kread_kernel, dict(common, NW=3, NWP=4, BV=dim, HDLA=True, SWAP_AB=True, SHIFT=1, STRICT=False, _warps=warps)
 
 

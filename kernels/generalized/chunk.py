@@ -160,11 +160,12 @@ def _scan_cumsum(x: torch.Tensor, reverse_scan: bool) -> torch.Tensor:
     return x.flip(-1).cumsum(-1).flip(-1).movedim(-1, 1)
 
 
-def generalized_backward(saved, do, dht, scale, reverse, hdla=None):
+def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True):
     """Gradients of the generalized op; see the module docstring.
 
     ``saved`` holds q, k, v, a, b, g, h0, x (reads of the forward pass), ht (final state).
-    Returns dq, dk, dv, da, db, dg, dh0 (fp32; da/db for the materialised A, B).
+    Returns dq, dk, dv, da, db, dg, dh0 (fp32; da/db for the materialised A, B); without
+    ``need_dg`` the caller forms dg itself and dg is left out of the tuple.
     """
     q, k, v, a, b, g, h0, x, ht = saved
     r_ab = a.shape[3]
@@ -196,6 +197,8 @@ def generalized_backward(saved, do, dht, scale, reverse, hdla=None):
         if r_ab:
             dh0 = dh0 - torch.einsum("bhrk,bhrv->bhkv", b[:, first].float(), y[:, first])
 
+    if not need_dg:
+        return dq, dk, dv, da, db, dh0
     own = q.float() * dq - (k.float() * dk).sum(3)
     later = torch.zeros_like(own)
     if r_ab:
