@@ -159,8 +159,8 @@ INTERPRET_SCRIPT = textwrap.dedent(
     from hdla_vision.layers import create_mixer
     from hdla_vision.kernels.ops import use_triton
     torch.manual_seed(0)
-    mixer = create_mixer("hdla", kind="vision", dim=32, num_heads=2, qkv_bias=True)
-    x = torch.randn(1, 19, 32, requires_grad=True)
+    mixer = create_mixer("hdla", kind="vision", dim=64, num_heads=2, qkv_bias=True)
+    x = torch.randn(1, 19, 64, requires_grad=True)
     assert use_triton(x), "TRITON_INTERPRET=1 must route CPU tensors to Triton"
     y = mixer(x)
     y.backward(torch.ones_like(y))
@@ -187,8 +187,8 @@ def test_triton_interpret_matches_pytorch(tmp_path):
 
     assert os.environ.get("TRITON_INTERPRET", "0") != "1"
     torch.manual_seed(0)
-    mixer = create_mixer("hdla", kind="vision", dim=32, num_heads=2, qkv_bias=True)
-    x = torch.randn(1, 19, 32, requires_grad=True)
+    mixer = create_mixer("hdla", kind="vision", dim=64, num_heads=2, qkv_bias=True)
+    x = torch.randn(1, 19, 64, requires_grad=True)
     y = mixer(x)
     y.backward(torch.ones_like(y))
     torch.testing.assert_close(triton_result["y"], y.detach(), rtol=1e-3, atol=1e-4)

@@ -131,7 +131,8 @@ class BidirectionalHDLA(nn.Module):
         log-decays; beta_fwd, beta_bwd ``[B, N, H]`` in (0, 2); gates in fp32 or wider."""
         batch, seq_len, _ = x.shape
         heads, hd = self.num_heads, self.head_dim
-        q, k, v = F.silu(self.qkv(x)).view(batch, seq_len, 3, heads, hd).unbind(2)
+        # SiLU per slice: each result is a fresh contiguous [B, N, H, D] tensor (the kernels' layout)
+        q, k, v = (F.silu(t) for t in self.qkv(x).view(batch, seq_len, 3, heads, hd).unbind(2))
         k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps)
         g_fwd = F.logsigmoid(at_least_fp32(self.decay_fwd(x))).view(batch, seq_len, heads, hd)
         g_bwd = F.logsigmoid(at_least_fp32(self.decay_bwd(x))).view(batch, seq_len, heads, hd)
@@ -150,6 +151,10 @@ class BidirectionalHDLA(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape [B, N, {self.dim}], got {list(x.shape)}")
         batch, seq_len, _ = x.shape
-        y = self.norm(self.mix(x)).reshape(batch, seq_len, self.dim)
+        y = self.mix(x)
+        # weight cast to y's dtype: under autocast y is bf16 and rms_norm's fused kernel (fp32
+        # accumulation inside) needs matching dtypes
+        y = F.rms_norm(y, (self.head_dim,), self.norm.weight.to(y.dtype), self.norm_eps)
+        y = y.reshape(batch, seq_len, self.dim)
         y = y * F.silu(self.gate(x))
         return self.proj_drop(self.proj(y))
