@@ -402,3 +402,28 @@ def test_checkpoint_filter_fn():
     out = checkpoint_filter_fn(source.state_dict(), headless)
     assert not any(k.startswith("head.") for k in out)
     headless.load_state_dict(out, strict=True)
+
+
+# ------------------------------------------------------------------- CPU vs CUDA
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_and_cuda_paths_agree():
+    """The same weights give the same logits and gradients on the CPU (PyTorch chunk path) and on
+    CUDA (Triton kernels): fp32 closely, bf16 autocast within bf16 tolerance."""
+    cpu_model = small_model("hdla_tiny", img_size=64, num_classes=10, class_token=True).train()
+    cuda_model = small_model("hdla_tiny", img_size=64, num_classes=10, class_token=True).train().cuda()
+    cuda_model.load_state_dict(cpu_model.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+
+    out_cpu = cpu_model(x)
+    out_cpu.square().mean().backward()
+    out_cuda = cuda_model(x.cuda())
+    out_cuda.square().mean().backward()
+    torch.testing.assert_close(out_cuda.cpu(), out_cpu, rtol=1e-3, atol=1e-3)
+    for (name, p_cpu), p_cuda in zip(cpu_model.named_parameters(), cuda_model.parameters()):
+        torch.testing.assert_close(p_cuda.grad.cpu(), p_cpu.grad, rtol=1e-2, atol=1e-4, msg=name)
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out_bf16 = cuda_model(x.cuda()).float()
+    err = (out_bf16.cpu() - out_cpu).norm() / out_cpu.norm()
+    assert err < 3e-2, f"bf16 relative error {err:.3g}"
