@@ -135,7 +135,7 @@ def profile_training(res: int, batch: int, device: torch.device, row_limit: int 
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=row_limit)
+    return prof.key_averages().table(sort_by="self_device_time_total", row_limit=row_limit)
 
 
 def git_commit() -> Optional[str]:
