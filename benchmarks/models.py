@@ -1,0 +1,210 @@
+"""Training and inference throughput and peak memory: hdla_tiny against timm's deit_tiny_patch16_224.
+
+Both models are built with ``dynamic_img_size=True`` and run at each resolution in the same
+process, under bf16 autocast. A training step is forward + cross-entropy + backward + fused
+AdamW step; inference is a forward under ``torch.inference_mode``. Times are
+``triton.testing.do_bench`` medians after warm-up; peak memory is measured in a separate pass
+(do_bench allocates its own L2-flush buffer) as ``torch.cuda.max_memory_allocated`` during
+the step, model and optimizer state included.
+
+    python benchmarks/models.py                 # table; JSON to $OUT/models.json when OUT is set
+    python benchmarks/models.py --profile       # also torch.profiler's top kernels, hdla_tiny training
+
+Needs a CUDA device.
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+import timm
+import triton.testing
+
+import hdla_vision  # noqa: F401  registers hdla_tiny
+
+MODELS = ("hdla_tiny", "deit_tiny_patch16_224")
+RESOLUTIONS = (224, 512, 1024, 2048)
+BATCH_SIZES = {224: 256, 512: 64, 1024: 16, 2048: 2}
+
+
+def build(name: str, device: torch.device) -> torch.nn.Module:
+    return timm.create_model(name, dynamic_img_size=True, num_classes=1000).to(device)
+
+
+def train_step_fn(model: torch.nn.Module, batch: int, res: int, device: torch.device) -> Callable[[], None]:
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    images = torch.randn(batch, 3, res, res, device=device)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def infer_step_fn(model: torch.nn.Module, batch: int, res: int, device: torch.device) -> Callable[[], None]:
+    model.eval()
+    images = torch.randn(batch, 3, res, res, device=device)
+
+    def step():
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model(images)
+
+    return step
+
+
+def peak_memory_mib(step: Callable[[], None]) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def measure(name: str, mode: str, res: int, batch: int, device: torch.device, warmup_ms: int, rep_ms: int) -> Dict:
+    """One (model, mode, resolution) cell: images/s from the median step time, peak memory."""
+    row = dict(model=name, mode=mode, resolution=res, batch=batch, tokens=(res // 16) ** 2)
+    model = build(name, device)
+    try:
+        step = (train_step_fn if mode == "train" else infer_step_fn)(model, batch, res, device)
+        start = time.perf_counter()
+        step()  # first call: Triton compilation / autotuning, optimizer state allocation
+        torch.cuda.synchronize()
+        row["first_call_s"] = round(time.perf_counter() - start, 2)
+        row["peak_mem_mib"] = round(peak_memory_mib(step), 1)
+        ms = triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        row["step_ms"] = round(ms, 3)
+        row["images_per_s"] = round(batch * 1000.0 / ms, 1)
+    except torch.cuda.OutOfMemoryError:
+        row["error"] = "OOM"
+    finally:
+        del model
+        torch.cuda.empty_cache()
+    return row
+
+
+def ratio_rows(rows: List[Dict]) -> List[Dict]:
+    """hdla_tiny / deit_tiny for images/s and peak memory, per mode and resolution."""
+    cells = {(r["model"], r["mode"], r["resolution"]): r for r in rows}
+    out = []
+    for (model, mode, res), r in cells.items():
+        base = cells.get((MODELS[1], mode, res))
+        if model != MODELS[0] or base is None or "images_per_s" not in r or "images_per_s" not in base:
+            continue
+        out.append(dict(
+            mode=mode, resolution=res,
+            speed_ratio=round(r["images_per_s"] / base["images_per_s"], 3),
+            memory_ratio=round(r["peak_mem_mib"] / base["peak_mem_mib"], 3),
+        ))
+    return out
+
+
+def print_table(rows: List[Dict], ratios: List[Dict]) -> None:
+    print(f"\n{'model':<24}{'mode':<7}{'res':>6}{'batch':>7}{'img/s':>11}{'ms/step':>10}{'peak MiB':>11}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:<24}{r['mode']:<7}{r['resolution']:>6}{r['batch']:>7}{r['error']:>11}")
+            continue
+        print(f"{r['model']:<24}{r['mode']:<7}{r['resolution']:>6}{r['batch']:>7}"
+              f"{r['images_per_s']:>11.1f}{r['step_ms']:>10.2f}{r['peak_mem_mib']:>11.0f}")
+    print(f"\n{'hdla_tiny / deit_tiny':<24}{'mode':<7}{'res':>6}{'speed':>9}{'memory':>9}")
+    for r in ratios:
+        print(f"{'':<24}{r['mode']:<7}{r['resolution']:>6}{r['speed_ratio']:>9.2f}{r['memory_ratio']:>9.2f}")
+
+
+def profile_training(res: int, batch: int, device: torch.device, row_limit: int = 25) -> str:
+    """torch.profiler's top CUDA kernels for a few hdla_tiny training steps."""
+    model = build(MODELS[0], device)
+    step = train_step_fn(model, batch, res, device)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_device_time_total", row_limit=row_limit)
+
+
+def git_commit() -> Optional[str]:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--resolutions", type=int, nargs="+", default=list(RESOLUTIONS))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                        help="one per resolution (default 256/64/16/2 for 224/512/1024/2048)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--modes", nargs="+", default=["train", "infer"], choices=["train", "infer"])
+    parser.add_argument("--warmup-ms", type=int, default=100)
+    parser.add_argument("--rep-ms", type=int, default=400)
+    parser.add_argument("--profile", action="store_true", help="print the top kernels of hdla_tiny training")
+    parser.add_argument("--profile-res", type=int, default=1024)
+    args = parser.parse_args(argv)
+    if args.batch_sizes is None:
+        unknown = [r for r in args.resolutions if r not in BATCH_SIZES]
+        if unknown:
+            parser.error(f"--batch-sizes is required for resolutions {unknown}")
+        args.batch_sizes = [BATCH_SIZES[r] for r in args.resolutions]
+    if len(args.batch_sizes) != len(args.resolutions):
+        parser.error("--batch-sizes needs one value per resolution")
+    if any(r % 16 for r in args.resolutions):
+        parser.error("resolutions must be multiples of the patch size 16")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/models.py needs a CUDA device", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    rows = []
+    for res, batch in zip(args.resolutions, args.batch_sizes):
+        for mode in args.modes:
+            for name in args.models:
+                row = measure(name, mode, res, batch, device, args.warmup_ms, args.rep_ms)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    ratios = ratio_rows(rows)
+    print_table(rows, ratios)
+    result = dict(
+        device=torch.cuda.get_device_name(device),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        commit=git_commit(),
+        torch=torch.__version__, timm=timm.__version__, triton=triton.__version__,
+        autocast="bfloat16", timing="triton.testing.do_bench median", rows=rows, ratios=ratios,
+    )
+    if args.profile:
+        batch = BATCH_SIZES.get(args.profile_res, 4)
+        table = profile_training(args.profile_res, batch, device)
+        print(f"\nhdla_tiny training, {args.profile_res}px, batch {batch}: top kernels by CUDA time\n{table}")
+        result["profile"] = dict(resolution=args.profile_res, batch=batch, table=table)
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "models.json"), "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
