@@ -117,6 +117,11 @@ def _coerce(value: Any, allowed: tuple, dotted: str) -> Any:
         raise ValueError(f"config key '{dotted}': expected {_names(allowed)}, got bool {value!r}")
     if isinstance(value, int) and not isinstance(value, bool) and float in allowed and int not in allowed:
         return float(value)
+    if isinstance(value, str) and float in allowed and str not in allowed:
+        try:  # YAML 1.1 reads "1e-3" (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
     if isinstance(value, tuple) and list in allowed:
         return list(value)
     if not isinstance(value, allowed):
