@@ -157,3 +157,16 @@ def test_epoch_order_is_identical_per_epoch_and_changes_between_epochs():
     order.use_epoch(2)
     assert first == again and first != list(order)
     assert len(first) == 48 and len({i for i, _ in first}) == 48
+
+
+def test_shipped_configs_load_and_scale_the_learning_rate():
+    from hdla_vision.training.config import load_config
+    from training_helpers import REPO
+
+    names = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+    assert {"hdla_tiny", "hdla_tiny_deit", "hdla_small", "hdla_base", "deit_tiny", "finetune", "quickstart"} <= set(names)
+    for name in names:
+        load_config(REPO / "configs" / f"{name}.yaml")
+    paper = load_config(REPO / "configs" / "hdla_tiny.yaml")
+    assert runner.peak_learning_rate(paper) == pytest.approx(2.4e-3)
+    assert paper.optim.betas == [0.9, 0.98] and paper.sched.warmup_epochs == 20 and paper.data.mixup == 0.0

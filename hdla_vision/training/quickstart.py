@@ -20,7 +20,7 @@ CLASS_NAMES = (
     "circle", "square", "triangle", "plus", "ring",
     "diamond", "horizontal_bars", "vertical_bars", "checkerboard", "diagonal_cross",
 )
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 _DRAW_SCALE = 4  # draw at 4x and downsample: anti-aliased edges
 
 
@@ -31,10 +31,11 @@ def default_cache_dir() -> Path:
 
 
 def _contrasting_colours(rng: np.random.Generator) -> tuple[tuple, tuple]:
-    while True:
-        fg, bg = rng.integers(0, 256, size=(2, 3))
-        if abs(fg.mean() - bg.mean()) > 60 or np.abs(fg - bg).max() > 140:
-            return tuple(int(c) for c in fg), tuple(int(c) for c in bg)
+    """A bright foreground of random hue on a dark background of random hue."""
+    fg = rng.integers(110, 256, size=3)
+    fg[rng.integers(0, 3)] = rng.integers(220, 256)
+    bg = rng.integers(0, 90, size=3)
+    return tuple(int(c) for c in fg), tuple(int(c) for c in bg)
 
 
 def _draw_shape(draw: ImageDraw.ImageDraw, name: str, box: tuple, fg: tuple, rng: np.random.Generator) -> None:
