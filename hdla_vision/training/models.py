@@ -1,0 +1,150 @@
+"""Model creation through ``timm.create_model``: from scratch, or from exported weights.
+
+Fine-tuning (``model.init_checkpoint``) loads weights through timm's own pretrained path,
+``pretrained_cfg_overlay=dict(file=...)``: a new ``num_classes`` re-initialises the
+classifier and a new ``img_size`` resamples the position embedding (the model's
+``checkpoint_filter_fn``). ``linear_probe`` freezes everything but the classifier.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import timm
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from hdla_vision.training.config import Config
+
+EXPORT_FILE = "model.safetensors"
+
+
+def check_model_name(name: str) -> None:
+    """Raise ``ValueError`` for a name timm does not know, suggesting close matches."""
+    if timm.is_model(name):
+        return
+    stem = name.split("_")[0]
+    close = timm.list_models(f"*{stem}*")[:10] if stem else []
+    hint = f" Similar names: {close}." if close else ""
+    raise ValueError(f"unknown model '{name}': timm has no model of that name "
+                     f"(is the package that registers it imported?).{hint}")
+
+
+def export_metadata(model_name: str, num_classes: int, img_size: int, model_kwargs: dict, **extra) -> dict:
+    """String metadata stored in exported safetensors files."""
+    meta = {"format": "pt", "model_name": model_name, "num_classes": str(num_classes),
+            "img_size": str(img_size), "model_kwargs": json.dumps(model_kwargs, sort_keys=True)}
+    meta.update({k: str(v) for k, v in extra.items()})
+    return meta
+
+
+def export_weights(model: torch.nn.Module, path: str | Path, metadata: dict) -> None:
+    """Write ``model``'s state dict as safetensors (to a temp file, then renamed into place)."""
+    path = Path(path)
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(state, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+def read_export_metadata(path: str | Path) -> dict:
+    """The metadata of an exported safetensors file; ``ValueError`` if it is unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"checkpoint '{path}' does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return dict(handle.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"checkpoint '{path}' is not a readable safetensors file (corrupt or truncated?): {err}") from err
+
+
+def resolve_weights_file(path: str | Path) -> Path:
+    """A safetensors export, given directly or as a run / checkpoint directory containing one."""
+    path = Path(path)
+    if path.is_dir():
+        for candidate in (path / EXPORT_FILE, path / "export" / EXPORT_FILE):
+            if candidate.is_file():
+                return candidate
+        raise ValueError(f"checkpoint directory '{path}' contains no {EXPORT_FILE}")
+    if path.suffix != ".safetensors":
+        raise ValueError(f"checkpoint '{path}' must be a .safetensors file or a directory holding {EXPORT_FILE}")
+    return path
+
+
+def _create(name: str, img_size: int, **kwargs) -> torch.nn.Module:
+    """timm.create_model, passing ``img_size`` only to models that take it (ViT-like)."""
+    try:
+        return timm.create_model(name, img_size=img_size, **kwargs)
+    except TypeError as err:
+        if "img_size" not in str(err):
+            raise
+        return timm.create_model(name, **kwargs)
+
+
+def create_model(config: Config) -> torch.nn.Module:
+    """The model named in ``config.model``: fresh, or initialised from ``model.init_checkpoint``."""
+    m = config.model
+    check_model_name(m.name)
+    kwargs = dict(m.kwargs)
+    kwargs.setdefault("num_classes", config.data.num_classes)
+    kwargs.setdefault("drop_path_rate", m.drop_path_rate)
+    img_size = kwargs.pop("img_size", config.data.img_size)
+    if m.init_checkpoint is None:
+        model = _create(m.name, img_size, **kwargs)
+    else:
+        model = _create_from_checkpoint(m.name, img_size, m.init_checkpoint, kwargs)
+    if m.linear_probe:
+        freeze_all_but_classifier(model)
+    return model
+
+
+def _create_from_checkpoint(name: str, img_size: int, checkpoint: str, kwargs: dict) -> torch.nn.Module:
+    weights = resolve_weights_file(checkpoint)
+    meta = read_export_metadata(weights)
+    saved_name = meta.get("model_name")
+    if saved_name is not None and saved_name != name:
+        raise ValueError(f"checkpoint '{weights}' holds a '{saved_name}' model, the config asks for '{name}'")
+    overlay = {"file": str(weights)}
+    if "num_classes" in meta:  # the classifier size actually stored, so timm drops it only when it differs
+        overlay["num_classes"] = int(meta["num_classes"])
+    try:
+        return _create(name, img_size, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+    except RuntimeError as err:
+        raise ValueError(f"checkpoint '{weights}' does not match model '{name}' with kwargs {kwargs}: {err}") from err
+
+
+def freeze_all_but_classifier(model: torch.nn.Module) -> None:
+    """Linear probe: only the parameters of ``model.get_classifier()`` stay trainable."""
+    head = model.get_classifier()
+    if not isinstance(head, torch.nn.Module) or not any(True for _ in head.parameters()):
+        raise ValueError(f"model.linear_probe: {type(model).__name__} has no classifier with parameters")
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for param in head.parameters():
+        param.requires_grad_(True)
+
+
+def load_weights(model: torch.nn.Module, path: str | Path, expected_name: Optional[str] = None) -> dict:
+    """Load an exported safetensors file into ``model`` strictly; return its metadata.
+
+    Raises ``ValueError`` naming the file when it is unreadable, holds another model, or
+    its tensors do not match the model's (missing, unexpected or differently shaped keys).
+    """
+    from safetensors.torch import load_file
+
+    weights = resolve_weights_file(path)
+    meta = read_export_metadata(weights)
+    if expected_name and meta.get("model_name", expected_name) != expected_name:
+        raise ValueError(f"checkpoint '{weights}' holds a '{meta['model_name']}' model, expected '{expected_name}'")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"checkpoint '{weights}' is corrupt or truncated: {err}") from err
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"checkpoint '{weights}' does not match the model: {err}") from err
+    return meta

@@ -1,0 +1,250 @@
+"""Setup of a training run (accelerator, model, data, optimizer, schedule) and the epoch loop."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+
+from hdla_vision.training import checkpoint as ckpt
+from hdla_vision.training.config import Config
+from hdla_vision.training.data import build_data, resolve_data_root
+from hdla_vision.training.engine import TrainParts, evaluate, train_one_epoch
+from hdla_vision.training.models import create_model, export_metadata, export_weights, load_weights
+from hdla_vision.training.records import RunRecorder
+
+_MAX_GATHERED_INDICES = 20_000_000
+
+
+@dataclass
+class Setup:
+    accelerator: Accelerator
+    parts: TrainParts
+    val_loader: torch.utils.data.DataLoader
+    batch_per_process: int
+    peak_lr: float
+    num_classes: int
+    dataset_size: int
+
+
+def make_accelerator(config: Config) -> Accelerator:
+    return Accelerator(mixed_precision=config.train.mixed_precision,
+                       gradient_accumulation_steps=config.train.grad_accum_steps,
+                       step_scheduler_with_optimizer=False)
+
+
+def batch_per_process(config: Config, num_processes: int) -> int:
+    """``global_batch_size / (num_processes * grad_accum_steps)``; must divide exactly."""
+    t = config.train
+    divisor = num_processes * t.grad_accum_steps
+    if t.global_batch_size % divisor:
+        raise ValueError(f"train.global_batch_size ({t.global_batch_size}) must be divisible by "
+                         f"num_processes x train.grad_accum_steps = {num_processes} x {t.grad_accum_steps}")
+    return t.global_batch_size // divisor
+
+
+def peak_learning_rate(config: Config) -> float:
+    """The linear scaling rule: ``base_lr * global_batch_size / lr_base_size``."""
+    return config.optim.base_lr * config.train.global_batch_size / config.optim.lr_base_size
+
+
+def build_criterion(config: Config, mixup_active: bool) -> torch.nn.Module:
+    if mixup_active:
+        return SoftTargetCrossEntropy()  # Mixup already folds label smoothing into the soft targets
+    if config.data.label_smoothing > 0:
+        return LabelSmoothingCrossEntropy(smoothing=config.data.label_smoothing)
+    return torch.nn.CrossEntropyLoss()
+
+
+def setup(config: Config, data_dir: Optional[str] = None) -> Setup:
+    """Build everything a run needs; the same on every process (seeded by ``train.seed``)."""
+    accelerator = make_accelerator(config)
+    set_seed(config.train.seed)
+    per_process = batch_per_process(config, accelerator.num_processes)
+    model = create_model(config)
+    root = resolve_data_root(config, data_dir)
+    data = build_data(config, root, model, per_process, accelerator.num_processes)
+    if data.mixup is not None and per_process % 2:
+        raise ValueError(f"mixup/cutmix need an even batch per process, got {per_process}")
+    peak_lr = peak_learning_rate(config)
+    o = config.optim
+    optimizer = create_optimizer_v2(model, o.opt, lr=peak_lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
+                                    eps=o.eps, layer_decay=o.layer_decay)
+    updates_per_epoch = math.ceil(len(data.train_order) // (per_process * accelerator.num_processes)
+                                  / config.train.grad_accum_steps)
+    s = config.sched
+    scheduler, _ = create_scheduler_v2(optimizer, sched="cosine", num_epochs=s.epochs, warmup_epochs=s.warmup_epochs,
+                                       warmup_lr=s.warmup_lr, min_lr=s.min_lr, step_on_epochs=False,
+                                       updates_per_epoch=updates_per_epoch)
+    model, optimizer, train_loader, val_loader = accelerator.prepare(
+        model, optimizer, data.train_loader, data.val_loader)
+    ema = None
+    if config.train.ema:
+        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=config.train.ema_decay,
+                         use_warmup=config.train.ema_warmup)
+    parts = TrainParts(
+        accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
+        criterion=build_criterion(config, data.mixup is not None), train_loader=train_loader,
+        train_order=data.train_order, mixup=data.mixup, ema=ema, clip_grad=o.clip_grad,
+        log_every=config.train.log_every_steps, progress_bar=config.train.progress_bar,
+        checkpoint_every=config.train.checkpoint_every_steps,
+    )
+    return Setup(accelerator, parts, val_loader, per_process, peak_lr, data.num_classes,
+                 data.train_order.num_samples)
+
+
+def run_identity(config: Config, setup_: Setup) -> dict:
+    """What a checkpoint must share with the run that resumes it."""
+    return {
+        "model_name": config.model.name, "model_kwargs": config.model.kwargs,
+        "num_classes": config.data.num_classes, "img_size": config.data.img_size,
+        "num_processes": setup_.accelerator.num_processes, "global_batch_size": config.train.global_batch_size,
+        "grad_accum_steps": config.train.grad_accum_steps, "seed": config.train.seed,
+        "train_samples": setup_.dataset_size,
+    }
+
+
+def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
+          data_dir: Optional[str] = None) -> dict:
+    """Train for ``sched.epochs`` epochs (continuing a checkpoint if ``resume``); return the last epoch's row."""
+    output_dir = Path(output_dir)
+    s = setup(config, data_dir)
+    acc, parts = s.accelerator, s.parts
+    identity = run_identity(config, s)
+    ema_module = parts.ema.module if parts.ema is not None else None
+    state = ckpt.TrainerState()
+    resume_dir = ckpt.find_resume_dir(resume, output_dir) if resume else None
+    if resume_dir is not None:
+        state = ckpt.load_checkpoint(acc, resume_dir, ema_module, identity)
+        parts.scheduler.step_update(num_updates=state.global_step)
+        acc.print(f"resumed from {resume_dir}: epoch {state.epoch}, batch {state.batches_done}, "
+                  f"step {state.global_step}")
+    if acc.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    recorder = RunRecorder(output_dir, acc.is_main_process, state.epoch if resume_dir else None)
+    parts.on_log = recorder.log_step
+    parts.on_checkpoint = lambda st: ckpt.save_checkpoint(acc, output_dir, st, ema_module, identity,
+                                                          config.train.keep_checkpoints)
+    acc.print(f"{config.model.name}: {acc.num_processes} process(es) x {s.batch_per_process} images "
+              f"x {config.train.grad_accum_steps} accumulation = global batch {config.train.global_batch_size}, "
+              f"peak lr {s.peak_lr:.3g}, {len(parts.train_loader)} batches per process per epoch")
+    row = {}
+    for epoch in range(state.epoch, config.sched.epochs):
+        row = _run_epoch(config, s, state, output_dir)
+        recorder.log_epoch(row)
+        ckpt.save_checkpoint(acc, output_dir, state, ema_module, identity, config.train.keep_checkpoints)
+    row["param_checksum_per_process"] = _agreeing_checksums(acc, parts.model)
+    if acc.is_main_process:
+        (output_dir / "final.json").write_text(json.dumps(row, indent=2))
+    plot = recorder.close()
+    _print_summary(acc, row, output_dir, plot)
+    return row
+
+
+def _run_epoch(config: Config, s: Setup, state: ckpt.TrainerState, output_dir: Path) -> dict:
+    acc, parts = s.accelerator, s.parts
+    epoch = state.epoch
+    stats = train_one_epoch(parts, state)
+    row = {
+        "epoch": epoch, "global_step": state.global_step,
+        "train_loss": acc.reduce(torch.tensor(stats.loss, device=acc.device), "mean").item(),
+        "lr": max(g["lr"] for g in parts.optimizer.param_groups),
+        "epoch_seconds": stats.seconds,
+        "images_per_second": stats.images * acc.num_processes / max(stats.seconds, 1e-9),
+    }
+    row.update(_shard_statistics(acc, stats.images, stats.seen_indices))
+    if (epoch + 1) % config.train.eval_every_epochs == 0 or epoch + 1 == config.sched.epochs:
+        row.update(_evaluate_and_track_best(config, s, state, output_dir))
+    state.epoch, state.batches_done = epoch + 1, 0
+    state.epoch_loss_sum, state.epoch_loss_batches = 0.0, 0
+    _export(config, s, output_dir, "model.safetensors", acc.unwrap_model(parts.model), epoch=epoch)
+    if parts.ema is not None:
+        _export(config, s, output_dir, "model_ema.safetensors", parts.ema.module, epoch=epoch)
+    return row
+
+
+def _shard_statistics(acc: Accelerator, images: int, seen: list) -> dict:
+    """Images per process and how many distinct samples the processes saw together."""
+    counts = acc.gather(torch.tensor([images], device=acc.device)).tolist()
+    result = {"images_per_process": counts}
+    if seen and len(seen) * acc.num_processes <= _MAX_GATHERED_INDICES:
+        gathered = acc.gather(torch.tensor(seen, device=acc.device))
+        result["distinct_samples"] = int(gathered.unique().numel())
+    return result
+
+
+def _evaluate_and_track_best(config: Config, s: Setup, state: ckpt.TrainerState, output_dir: Path) -> dict:
+    acc, parts = s.accelerator, s.parts
+    results = {"raw": evaluate(parts.model, s.val_loader, acc, s.num_classes)}
+    if parts.ema is not None:
+        results["ema"] = evaluate(parts.ema.module, s.val_loader, acc, s.num_classes)
+    row = {}
+    for source, metrics in results.items():
+        prefix = "val" if source == "raw" else "val_ema"
+        row.update({f"{prefix}_top1": metrics["top1"], f"{prefix}_top5": metrics["top5"],
+                    f"{prefix}_loss": metrics["loss"]})
+        if metrics["top1"] > state.best_top1:
+            state.best_top1, state.best_epoch, state.best_source = metrics["top1"], state.epoch, source
+            module = acc.unwrap_model(parts.model) if source == "raw" else parts.ema.module
+            _export(config, s, output_dir, "best.safetensors", module, epoch=state.epoch, source=source,
+                    top1=metrics["top1"])
+    row.update({"best_top1": state.best_top1, "best_epoch": state.best_epoch, "best_source": state.best_source})
+    return row
+
+
+def _export(config: Config, s: Setup, output_dir: Path, name: str, module: torch.nn.Module, **extra) -> None:
+    if s.accelerator.is_main_process:
+        meta = export_metadata(config.model.name, config.data.num_classes, config.data.img_size,
+                               config.model.kwargs, **extra)
+        export_weights(module, output_dir / name, meta)
+
+
+def _agreeing_checksums(acc: Accelerator, model: torch.nn.Module) -> list:
+    """A position-weighted sum of all parameters on each process; they must be identical."""
+    total = torch.zeros((), dtype=torch.float64, device=acc.device)
+    for i, param in enumerate(acc.unwrap_model(model).parameters()):
+        total += param.detach().double().sum() * (i + 1)
+    sums = acc.gather(total[None]).tolist()
+    if len(set(sums)) != 1:
+        raise RuntimeError(f"processes ended with different parameters (checksums {sums})")
+    return sums
+
+
+def _print_summary(acc: Accelerator, row: dict, output_dir: Path, plot: Optional[Path]) -> None:
+    if not acc.is_main_process or not row:
+        return
+    lines = [("epochs trained", row.get("epoch", -1) + 1), ("final train loss", f"{row.get('train_loss', 0):.4f}"),
+             ("val top-1 (raw)", row.get("val_top1")), ("val top-1 (EMA)", row.get("val_ema_top1")),
+             ("val top-5 (raw)", row.get("val_top5")), ("best top-1", row.get("best_top1")),
+             ("train img/s (last epoch)", f"{row.get('images_per_second', 0):.1f}"),
+             ("outputs", str(output_dir)), ("curves", str(plot))]
+    width = max(len(k) for k, _ in lines)
+    print("\n".join(f"{k:<{width}}  {v if not isinstance(v, float) else f'{v:.2f}'}" for k, v in lines))
+
+
+def evaluate_checkpoint(config: Config, checkpoint: str, data_dir: Optional[str] = None,
+                        output_dir: Optional[str | Path] = None) -> dict:
+    """Eval-only mode: load exported weights strictly and report validation top-1 / top-5."""
+    config.model.init_checkpoint = None
+    s = setup(config, data_dir)
+    acc = s.accelerator
+    meta = load_weights(acc.unwrap_model(s.parts.model), checkpoint, expected_name=config.model.name)
+    metrics = evaluate(s.parts.model, s.val_loader, acc, s.num_classes)
+    metrics["checkpoint"] = str(checkpoint)
+    metrics["checkpoint_epoch"] = meta.get("epoch")
+    if acc.is_main_process:
+        print(json.dumps(metrics, indent=2))
+        if output_dir is not None:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(output_dir) / "eval.json").write_text(json.dumps(metrics, indent=2))
+    return metrics

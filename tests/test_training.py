@@ -1,0 +1,172 @@
+"""Training engine on CPU: train + eval, exact resume, fine-tuning, exports, records."""
+from __future__ import annotations
+
+import json
+
+import hdla_vision  # noqa: F401  (before timm: torchvision import fix, model registration)
+import pytest
+import timm
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import load_file
+from timm.optim import create_optimizer_v2
+
+from hdla_vision.training import checkpoint as ckpt
+from hdla_vision.training import runner
+from hdla_vision.training.data import EpochOrder
+from hdla_vision.training.models import create_model
+from hdla_vision.training.records import read_metrics
+from training_helpers import subset_dataset, tiny_config, tiny_dataset
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Each in-process run builds its own Accelerator (Accelerate keeps singletons)."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tiny_dataset(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, data_dir):
+    """One uninterrupted 2-epoch run (mid-epoch checkpoints every 2 steps) shared by several tests."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    out = tmp_path_factory.mktemp("uninterrupted")
+    config = tiny_config(data_dir, train={"checkpoint_every_steps": 2, "keep_checkpoints": 10})
+    row = runner.train(config, out)
+    return out, row
+
+
+def test_train_and_eval_writes_records_and_exports(trained_run):
+    out, row = trained_run
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["epoch"] for r in rows] == [0, 1]
+    for key in ("train_loss", "val_top1", "val_top5", "val_ema_top1", "val_ema_top5", "lr", "best_top1"):
+        assert isinstance(rows[-1][key], float)
+    assert 0.0 <= rows[-1]["val_top1"] <= rows[-1]["val_top5"] <= 100.0
+    assert rows[0]["images_per_process"] == [56]  # 60 images, batches of 8: 7 full batches
+    assert rows[0]["distinct_samples"] == 56
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert row["param_checksum_per_process"] and len(row["param_checksum_per_process"]) == 1
+    steps = [p.name for p in ckpt.list_checkpoints(out / "checkpoints")]
+    assert "step_00000007" in steps and "step_00000014" in steps and "step_00000004" in steps
+
+
+def test_export_loads_through_timm_pretrained_cfg_overlay(trained_run, data_dir):
+    out, _ = trained_run
+    config = tiny_config(data_dir)
+    kwargs = dict(config.model.kwargs, img_size=32)
+    model = timm.create_model(config.model.name, pretrained=True, num_classes=10,
+                              pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"), num_classes=10), **kwargs)
+    saved = load_file(str(out / "model.safetensors"))
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0)
+
+
+def test_eval_only_reproduces_the_recorded_accuracy(trained_run, data_dir):
+    out, row = trained_run
+    config = tiny_config(data_dir)
+    metrics = runner.evaluate_checkpoint(config, str(out / "model.safetensors"))
+    assert metrics["top1"] == pytest.approx(row["val_top1"])
+    assert metrics["top5"] == pytest.approx(row["val_top5"])
+
+
+def test_killed_and_resumed_run_equals_uninterrupted_run(trained_run, data_dir, tmp_path, monkeypatch):
+    """Stop right after the step-4 checkpoint (mid epoch 0), resume with 'auto': same final weights.
+
+    The resumed process also loads data with a worker process, which must not change anything.
+    """
+    reference_dir, _ = trained_run
+    config = tiny_config(data_dir, train={"checkpoint_every_steps": 2, "keep_checkpoints": 10})
+    real_save = ckpt.save_checkpoint
+
+    def save_then_die(accelerator, output_dir, state, *args, **kwargs):
+        path = real_save(accelerator, output_dir, state, *args, **kwargs)
+        if state.global_step == 4:
+            raise KeyboardInterrupt("simulated kill after step 4")
+        return path
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        runner.train(config, tmp_path)
+    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")][-1] == "step_00000004"
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    resumed_config = tiny_config(data_dir, data={"num_workers": 1},
+                                 train={"checkpoint_every_steps": 2, "keep_checkpoints": 10})
+    runner.train(resumed_config, tmp_path, resume="auto")
+    for name in ("model.safetensors", "model_ema.safetensors"):
+        expected, got = load_file(str(reference_dir / name)), load_file(str(tmp_path / name))
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=1e-6, msg=f"{name}:{key}")
+    ref_rows, rows = read_metrics(reference_dir / "metrics.jsonl"), read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["epoch"] for r in rows] == [0, 1]
+    assert rows[0]["train_loss"] == pytest.approx(ref_rows[0]["train_loss"], abs=1e-5)
+    assert rows[1]["val_top1"] == pytest.approx(ref_rows[1]["val_top1"])
+
+
+def test_finetune_with_new_classes_and_image_size(trained_run, data_dir, tmp_path):
+    """Start from the 10-class 32-pixel export: 5 classes at 48 pixels, layer-wise lr decay."""
+    source, _ = trained_run
+    five = subset_dataset(data_dir, tmp_path / "five", classes=5)
+    config = tiny_config(five, model={"init_checkpoint": str(source / "model.safetensors"), "drop_path_rate": 0.0},
+                         data={"num_classes": 5, "img_size": 48, "mixup": 0.0, "cutmix": 0.0},
+                         optim={"layer_decay": 0.75}, sched={"epochs": 1, "warmup_epochs": 0},
+                         train={"ema": False})
+    model = create_model(config)
+    saved = load_file(str(source / "model.safetensors"))
+    state = model.state_dict()
+    assert state["head.weight"].shape == (5, 32)
+    assert state["pos_embed"].shape[1] == 1 + (48 // 8) ** 2 != saved["pos_embed"].shape[1]
+    torch.testing.assert_close(state["blocks.1.attn.qkv.weight"], saved["blocks.1.attn.qkv.weight"])
+    torch.testing.assert_close(state["patch_embed.proj.weight"], saved["patch_embed.proj.weight"])
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    row = runner.train(config, tmp_path / "run")
+    assert "val_top1" in row
+    groups = create_optimizer_v2(create_model(config), "adamw", lr=1e-3, layer_decay=0.75).param_groups
+    assert len({g["lr_scale"] for g in groups}) > 2  # one lr scale per depth
+
+
+def test_linear_probe_trains_only_the_classifier(trained_run, data_dir, tmp_path):
+    source, _ = trained_run
+    config = tiny_config(data_dir, model={"init_checkpoint": str(source), "linear_probe": True,
+                                          "drop_path_rate": 0.0},
+                         sched={"epochs": 1, "warmup_epochs": 0}, train={"ema": False})
+    runner.train(config, tmp_path)
+    before, after = load_file(str(source / "model.safetensors")), load_file(str(tmp_path / "model.safetensors"))
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert changed == ["head.bias", "head.weight"]
+
+
+def test_epoch_order_is_identical_per_epoch_and_changes_between_epochs():
+    order = EpochOrder(50, batch_per_process=4, num_processes=2, seed=3)
+    order.use_epoch(1)
+    first, again = list(order), list(order)
+    order.use_epoch(2)
+    assert first == again and first != list(order)
+    assert len(first) == 48 and len({i for i, _ in first}) == 48
+
+
+def test_shipped_configs_load_and_scale_the_learning_rate():
+    from hdla_vision.training.config import load_config
+    from training_helpers import REPO
+
+    names = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+    assert {"hdla_tiny", "hdla_tiny_deit", "hdla_small", "hdla_base", "deit_tiny", "finetune", "quickstart"} <= set(names)
+    for name in names:
+        load_config(REPO / "configs" / f"{name}.yaml")
+    paper = load_config(REPO / "configs" / "hdla_tiny.yaml")
+    assert runner.peak_learning_rate(paper) == pytest.approx(2.4e-3)
+    assert paper.optim.betas == [0.9, 0.98] and paper.sched.warmup_epochs == 20 and paper.data.mixup == 0.0

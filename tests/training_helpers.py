@@ -1,0 +1,55 @@
+"""Shared pieces of the training tests: a tiny generated dataset and a tiny config."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+import hdla_vision  # noqa: F401  (torchvision import fix, model registration)
+from hdla_vision.training.config import config_from_dict
+from hdla_vision.training.quickstart import CLASS_NAMES, ensure_quickstart_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = {"name": "deit_tiny_patch16_224",
+              "kwargs": {"patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2},
+              "drop_path_rate": 0.1}
+
+
+def tiny_dataset(cache: Path) -> Path:
+    """10 classes, 6 training and 2 validation images per class, 32x32 pixels."""
+    return ensure_quickstart_dataset(cache, train_per_class=6, val_per_class=2, image_size=32)
+
+
+def subset_dataset(source: Path, target: Path, classes: int) -> Path:
+    """An ImageFolder copy of ``source`` with only its first ``classes`` classes."""
+    for split in ("train", "val"):
+        for name in CLASS_NAMES[:classes]:
+            shutil.copytree(source / split / name, target / split / name)
+    return target
+
+
+def tiny_config_dict(data_dir: Path, **section_overrides) -> dict:
+    """A 2-layer, width-32 ViT on 32-pixel images; batches of 8, 2 epochs, every augmentation on."""
+    values = {
+        "model": dict(TINY_MODEL),
+        "data": {"data_dir": str(data_dir), "num_classes": 10, "img_size": 32, "num_workers": 0,
+                 "auto_augment": "rand-m9-mstd0.5-inc1", "reprob": 0.25, "mixup": 0.8, "cutmix": 1.0,
+                 "label_smoothing": 0.1},
+        "optim": {"base_lr": 4e-3, "clip_grad": 1.0},
+        "sched": {"epochs": 2, "warmup_epochs": 1},
+        "train": {"global_batch_size": 8, "mixed_precision": "no", "ema": True, "ema_decay": 0.9,
+                  "log_every_steps": 2, "progress_bar": False},
+    }
+    for section, updates in section_overrides.items():
+        values[section] = {**values.get(section, {}), **updates}
+    return values
+
+
+def tiny_config(data_dir: Path, **section_overrides):
+    return config_from_dict(tiny_config_dict(data_dir, **section_overrides))
+
+
+def write_config(path: Path, values: dict) -> Path:
+    path.write_text(yaml.safe_dump(values))
+    return path
