@@ -41,7 +41,7 @@ def compile_variant(kernel, constexprs, dtype="fp32"):
 
 
 def variants(dim):
-    common = dict(RKV=1, RKP=1, RAB=2, RAP=2, BT=scan.BT, BK=dim, REVERSE=False, PREC="tf32")
+    common = dict(RKV=1, RKP=1, RAB=2, RAP=2, BT=scan.BT, BK=dim, REVERSE=False)
     warps = 4 if dim <= 64 else 8
     yield "local fwd", scan.chunk_local_kernel, dict(common, NQ=1, NQP=1, HDLA=True, SWAP_AB=False, SHIFT=0, SOLVE=True, LOG2_BT=scan.LOG2_BT, _warps=warps)
     yield "local adjoint", scan.chunk_local_kernel, dict(common, NQ=3, NQP=4, HDLA=True, SWAP_AB=True, SHIFT=1, SOLVE=True, LOG2_BT=scan.LOG2_BT, _warps=warps)

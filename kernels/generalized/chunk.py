@@ -60,7 +60,6 @@ def chunk_scan(
     store_final: bool = False,
     w_post: Optional[torch.Tensor] = None,
     w_pre: Optional[torch.Tensor] = None,
-    precise: bool = False,
     launch: Optional[dict] = None,
 ):
     """Run the chunk-local and the sequential kernel once.
@@ -75,7 +74,6 @@ def chunk_scan(
         x_given: ``[B, T, H, r_ab, V]``: the reads X, known from an earlier pass (skips the solve;
             then q must be None).
         w_post / w_pre: ``[B, T, H, n, V]`` V-vectors for K-readouts of S_t / S_{t-1}.
-        precise: tensor-core products in 3xTF32 (fp32 accuracy, for fp32/fp64 inputs) instead of TF32.
         launch: overrides of the serial kernel's ``BV``, ``num_warps``, ``num_stages`` (tuning).
 
     Returns:
@@ -111,8 +109,7 @@ def chunk_scan(
         return empty if t is None else t.contiguous()
 
     k, g = k.contiguous(), g.contiguous()
-    transition = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap, BT=BT, BK=bk, REVERSE=reverse,
-                      PREC="tf32x3" if precise else "tf32")
+    transition = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap, BT=BT, BK=bk, REVERSE=reverse)
     chunk_local_kernel[(n_chunks, batch * heads)](
         ptr(q), k, ptr(a), ptr(b), ptr(kh), ptr(beta), g, wx, ur, qe, mo, ktil, atil, gamma,
         seq_len, heads, dk, float(scale), THRESH, NQ=nq, NQP=nqp, HDLA=hdla is not None, SWAP_AB=swap_ab,
@@ -154,11 +151,6 @@ def chunk_scan(
     return out
 
 
-def _precise(q: torch.Tensor) -> bool:
-    """fp32/fp64 inputs get fp32-accurate products (3xTF32); bf16/fp16 inputs plain TF32."""
-    return q.dtype in (torch.float32, torch.float64)
-
-
 def _scan_cumsum(x: torch.Tensor, reverse_scan: bool) -> torch.Tensor:
     """Sum over the scan steps at or after each one: ``[B, T, H, K]`` (scanned along the last
     dim, where PyTorch's scan is fast)."""
@@ -168,7 +160,7 @@ def _scan_cumsum(x: torch.Tensor, reverse_scan: bool) -> torch.Tensor:
     return x.flip(-1).cumsum(-1).flip(-1).movedim(-1, 1)
 
 
-def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True, precise=False):
+def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True):
     """Gradients of the generalized op; see the module docstring.
 
     ``saved`` holds q, k, v, a, b, g, h0, x (reads of the forward pass), ht (final state).
@@ -186,13 +178,13 @@ def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True
     adjoint = chunk_scan(
         adj_queries.to(torch.float32), q.unsqueeze(3), (do * scale).unsqueeze(3).to(torch.float32), g,
         **transition, initial_state=dht, reverse=not reverse, shift=True, swap_ab=True,
-        store_final=True, w_post=adj_w_post, precise=precise,
+        store_final=True, w_post=adj_w_post,
     )
     y, dv = adjoint["o"][:, :, :, :r_ab], adjoint["o"][:, :, :, r_ab:]
     dk, da = adjoint["k_post"][:, :, :, : k.shape[3]], -adjoint["k_post"][:, :, :, k.shape[3]:]
     recompute = chunk_scan(
         None, k, v, g, **transition, initial_state=h0, reverse=reverse,
-        x_given=x if r_ab else None, w_post=do.unsqueeze(3), w_pre=y if r_ab else None, precise=precise,
+        x_given=x if r_ab else None, w_post=do.unsqueeze(3), w_pre=y if r_ab else None,
     )
     dq = scale * recompute["k_post"][:, :, :, 0]
     db = -recompute["k_pre"] if r_ab else torch.zeros_like(a, dtype=torch.float32)
@@ -225,7 +217,6 @@ class ChunkGeneralizedFunction(torch.autograd.Function):
         fwd = chunk_scan(
             q.unsqueeze(3), k, v, g, a=a if r_ab else None, b=b if r_ab else None, scale=scale,
             initial_state=initial_state, reverse=reverse, store_x=r_ab > 0, store_final=True,
-            precise=_precise(q),
         )
         x = fwd.get("x")
         ctx.save_for_backward(q, k, v, a, b, g, initial_state, x, fwd["final"])
@@ -237,7 +228,7 @@ class ChunkGeneralizedFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         q, k, v, a, b, g, h0, x, ht = ctx.saved_tensors
         dq, dk, dv, da, db, dg, dh0 = generalized_backward(
-            (q, k, v, a, b, g, h0, x, ht), do, dht, ctx.scale, ctx.reverse, precise=_precise(q)
+            (q, k, v, a, b, g, h0, x, ht), do, dht, ctx.scale, ctx.reverse
         )
         cast = lambda t, ref: None if t is None else t.to(ref.dtype)  # noqa: E731
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(da, a), cast(db, b), cast(dg, g),

@@ -113,7 +113,7 @@ def _row_of(x, rows, r):
 
 @triton.jit
 def _gram(rd, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.constexpr, RPW: tl.constexpr,
-          STRICT: tl.constexpr, PREC: tl.constexpr):
+          STRICT: tl.constexpr):
     """``M[n, m] = sum_k rd[n,k] wr[m,k] exp(g_rd[n,k] - g_wr[m,k])`` for token(m) <= token(n)
     (``<`` if STRICT), else 0. rd ``[BT*RPR, BK]``, wr ``[BT*RPW, BK]``; g_tok ``[BT, BK]`` is the
     writers' per-token log-decay (g_wr expanded)."""
@@ -125,7 +125,7 @@ def _gram(rd, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.constexpr, 
     else:
         keep = tok_w[None, :] <= tok_r[:, None]
     if fast:
-        m = tl.dot(rd * tl.exp(g_rd), tl.trans(wr * tl.exp(-g_wr)), input_precision=PREC)
+        m = tl.dot(rd * tl.exp(g_rd), tl.trans(wr * tl.exp(-g_wr)))
     else:
         m = tl.zeros([BT * RPR, BT * RPW], dtype=tl.float32)
         toks = tl.arange(0, BT)
@@ -146,7 +146,7 @@ def _gram(rd, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.constexpr, 
 
 @triton.jit
 def _k_readout(coef, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.constexpr,
-               RPW: tl.constexpr, STRICT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+               RPW: tl.constexpr, STRICT: tl.constexpr, BK: tl.constexpr):
     """``out[n, :] = sum_m coef[n, m] exp(g_rd[n] - g_wr[m]) * wr[m, :]`` over token(m) <= token(n)
     (``<`` if STRICT): ``[BT*RPR, BK]``."""
     tok_r = tl.arange(0, BT * RPR) // RPR
@@ -158,7 +158,7 @@ def _k_readout(coef, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.cons
         keep = tok_w[None, :] <= tok_r[:, None]
     coef = tl.where(keep, coef, 0.0)
     if fast:
-        out = tl.exp(g_rd) * tl.dot(coef, wr * tl.exp(-g_wr), input_precision=PREC)
+        out = tl.exp(g_rd) * tl.dot(coef, wr * tl.exp(-g_wr))
     else:
         out = tl.zeros([BT * RPR, BK], dtype=tl.float32)
         toks = tl.arange(0, BT)
@@ -178,7 +178,6 @@ def _k_readout(coef, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.cons
 
 @triton.jit
 def _unit_lower_inverse(lmat, N: tl.constexpr, LEVELS: tl.constexpr, RP: tl.constexpr):
-    PREC_INV: tl.constexpr = "tf32x3"
     """``(I + L)^{-1}`` for L strictly lower block-triangular over tokens (r x r blocks; paper
     eq. 13-14) by block doubling: with D the inverse restricted to blocks of n tokens and C the
     entries of L between the two halves of each 2n-token block, the 2n-block inverse is
@@ -191,8 +190,8 @@ def _unit_lower_inverse(lmat, N: tl.constexpr, LEVELS: tl.constexpr, RP: tl.cons
     for level in tl.static_range(1, LEVELS):
         cross = ((tok[:, None] >> (level + 1)) == (tok[None, :] >> (level + 1))) & (
             (tok[:, None] >> level) != (tok[None, :] >> level))
-        dc = tl.dot(inv, tl.where(cross, lmat, 0.0), input_precision=PREC_INV)
-        inv = inv - tl.dot(dc, inv, input_precision=PREC_INV)
+        dc = tl.dot(inv, tl.where(cross, lmat, 0.0), input_precision="tf32x3")
+        inv = inv - tl.dot(dc, inv, input_precision="tf32x3")
     return inv
 
 
@@ -204,7 +203,7 @@ def chunk_local_kernel(
     NQ: tl.constexpr, NQP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
-    SOLVE: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr,
+    SOLVE: tl.constexpr, LOG2_BT: tl.constexpr,
 ):
     """State-independent part of one chunk, stored for the sequential kernel:
     Wx ``[BT*RAP, K]`` and Ur ``[BT*RAP, BT*RKP]`` (X = Wx S + Ur V), Qeff ``[BT*NQP, K]`` and
@@ -242,9 +241,9 @@ def chunk_local_kernel(
         _store_rows(atil_ptr, a_t * tl.exp(g_last[None, :] - g_a), i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
         if SOLVE:
             g_b = _expand(g_exc, BT, RAP, BK)
-            inv = _unit_lower_inverse(_gram(b_t, g_b, a_t, g_a, g_cum, fast, BT, RAP, RAP, True, PREC), BT * RAP, LOG2_BT, RAP)
-            wx = tl.dot(inv, b_t * tl.exp(g_b), input_precision=PREC)
-            ur = tl.dot(inv, _gram(b_t, g_b, kt, g_k, g_cum, fast, BT, RAP, RKP, True, PREC), input_precision=PREC)
+            inv = _unit_lower_inverse(_gram(b_t, g_b, a_t, g_a, g_cum, fast, BT, RAP, RAP, True), BT * RAP, LOG2_BT, RAP)
+            wx = tl.dot(inv, b_t * tl.exp(g_b))
+            ur = tl.dot(inv, _gram(b_t, g_b, kt, g_k, g_cum, fast, BT, RAP, RKP, True))
             _store_rows(wx_ptr, wx, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
             rows_a = tl.arange(0, BT * RAP)
             tl.store(ur_ptr + tile * (BT * RAP * BT * RKP) + rows_a[:, None] * (BT * RKP) + cols_k[None, :], ur)
@@ -253,11 +252,11 @@ def chunk_local_kernel(
         qt = _load_rows(q_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE) * scale
         g_q = _expand(g_cum, BT, NQP, BK)
         qeff = qt * tl.exp(g_q)
-        mo = _gram(qt, g_q, kt, g_k, g_cum, fast, BT, NQP, RKP, False, PREC)
+        mo = _gram(qt, g_q, kt, g_k, g_cum, fast, BT, NQP, RKP, False)
         if RAB > 0:
-            m_qa = _gram(qt, g_q, a_t, g_a, g_cum, fast, BT, NQP, RAP, False, PREC)
-            qeff -= tl.dot(m_qa, wx, input_precision=PREC)
-            mo -= tl.dot(m_qa, ur, input_precision=PREC)
+            m_qa = _gram(qt, g_q, a_t, g_a, g_cum, fast, BT, NQP, RAP, False)
+            qeff -= tl.dot(m_qa, wx)
+            mo -= tl.dot(m_qa, ur)
         _store_rows(qe_ptr, qeff, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, REVERSE)
         rows_q = tl.arange(0, BT * NQP)
         tl.store(mo_ptr + tile * (BT * NQP * BT * RKP) + rows_q[:, None] * (BT * RKP) + cols_k[None, :], mo)
@@ -265,11 +264,10 @@ def chunk_local_kernel(
 
 @triton.jit
 def _state_readout(acc_ptr, wv_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NW: tl.constexpr,
-                   NWP: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr, ATOMIC: tl.constexpr,
-                   PREC: tl.constexpr):
+                   NWP: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr, ATOMIC: tl.constexpr):
     """Accumulate ``S w_t`` (``[BT*NWP, BK]``, this program's V-block) into the K-readout buffer."""
     w = _load_rows(wv_ptr, i_b, i_h, p0, T, H, cv, mv, V, NW, NWP, BT, 0, REVERSE)
-    part = tl.dot(w, tl.trans(s), input_precision=PREC)
+    part = tl.dot(w, tl.trans(s))
     tok, rank, t, valid = _tok_index(p0, T, BT, NWP, 0, REVERSE)
     base = ((i_b * T + t) * H + i_h).to(tl.int64) * (NW * K) + rank * K
     mask = (valid & (rank < NW))[:, None] & mk[None, :]
@@ -289,7 +287,7 @@ def chunk_scan_kernel(
     NWQ: tl.constexpr, NWQP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr,
     X_GIVEN: tl.constexpr, STORE_X: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-    ATOMIC: tl.constexpr, PREC: tl.constexpr,
+    ATOMIC: tl.constexpr,
 ):
     """Sequential pass over the chunks of one (batch, head, V-block): products with the state only."""
     i_v = tl.program_id(0)
@@ -315,7 +313,7 @@ def chunk_scan_kernel(
         gamma = tl.load(gam_ptr + tile * K + ck, mask=mk, other=0.0)
         vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
         ktil = _load_rows(ktil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
-        s_next = gamma[:, None] * s + tl.dot(tl.trans(ktil), vt, input_precision=PREC)
+        s_next = gamma[:, None] * s + tl.dot(tl.trans(ktil), vt)
         if RAB > 0:
             if X_GIVEN:
                 x = _load_rows(xin_ptr, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, 0, REVERSE)
@@ -323,21 +321,21 @@ def chunk_scan_kernel(
                 wx = _load_rows(wx_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
                 rows_a = tl.arange(0, BT * RAP)
                 ur = tl.load(ur_ptr + tile * (BT * RAP * BT * RKP) + rows_a[:, None] * (BT * RKP) + cols_k[None, :])
-                x = tl.dot(wx, s, input_precision=PREC) + tl.dot(ur, vt, input_precision=PREC)
+                x = tl.dot(wx, s) + tl.dot(ur, vt)
             if STORE_X:
                 _store_rows(xout_ptr, x, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, REVERSE)
             atil = _load_rows(atil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
-            s_next -= tl.dot(tl.trans(atil), x, input_precision=PREC)
+            s_next -= tl.dot(tl.trans(atil), x)
         if NQ > 0:
             qeff = _load_rows(qe_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE)
             rows_q = tl.arange(0, BT * NQP)
             mo = tl.load(mo_ptr + tile * (BT * NQP * BT * RKP) + rows_q[:, None] * (BT * RKP) + cols_k[None, :])
-            o = tl.dot(qeff, s, input_precision=PREC) + tl.dot(mo, vt, input_precision=PREC)
+            o = tl.dot(qeff, s) + tl.dot(mo, vt)
             _store_rows(o_ptr, o, i_b, i_h, p0, T, H, cv, mv, V, NQ, NQP, BT, REVERSE)
         if NWP > 0:  # S_{chunk start} w_t for the post-update K-readouts (gated in chunk_kread_kernel)
-            _state_readout(kp_ptr, wp_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWP, NWPP, BT, REVERSE, ATOMIC, PREC)
+            _state_readout(kp_ptr, wp_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWP, NWPP, BT, REVERSE, ATOMIC)
         if NWQ > 0:  # the same for the pre-update K-readouts
-            _state_readout(kq_ptr, wq_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWQ, NWQP, BT, REVERSE, ATOMIC, PREC)
+            _state_readout(kq_ptr, wq_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWQ, NWQP, BT, REVERSE, ATOMIC)
         s = s_next
 
     if STORE_HT:
@@ -351,7 +349,7 @@ def chunk_kread_kernel(
     NW: tl.constexpr, NWP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
-    STRICT: tl.constexpr, PREC: tl.constexpr,
+    STRICT: tl.constexpr,
 ):
     """Finish the K-readouts for all chunks in parallel (full V per program): out_ptr holds
     ``S_0 w_t`` (S_0 the state entering the chunk); it becomes
@@ -381,7 +379,7 @@ def chunk_kread_kernel(
     vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
     g_k = _expand(g_cum, BT, RKP, BK)
     out = tl.exp(g_w) * _load_rows(out_ptr, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, 0, REVERSE)
-    out += _k_readout(tl.dot(w, tl.trans(vt), input_precision=PREC), g_w, kt, g_k, g_cum, fast, BT, NWP, RKP, STRICT, BK, PREC)
+    out += _k_readout(tl.dot(w, tl.trans(vt)), g_w, kt, g_k, g_cum, fast, BT, NWP, RKP, STRICT, BK)
     if RAB > 0:
         if HDLA:
             a_t, b_t = _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p0, T, H, ck, mk, K, BT, SHIFT, REVERSE)
@@ -391,5 +389,5 @@ def chunk_kread_kernel(
             a_t = _load_rows(a_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
         x = _load_rows(x_ptr, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, 0, REVERSE)
         g_a = _expand(g_cum, BT, RAP, BK)
-        out -= _k_readout(tl.dot(w, tl.trans(x), input_precision=PREC), g_w, a_t, g_a, g_cum, fast, BT, NWP, RAP, STRICT, BK, PREC)
+        out -= _k_readout(tl.dot(w, tl.trans(x)), g_w, a_t, g_a, g_cum, fast, BT, NWP, RAP, STRICT, BK)
     _store_rows(out_ptr, out, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, REVERSE)

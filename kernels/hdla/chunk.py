@@ -7,7 +7,7 @@ epilogue (``backward.py``) turns dq, dK, dA, dB into dk, dbeta and dg.
 import torch
 import triton
 
-from ..generalized.chunk import _precise, chunk_scan, generalized_backward
+from ..generalized.chunk import chunk_scan, generalized_backward
 from .backward import hdla_backward_epilogue_kernel
 from .naive import hdla_decay_factors
 
@@ -17,7 +17,7 @@ class ChunkHDLAFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, g, scale, initial_state, output_final_state, reverse):
         fwd = chunk_scan(
             q.unsqueeze(3), k.unsqueeze(3), v.unsqueeze(3), g, hdla=(k, beta), scale=scale,
-            initial_state=initial_state, reverse=reverse, store_x=True, store_final=True, precise=_precise(q),
+            initial_state=initial_state, reverse=reverse, store_x=True, store_final=True,
         )
         ctx.save_for_backward(q, k, v, beta, g, initial_state, fwd["x"], fwd["final"])
         ctx.scale, ctx.reverse = scale, reverse
@@ -30,7 +30,7 @@ class ChunkHDLAFunction(torch.autograd.Function):
         a, b = hdla_decay_factors(k.float(), beta.float(), g.float())
         dq, dk_write, dv, da, db, dh0 = generalized_backward(
             (q, k.unsqueeze(3), v.unsqueeze(3), a, b, g, h0, x, ht),
-            do, dht, ctx.scale, ctx.reverse, hdla=(k, beta), need_dg=False, precise=_precise(q),
+            do, dht, ctx.scale, ctx.reverse, hdla=(k, beta), need_dg=False,
         )
         batch, seq_len, heads, dim = k.shape
         dk, dg = torch.empty_like(dq), torch.empty_like(dq)
