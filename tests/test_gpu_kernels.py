@@ -23,7 +23,7 @@ def _cuda(problem):
     (2, 333, 2, 64, -20.0, True, True),
     (1, 77, 1, 32, -0.001, False, False),
 ])
-@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 5e-3)])
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-2)])  # TF32 tensor-core products (~3e-3 measured)
 def test_hdla_matches_loop(batch, seq_len, heads, dim, g_min, h0, reverse, dtype, tol):
     problem = _cuda(hdla_problem(batch, seq_len, heads, dim, dim, g_min=g_min, h0=h0))
     errors = compare_with_loop(chunk_hdla, "hdla", problem, reverse=reverse, dtype=dtype)
