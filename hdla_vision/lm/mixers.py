@@ -18,12 +18,30 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import initialization as init
 
-from ..kernels import chunk_generalized, chunk_hdla, fused_recurrent_hdla, naive_generalized
+from ..kernels import (chunk_generalized, chunk_hdla, fused_recurrent_hdla, hdla_decay_factors, naive_generalized,
+                       torch_chunk_generalized)
 from ..layers.registry import register_mixer
 from .cache import read_conv_window, read_recurrent_state, write_recurrent_state
 
 # A forward of at most this many new tokens on top of a cached state uses the recurrent step.
 RECURRENT_MAX_TOKENS = 4
+# "auto": the public ops (Triton on CUDA); "torch": the vectorised PyTorch chunk form on any device
+# (differentiable by autograd), e.g. to train on a GPU before the Triton backward is available.
+CHUNK_BACKENDS = ("auto", "torch")
+_chunk_backend = "auto"
+
+
+def set_chunk_backend(name: str) -> None:
+    """Choose how the mixers run prefill/training scans: ``"auto"`` or ``"torch"``."""
+    global _chunk_backend
+    if name not in CHUNK_BACKENDS:
+        raise ValueError(f"chunk backend must be one of {CHUNK_BACKENDS}, got {name!r}")
+    _chunk_backend = name
+
+
+def _chunk_generalized(q, k, v, a, b, g, scale, initial_state):
+    fn = torch_chunk_generalized if _chunk_backend == "torch" else chunk_generalized
+    return fn(q, k, v, a, b, g, scale, initial_state, True)
 
 
 class PerHeadRMSNorm(nn.Module):
@@ -185,8 +203,11 @@ class HDLAMixer(CausalLinearMixer):
         q, k, v, beta, g = (feats[n] for n in ("q", "k", "v", "beta", "g"))
         if recurrent:
             return fused_recurrent_hdla(q, k, v, beta, g.to(q.dtype), initial_state=state)
-        init = None if state is None else state.to(q.dtype)
-        return chunk_hdla(q, k, v, beta, g.to(q.dtype), initial_state=init, output_final_state=True)
+        init, g = (None if state is None else state.to(q.dtype)), g.to(q.dtype)
+        if _chunk_backend == "torch":
+            a, b = hdla_decay_factors(k, beta, g)
+            return _chunk_generalized(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, None, init)
+        return chunk_hdla(q, k, v, beta, g, initial_state=init, output_final_state=True)
 
 
 class GatedDeltaMixer(CausalLinearMixer):
@@ -239,8 +260,7 @@ class GatedDeltaMixer(CausalLinearMixer):
             return naive_generalized(q.float(), kw, vw, a, b, g, scale, state, output_final_state=True)
         init = None if state is None else state.to(q.dtype)
         dt = q.dtype
-        return chunk_generalized(q, kw.to(dt), vw.to(dt), a.to(dt), b.to(dt), g.to(dt), scale, init,
-                                 output_final_state=True)
+        return _chunk_generalized(q, kw.to(dt), vw.to(dt), a.to(dt), b.to(dt), g.to(dt), scale, init)
 
 
 def gated_deltaproduct_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor):
