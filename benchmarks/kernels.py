@@ -1,0 +1,225 @@
+"""Build, check and time the HDLA chunk kernels on a GPU.
+
+    python benchmarks/kernels.py                       # ours + SDPA, all shapes
+    python benchmarks/kernels.py --ops ours,sdpa,fla_dplr,fla_kda --check-fla
+
+For each shape (B, T, H, D) it times, with ``triton.testing.do_bench`` medians after warm-up,
+the forward and forward+backward of: our ``chunk_hdla``; fla's exact HDLA as
+``chunk_dplr_delta_rule`` over the doubled sequence (ALGORITHM.md); fla's ``chunk_kda``
+(diagonal + one Householder); PyTorch SDPA (causal, same B, T, H, D). All in one process,
+bf16 inputs. It also records the wall time of our first call at each new shape (compile),
+checks our output against a float64 token loop, and reports achieved TFLOP/s on the matmul
+FLOPs of the chunk algorithm (``hdla_chunk_flops``). Results: a table on stdout and JSON
+under ``$OUT`` (or ``--out``).
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from hdla_vision.kernels import chunk_hdla, naive_hdla
+
+SHAPES = {
+    "vision": (128, 196, 3, 64),
+    "hires": (8, 4096, 3, 64),
+    "lm": (4, 4096, 16, 128),
+}
+
+
+def hdla_chunk_flops(batch, seq_len, heads, dk, dv, chunk=64, r_ab=2):
+    """Matmul FLOPs of one chunkwise HDLA forward (paper eq. 13-18) with chunk size C.
+
+    Per chunk: Gram matrices B'A'^T, K'A'^T, Q'K'^T, Q'B'^T; the UT solve applied to V;
+    the state reads S^T W, S^T Q'; the output and the state update. Backward ~ 2x forward.
+    """
+    c, rc = chunk, r_ab * chunk
+    grams = 2 * dk * (rc * rc + rc * c + c * c + c * rc)
+    solve = 2 * dv * (rc * rc + rc * c)
+    state_reads = 2 * dk * dv * (rc + c)
+    outputs = 2 * dv * (c * c + c * rc)
+    update = 2 * dk * dv * (c + rc)
+    per_chunk = grams + solve + state_reads + outputs + update
+    return batch * heads * triton.cdiv(seq_len, chunk) * per_chunk
+
+
+def make_inputs(batch, seq_len, heads, dim, dtype, device, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
+    q = rnd(batch, seq_len, heads, dim)
+    k = F.normalize(rnd(batch, seq_len, heads, dim), dim=-1)
+    v = rnd(batch, seq_len, heads, dim)
+    beta = 2 * torch.sigmoid(rnd(batch, seq_len, heads))
+    g = F.logsigmoid(rnd(batch, seq_len, heads, dim) + 2.0)
+    return [t.to(dtype).requires_grad_() for t in (q, k, v, beta, g)]
+
+
+def ours(q, k, v, beta, g):
+    return chunk_hdla(q, k, v, beta, g)[0]
+
+
+def fla_dplr_doubled(q, k, v, beta, g):
+    """HDLA as fla's DPLR over 2T steps (ALGORITHM.md): output at the odd steps."""
+    from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
+
+    batch, seq_len, heads, dim = q.shape
+    z = torch.zeros_like(q)
+    bk = beta.unsqueeze(-1) * k
+
+    def interleave(even, odd):
+        return torch.stack([even, odd], dim=2).reshape(batch, 2 * seq_len, heads, -1)
+
+    lam = g.float().exp().to(q.dtype)
+    qq = interleave(z, q)
+    kk = interleave(z, k)
+    vv = interleave(torch.zeros_like(v), v)
+    aa = interleave(-bk, -bk)
+    bb = interleave(lam * k, k)
+    gk = interleave(g, torch.zeros_like(g))
+    o, _ = chunk_dplr_delta_rule(qq, kk, vv, aa, bb, gk, scale=1.0)
+    return o[:, 1::2]
+
+
+def fla_kda(q, k, v, beta, g):
+    from fla.ops.kda import chunk_kda
+
+    return chunk_kda(q, k, v, g.float(), beta, scale=1.0)[0]
+
+
+def sdpa(q, k, v, beta, g):
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    return out.transpose(1, 2)
+
+
+OPS = {"ours": ours, "fla_dplr": fla_dplr_doubled, "fla_kda": fla_kda, "sdpa": sdpa}
+
+
+def rel_err(x, ref):
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def time_op(fn, inputs):
+    grad = torch.randn_like(fn(*inputs))
+
+    def fwd():
+        with torch.no_grad():
+            fn(*inputs)
+
+    def fwd_bwd():
+        torch.autograd.grad(fn(*inputs), inputs[:3] + ([inputs[3], inputs[4]] if fn is not sdpa else []), grad)
+
+    t_fwd = triton.testing.do_bench(fwd, warmup=25, rep=100, return_mode="median")
+    t_all = triton.testing.do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median")
+    return t_fwd, t_all
+
+
+def first_call_seconds(fn, inputs):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn(*inputs)
+    torch.autograd.grad(out.float().sum(), inputs[:3])
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def check_against_loop(dtype, device):
+    """Our output and gradients on a mid-size problem vs the float64 token loop."""
+    q, k, v, beta, g = make_inputs(2, 300, 2, 64, dtype, device, seed=1)
+    o = ours(q, k, v, beta, g)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v, beta, g), do)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, beta, g)]
+    ref = naive_hdla(*ref_in)[0]
+    ref_grads = torch.autograd.grad(ref, ref_in, do.double())
+    errs = {"o": rel_err(o, ref)}
+    errs.update({f"d{n}": rel_err(a, b) for n, a, b in zip(["q", "k", "v", "beta", "g"], grads, ref_grads)})
+    return errs
+
+
+def check_fla_oracle(device):
+    """HDLA (ours, fp32) vs fla's DPLR over the doubled sequence (fp32)."""
+    q, k, v, beta, g = make_inputs(2, 256, 2, 64, torch.float32, device, seed=2)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, beta, g)]
+    ref = naive_hdla(*ref_in)[0]
+    return {"ours_vs_loop": rel_err(ours(q, k, v, beta, g), ref),
+            "fla_dplr_vs_loop": rel_err(fla_dplr_doubled(q, k, v, beta, g), ref),
+            "ours_vs_fla_dplr": rel_err(ours(q, k, v, beta, g), fla_dplr_doubled(q, k, v, beta, g))}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", default="ours,sdpa")
+    parser.add_argument("--shapes", default="vision,hires,lm")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--check-fla", action="store_true", help="compare with fla's DPLR over 2T")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--profile", default="", help="shape name: print the top kernels of our fwd+bwd there")
+    args = parser.parse_args()
+    device = "cuda"
+    dtype = getattr(torch, args.dtype)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "commit": commit or os.environ.get("COMMIT", "unknown"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dtype": args.dtype,
+        "timings_ms": {},
+        "first_call_s": {},
+    }
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        inputs = make_inputs(*shape, dtype, device)
+        result["first_call_s"][name] = first_call_seconds(ours, inputs)
+        for op in args.ops.split(","):
+            t0 = time.perf_counter()
+            t_fwd, t_all = time_op(OPS[op], inputs)
+            result["timings_ms"][f"{name}/{op}"] = {"fwd": t_fwd, "fwd_bwd": t_all, "wall_s": time.perf_counter() - t0}
+            print(f"{name:7s} {op:9s} fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
+        flops = hdla_chunk_flops(*shape, shape[-1])
+        t = result["timings_ms"][f"{name}/ours"]
+        result.setdefault("tflops", {})[name] = {"fwd": flops / t["fwd"] / 1e9, "fwd_bwd": 3 * flops / t["fwd_bwd"] / 1e9}
+    result["check_bf16"] = check_against_loop(torch.bfloat16, device)
+    result["check_fp32"] = check_against_loop(torch.float32, device)
+    if args.check_fla:
+        result["fla_oracle"] = check_fla_oracle(device)
+    if args.profile:
+        profile_ours(make_inputs(*SHAPES[args.profile], dtype, device))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "kernels.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print_table(result)
+
+
+def profile_ours(inputs):
+    """Top CUDA kernels of five fwd+bwd calls of our op."""
+    grad = torch.randn_like(ours(*inputs))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            torch.autograd.grad(ours(*inputs), inputs, grad)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
+
+
+def print_table(result):
+    print(f"\n{result['device']}  {result['date']}  commit {result['commit']}  {result['dtype']}")
+    print(f"{'shape':8s}{'op':10s}{'fwd ms':>10s}{'f+b ms':>10s}{'ours/op f+b':>13s}")
+    for key, t in result["timings_ms"].items():
+        shape, op = key.split("/")
+        ours_t = result["timings_ms"][f"{shape}/ours"]["fwd_bwd"]
+        print(f"{shape:8s}{op:10s}{t['fwd']:10.3f}{t['fwd_bwd']:10.3f}{ours_t / t['fwd_bwd']:13.2f}")
+    for shape, tf in result.get("tflops", {}).items():
+        print(f"{shape:8s} ours TFLOP/s fwd {tf['fwd']:.1f} fwd+bwd {tf['fwd_bwd']:.1f}; first call {result['first_call_s'][shape]:.1f} s")
+    for key in ("check_bf16", "check_fp32", "fla_oracle"):
+        if key in result:
+            print(key, {k: f"{v:.1e}" for k, v in result[key].items()})
+
+
+if __name__ == "__main__":
+    main()
