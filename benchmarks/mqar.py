@@ -67,8 +67,11 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--warmup-frac", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--run-time-limit", type=float, default=None, help="seconds; a run stops training early")
-    p.add_argument("--time-budget", type=float, default=None, help="minutes for everything; later runs are skipped")
+    p.add_argument("--run-time-limit", type=float, default=None,
+                   help="seconds of training per run; the step count is cut to fit (timed on the first steps)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="minutes for everything: each run gets an equal share of what is left (its steps are cut to "
+                        "fit), and runs are skipped once it is spent")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--chunk-backend", default="auto", choices=lm_mixers.CHUNK_BACKENDS,
                    help="'torch': vectorised PyTorch chunk form also on CUDA (no Triton backward needed)")
@@ -122,19 +125,29 @@ def autocast(args):
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled) if enabled else torch.autocast("cpu", enabled=False)
 
 
-def train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_set):
+TIMING_STEPS = 5
+
+
+def train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_set, time_limit=None):
+    """Train one model; with a time limit, the step count (and the lr schedule) shrinks to fit it,
+    measured on the first few steps."""
     model = build_model(args, mixer_name, seed)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay, betas=(0.9, 0.98))
-    start, steps_done, loss_value = time.time(), 0, float("nan")
+    start, steps_done, loss_value, total = time.time(), 0, float("nan"), args.steps
     model.train()
-    for step in range(args.steps):
-        if args.run_time_limit is not None and time.time() - start > args.run_time_limit:
-            break
+    step = 0
+    while step < total:
+        if step == 1:
+            after_first = time.time()  # the first step pays for compilation; time the next ones
+        if step == 1 + TIMING_STEPS and time_limit is not None:
+            per_step = (time.time() - after_first) / TIMING_STEPS
+            budget_left = time_limit - (time.time() - start)
+            total = max(step + 1, min(args.steps, step + int(budget_left / per_step)))
         inputs, labels = multiquery_ar(args.vocab_size, args.batch_size, length, num_kv,
                                        seed=1_000_003 * (seed + 1) + step)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, lr, args.warmup_frac)
+            group["lr"] = lr_at(step, total, lr, args.warmup_frac)
         with autocast(args):
             logits, targets = query_logits(model, inputs.to(args.device), labels.to(args.device))
         loss = F.cross_entropy(logits, targets)
@@ -142,7 +155,8 @@ def train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_set):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        steps_done, loss_value = step + 1, loss.item()
+        step += 1
+        steps_done, loss_value = step, loss.item()
     train_s = time.time() - start
     accuracy = evaluate(args, model, test_set)
     return dict(mixer=mixer_name, length=length, num_kv_pairs=num_kv, lr=lr, seed=seed, steps=steps_done,
@@ -249,7 +263,12 @@ def main(argv=None):
             continue
         if length not in test_sets:
             test_sets[length] = multiquery_ar(args.vocab_size, args.test_examples, length, num_kv, seed=12345)
-        rec = train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_sets[length])
+        limit = args.run_time_limit
+        if args.time_budget is not None:  # share what is left of the budget among the runs still to do
+            left = 60 * args.time_budget - (time.time() - t0)
+            share = 0.9 * left / (len(runs) - len(records) - len(skipped))
+            limit = share if limit is None else min(limit, share)
+        rec = train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_sets[length], limit)
         records.append(rec)
         print(f"  {mixer_name:>22s} L={length:<5d} kv={num_kv:<4d} lr={lr:.1e} seed={seed} steps={rec['steps']:<5d} "
               f"loss={rec['final_train_loss']:.3f} acc={100 * rec['accuracy']:6.2f}% ({rec['train_seconds']}s)",

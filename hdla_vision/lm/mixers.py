@@ -201,9 +201,10 @@ class HDLAMixer(CausalLinearMixer):
 
     def scan(self, feats, state, recurrent):
         q, k, v, beta, g = (feats[n] for n in ("q", "k", "v", "beta", "g"))
+        # g stays fp32 (a bf16 log-decay would lose the small values that encode long memory)
         if recurrent:
-            return fused_recurrent_hdla(q, k, v, beta, g.to(q.dtype), initial_state=state)
-        init, g = (None if state is None else state.to(q.dtype)), g.to(q.dtype)
+            return fused_recurrent_hdla(q, k, v, beta, g, initial_state=state)
+        init = None if state is None else state.to(q.dtype)
         if _chunk_backend == "torch":
             a, b = hdla_decay_factors(k, beta, g)
             return _chunk_generalized(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, None, init)
