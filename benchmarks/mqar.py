@@ -77,6 +77,9 @@ def parse_args(argv=None):
                    help="'torch': vectorised PyTorch chunk form also on CUDA (no Triton backward needed)")
     p.add_argument("--out-dir", default=None)
     p.add_argument("--tiny", action="store_true", help="CPU smoke settings (overrides sizes, steps, sweep)")
+    p.add_argument("--merge-from", nargs="+", default=None, metavar="DIR",
+                   help="no training: merge the mqar_runs.json of earlier runs (e.g. one GPU command per length) "
+                        "into one table and plot in --out-dir")
     args = p.parse_args(argv)
     if args.tiny:
         args.lengths, args.vocab_size, args.d_model, args.num_heads, args.head_dim = [16, 32], 64, 16, 2, 8
@@ -160,6 +163,7 @@ def train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_set, time_li
     train_s = time.time() - start
     accuracy = evaluate(args, model, test_set)
     return dict(mixer=mixer_name, length=length, num_kv_pairs=num_kv, lr=lr, seed=seed, steps=steps_done,
+                batch_size=args.batch_size, device=args.device,
                 final_train_loss=loss_value, accuracy=accuracy, params=params, train_seconds=round(train_s, 1))
 
 
@@ -200,6 +204,7 @@ def summarize(records):
         if key not in best or mean > best[key]["accuracy"]:
             best[key] = dict(mixer=mixer, length=length, accuracy=mean, lr=lr, seeds=[r["seed"] for r in rs],
                              num_kv_pairs=rs[0]["num_kv_pairs"], steps=min(r["steps"] for r in rs),
+                             batch_size=rs[0]["batch_size"],
                              params=rs[0]["params"], lrs_tried=sorted({x["lr"] for x in records
                                                                        if (x["mixer"], x["length"]) == key}))
     return best
@@ -213,7 +218,7 @@ def markdown_table(args, best) -> str:
     for (mixer, length), b in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         lrs = ", ".join(f"{x:.1e}" for x in b["lrs_tried"])
         lines.append(f"| {mixer} | {length} | {b['num_kv_pairs']} | {100 * b['accuracy']:.2f}% | {b['lr']:.1e} | {lrs} "
-                     f"| {b['steps']} | {args.batch_size} | {','.join(map(str, b['seeds']))} | {b['params'] / 1e6:.3f}M |")
+                     f"| {b['steps']} | {b['batch_size']} | {','.join(map(str, b['seeds']))} | {b['params'] / 1e6:.3f}M |")
     return "\n".join(lines)
 
 
@@ -238,14 +243,45 @@ def plot(best, path: Path) -> None:
     plt.close(fig)
 
 
+def write_report(args, out_dir: Path, records, skipped, note: str = ""):
+    best = summarize(records)
+    table = markdown_table(args, best)
+    header = (f"MQAR accuracy, best over the learning-rate sweep ({len(records)} runs, "
+              f"{len(skipped)} skipped by the time budget){note}.\n\n")
+    (out_dir / "mqar_results.md").write_text(header + table + "\n")
+    if best:
+        plot(best, out_dir / "mqar_accuracy.png")
+    print()
+    print(table)
+    if skipped:
+        print(f"skipped (time budget): {len(skipped)} runs, e.g. {skipped[:3]}")
+    print(f"wrote {out_dir}/mqar_results.md, mqar_accuracy.png")
+    return best
+
+
+def merge(args, out_dir: Path):
+    records, skipped, sources = [], [], []
+    for folder in args.merge_from:
+        data = json.loads((Path(folder) / "mqar_runs.json").read_text())
+        records += data["runs"]
+        skipped += data["skipped"]
+        sources.append(f"{folder}: {data['args'].get('device')} steps<={data['args']['steps']} "
+                       f"batch={data['args']['batch_size']}")
+    print("merged:", *sources, sep="\n  ")
+    (out_dir / "mqar_runs.json").write_text(json.dumps(dict(sources=sources, runs=records, skipped=skipped), indent=1))
+    return write_report(args, out_dir, records, skipped, note=", merged from " + "; ".join(sources))
+
+
 def main(argv=None):
     args = parse_args(argv)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.merge_from:
+        return merge(args, out_dir)
     lm_mixers.set_chunk_backend(args.chunk_backend)
     for length in args.lengths:
         check_mqar_args(args.vocab_size, length, kv_pairs_for(args, length))
     runs = plan(args)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     print("MQAR benchmark:", " ".join(sys.argv[1:] if argv is None else argv))
     print(f"  device={args.device} chunk_backend={args.chunk_backend} torch={torch.__version__}")
     print(f"  model: 2 layers, d_model={args.d_model}, heads={args.num_heads}x{args.head_dim}, "
@@ -275,19 +311,7 @@ def main(argv=None):
               flush=True)
         (out_dir / "mqar_runs.json").write_text(json.dumps(dict(args=vars(args), runs=records, skipped=skipped), indent=1))
     (out_dir / "mqar_runs.json").write_text(json.dumps(dict(args=vars(args), runs=records, skipped=skipped), indent=1))
-    best = summarize(records)
-    table = markdown_table(args, best)
-    header = (f"MQAR accuracy, best over the learning-rate sweep (device {args.device}, {len(records)} runs, "
-              f"{len(skipped)} skipped by the time budget).\n\n")
-    (out_dir / "mqar_results.md").write_text(header + table + "\n")
-    if best:
-        plot(best, out_dir / "mqar_accuracy.png")
-    print()
-    print(table)
-    if skipped:
-        print(f"skipped (time budget): {len(skipped)} runs, e.g. {skipped[:3]}")
-    print(f"wrote {out_dir}/mqar_runs.json, mqar_results.md, mqar_accuracy.png")
-    return best
+    return write_report(args, out_dir, records, skipped, note=f", device {args.device}")
 
 
 if __name__ == "__main__":

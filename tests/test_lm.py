@@ -230,3 +230,18 @@ def test_generate_on_the_triton_path_under_interpreter():
                             timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "LM-INTERPRET-OK" in result.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_cuda_generate_and_bf16_training_step(mixer):
+    model = tiny_model(mixer=mixer, short_conv_size=4).cuda()
+    prompt = torch.randint(0, 64, (2, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    out = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out, greedy_by_full_forward(model, prompt, 8))
+    model.train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(prompt, labels=prompt).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -83,3 +83,6 @@ def test_benchmark_smoke_run(tmp_path, capsys):
     assert "| hdla | 16 | 4 |" in (tmp_path / "mqar_results.md").read_text()
     assert (tmp_path / "mqar_accuracy.png").stat().st_size > 0
     assert "3 runs" in capsys.readouterr().out
+    merged = bench.main(["--merge-from", str(tmp_path), str(tmp_path), "--out-dir", str(tmp_path / "merged")])
+    assert set(merged) == set(best)
+    assert "merged from" in (tmp_path / "merged" / "mqar_results.md").read_text()
