@@ -3,6 +3,18 @@
 Importing this package registers ``HDLAConfig`` with ``AutoConfig`` and the models with
 ``AutoModel`` / ``AutoModelForCausalLM``, and the causal mixers ``"hdla"``,
 ``"gated_deltanet"`` and ``"gated_deltaproduct"`` with the mixer registry.
+
+    import hdla_vision.lm
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("hdla", vocab_size=32000, hidden_size=512, num_hidden_layers=8,
+                                  num_heads=4, head_dim=64, short_conv_size=4, mixer="hdla")
+    model = AutoModelForCausalLM.from_config(config)
+    out = model.generate(input_ids, attention_mask=mask, max_new_tokens=32)  # left padding is fine
+
+Prefill runs the chunk kernels; decoding keeps one fp32 state ``[B, H, K, V]`` per layer (plus
+a short-conv window) in an :class:`HDLACache` and advances it with ``fused_recurrent_hdla``.
+Packed batches: ``model(packed_ids [1, total], cu_seqlens=...)``; padding: ``attention_mask``.
 """
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
