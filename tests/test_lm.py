@@ -93,6 +93,18 @@ def test_cached_greedy_generate_equals_full_forward_argmax(mixer, short_conv_siz
     assert cache.layers[0].recurrent_states[0].dtype == torch.float32
 
 
+def test_beam_search_reorders_the_states():
+    """Beam scores (sum of log-probs / length) equal those of a full forward on the returned sequences."""
+    model = tiny_model(short_conv_size=4)
+    prompt = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(8))
+    out = model.generate(prompt, max_new_tokens=6, num_beams=3, do_sample=False, return_dict_in_generate=True,
+                         output_scores=True)
+    logprobs = torch.log_softmax(model(out.sequences, use_cache=False).logits.float(), -1)
+    new = out.sequences[:, 7:]
+    score = logprobs[:, 6:-1].gather(-1, new[..., None]).squeeze(-1).sum(-1) / new.shape[1]
+    torch.testing.assert_close(out.sequences_scores, score, rtol=1e-4, atol=1e-4)
+
+
 def test_prefill_then_steps_match_full_forward_logits():
     """Cache continuation: one prefill forward then token-by-token decoding gives the full-forward logits."""
     model = tiny_model(short_conv_size=4)
