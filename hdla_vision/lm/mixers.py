@@ -22,6 +22,7 @@ from ..kernels import (chunk_generalized, chunk_hdla, fused_recurrent_hdla, hdla
                        torch_chunk_generalized)
 from ..layers.registry import register_mixer
 from .cache import read_conv_window, read_recurrent_state, write_recurrent_state
+from .configuration_hdla import GATE_ACTIVATIONS
 
 # A forward of at most this many new tokens on top of a cached state uses the recurrent step.
 RECURRENT_MAX_TOKENS = 4
@@ -59,13 +60,11 @@ class PerHeadRMSNorm(nn.Module):
 
 
 class CausalLinearMixer(nn.Module):
-    """Shared scaffolding; subclasses define ``feature_dims``, ``features`` and ``scan``.
+    """Shared scaffolding; subclasses define ``projection_sizes``, ``features`` and ``scan``.
 
-    ``forward(x [B, T, C], attention_mask [B, T] or None, cache, layer_idx) -> [B, T, C]``.
+    ``forward(x [B, T, C], attention_mask [B, T] or None, cache or None) -> [B, T, C]``; the
+    layer's states live at ``layer_idx`` in the cache.
     """
-
-    #: names of the conv'd projection groups and their sizes per head, set by subclasses
-    feature_dims: Dict[str, int] = {}
 
     def __init__(
         self,
@@ -79,6 +78,8 @@ class CausalLinearMixer(nn.Module):
         layer_idx: int = 0,
     ):
         super().__init__()
+        if gate_act not in GATE_ACTIVATIONS:
+            raise ValueError(f"gate_act must be one of {GATE_ACTIVATIONS}, got {gate_act!r}")
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
         self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
         self.short_conv_size, self.gate_act, self.layer_idx = short_conv_size, gate_act, layer_idx

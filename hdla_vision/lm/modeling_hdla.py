@@ -15,12 +15,14 @@ Variable-length batches:
     sequences are split into a right-padded batch inside the model (one sequence per row),
     run with the mask above, and packed back. Labels are not predicted across boundaries.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_recurrent_attention_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -78,9 +80,12 @@ class HDLAPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         """transformers' defaults (normal(0, initializer_range) linears and embeddings, unit norms),
-        except the mixers' decay parameters, which start with long memory."""
+        except the mixers' decay parameters, which start with long memory, and the depthwise short
+        convs, which keep PyTorch's default (a 0.02-std conv would shrink q, k, v by ~30x at init)."""
         if hasattr(module, "reset_decay_parameters"):
             module.reset_decay_parameters()
+        elif isinstance(module, nn.Conv1d):
+            init.kaiming_uniform_(module.weight, a=math.sqrt(5))
         else:
             super()._init_weights(module)
 
