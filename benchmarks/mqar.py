@@ -72,6 +72,7 @@ def parse_args(argv=None):
     p.add_argument("--time-budget", type=float, default=None,
                    help="minutes for everything: each run gets an equal share of what is left (its steps are cut to "
                         "fit), and runs are skipped once it is spent")
+    p.add_argument("--log-every", type=int, default=0, help="print the training loss every N steps (0: off)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--chunk-backend", default="auto", choices=lm_mixers.CHUNK_BACKENDS,
                    help="'torch': vectorised PyTorch chunk form also on CUDA (no Triton backward needed)")
@@ -160,6 +161,8 @@ def train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_set, time_li
         opt.step()
         step += 1
         steps_done, loss_value = step, loss.item()
+        if args.log_every and step % args.log_every == 0:
+            print(f"    step {step}/{total} loss {loss_value:.3f}", flush=True)
     train_s = time.time() - start
     accuracy = evaluate(args, model, test_set)
     return dict(mixer=mixer_name, length=length, num_kv_pairs=num_kv, lr=lr, seed=seed, steps=steps_done,
