@@ -199,20 +199,20 @@ def plan(args):
 
 
 def summarize(records):
-    """Best (over learning rates) seed-mean accuracy per (mixer, length)."""
+    """Best (over learning rates) seed-mean accuracy per (mixer, length, number of kv pairs)."""
     groups = {}
     for r in records:
-        groups.setdefault((r["mixer"], r["length"], r["lr"]), []).append(r)
+        groups.setdefault((r["mixer"], r["length"], r["num_kv_pairs"], r["lr"]), []).append(r)
     best = {}
-    for (mixer, length, lr), rs in groups.items():
+    for (mixer, length, num_kv, lr), rs in groups.items():
         mean = sum(r["accuracy"] for r in rs) / len(rs)
-        key = (mixer, length)
+        key = (mixer, length, num_kv)
         if key not in best or mean > best[key]["accuracy"]:
             best[key] = dict(mixer=mixer, length=length, accuracy=mean, lr=lr, seeds=[r["seed"] for r in rs],
                              num_kv_pairs=rs[0]["num_kv_pairs"], steps=min(r["steps"] for r in rs),
-                             batch_size=rs[0]["batch_size"],
-                             params=rs[0]["params"], lrs_tried=sorted({x["lr"] for x in records
-                                                                       if (x["mixer"], x["length"]) == key}))
+                             batch_size=rs[0].get("batch_size", "?"),
+                             params=rs[0]["params"], lrs_tried=sorted({
+                                 x["lr"] for x in records if (x["mixer"], x["length"], x["num_kv_pairs"]) == key}))
     return best
 
 
@@ -221,7 +221,7 @@ def markdown_table(args, best) -> str:
         "| mixer | length | kv pairs | best acc. | best lr | lrs tried | steps | batch | seeds | params |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (mixer, length), b in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (mixer, length, _), b in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         lrs = ", ".join(f"{x:.1e}" for x in b["lrs_tried"])
         lines.append(f"| {mixer} | {length} | {b['num_kv_pairs']} | {100 * b['accuracy']:.2f}% | {b['lr']:.1e} | {lrs} "
                      f"| {b['steps']} | {b['batch_size']} | {','.join(map(str, b['seeds']))} | {b['params'] / 1e6:.3f}M |")
@@ -229,16 +229,25 @@ def markdown_table(args, best) -> str:
 
 
 def plot(best, path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot (rerun with --merge-from where it is)")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for mixer in sorted({m for m, _ in best}):
-        points = sorted((length, b["accuracy"]) for (m, length), b in best.items() if m == mixer)
-        ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=mixer)
+    # one line per mixer and ratio length / kv pairs (constant within one run of this script)
+    for mixer, ratio in sorted({(m, length // kv) for m, length, kv in best}):
+        points = sorted((length, b["accuracy"]) for (m, length, kv), b in best.items()
+                        if m == mixer and length // kv == ratio)
+        ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=f"{mixer} (kv = L/{ratio})")
     ax.set_xscale("log", base=2)
+    lengths = sorted({length for _, length, _ in best})
+    ax.set_xticks(lengths, [str(x) for x in lengths])
+    ax.minorticks_off()
     ax.set_xlabel("sequence length")
     ax.set_ylabel("MQAR accuracy (%)")
     ax.set_ylim(0, 100)
@@ -261,14 +270,22 @@ def write_report(args, out_dir: Path, records, skipped, note: str = ""):
     print(table)
     if skipped:
         print(f"skipped (time budget): {len(skipped)} runs, e.g. {skipped[:3]}")
-    print(f"wrote {out_dir}/mqar_results.md, mqar_accuracy.png")
+    print(f"wrote {out_dir}/mqar_runs.json, mqar_results.md, mqar_accuracy.png")
     return best
 
 
+MODEL_ARGS = ("vocab_size", "d_model", "num_heads", "head_dim", "intermediate_size", "short_conv_size")
+
+
 def merge(args, out_dir: Path):
-    records, skipped, sources = [], [], []
+    """Combine runs of one model setting (several commands, e.g. one per length) into one report."""
+    records, skipped, sources, model_args = [], [], [], None
     for folder in args.merge_from:
         data = json.loads((Path(folder) / "mqar_runs.json").read_text())
+        these = {k: data["args"].get(k) for k in MODEL_ARGS}
+        if model_args is not None and these != model_args:
+            raise ValueError(f"--merge-from: {folder} used another model setting {these} than {model_args}")
+        model_args = these
         records += data["runs"]
         skipped += data["skipped"]
         sources.append(f"{folder}: {data['args'].get('device')} steps<={data['args']['steps']} "

@@ -77,7 +77,7 @@ def test_benchmark_smoke_run(tmp_path, capsys):
                        "--head-dim", "8", "--intermediate-size", "32", "--steps", "2", "--batch-size", "4",
                        "--test-examples", "8", "--eval-batch-size", "8", "--lrs", "1e-3", "--kv-divisor", "4",
                        "--device", "cpu", "--out-dir", str(tmp_path)])
-    assert set(best) == {("hdla", 16), ("gated_deltanet", 16), ("gated_deltaproduct_2", 16)}
+    assert set(best) == {("hdla", 16, 4), ("gated_deltanet", 16, 4), ("gated_deltaproduct_2", 16, 4)}
     runs = json.loads((tmp_path / "mqar_runs.json").read_text())["runs"]
     assert len(runs) == 3 and all(r["steps"] == 2 and 0.0 <= r["accuracy"] <= 1.0 for r in runs)
     assert "| hdla | 16 | 4 |" in (tmp_path / "mqar_results.md").read_text()
