@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import triton
 
-from .scan import BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_scan_kernel
+from .scan import BT, LOG2_BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_scan_kernel
 
 
 def _pow2(n: int) -> int:
@@ -60,6 +60,7 @@ def chunk_scan(
     store_final: bool = False,
     w_post: Optional[torch.Tensor] = None,
     w_pre: Optional[torch.Tensor] = None,
+    launch: Optional[dict] = None,
 ):
     """Run the chunk-local and the sequential kernel once.
 
@@ -73,6 +74,7 @@ def chunk_scan(
         x_given: ``[B, T, H, r_ab, V]``: the reads X, known from an earlier pass (skips the solve;
             then q must be None).
         w_post / w_pre: ``[B, T, H, n, V]`` V-vectors for K-readouts of S_t / S_{t-1}.
+        launch: overrides of the serial kernel's ``BV``, ``num_warps``, ``num_stages`` (tuning).
 
     Returns:
         dict with ``o`` ``[B, T, H, NQ, V]``, ``x`` ``[B, T, H, r_ab, V]``, ``k_post`` and ``k_pre``
@@ -87,7 +89,8 @@ def chunk_scan(
     assert x_given is None or nq == 0, "V-readouts need the solve; x_given skips it"
     n_chunks = triton.cdiv(seq_len, BT)
     bk, bv, num_warps = _launch_config(dk, dv, batch * heads)
-    n_v = triton.cdiv(dv, bv)
+    launch = dict(dict(BV=bv, num_warps=num_warps, num_stages=2), **(launch or {}))
+    n_v = triton.cdiv(dv, launch["BV"])
     dev = k.device
     f32 = dict(device=dev, dtype=torch.float32)
     empty = torch.empty(0, **f32)
@@ -98,31 +101,33 @@ def chunk_scan(
     ur = torch.empty(batch * heads, n_chunks, BT * rap, BT * rkp, **f32) if solve else empty
     qe = torch.empty(batch, seq_len, heads, nq, dk, **f32) if nq else empty
     mo = torch.empty(batch * heads, n_chunks, BT * nqp, BT * rkp, **f32) if nq else empty
+    ktil = torch.empty(batch, seq_len, heads, r_kv, dk, **f32)
+    atil = torch.empty(batch, seq_len, heads, r_ab, dk, **f32) if r_ab else empty
+    gamma = torch.empty(batch * heads, n_chunks, dk, **f32)
 
     def ptr(t):
         return empty if t is None else t.contiguous()
 
-    common = dict(NQ=nq, NQP=nqp, RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap, BT=BT, BK=bk,
-                  HDLA=hdla is not None, SWAP_AB=swap_ab, SHIFT=int(shift), REVERSE=reverse)
     k, g = k.contiguous(), g.contiguous()
-    if solve or nq:
-        chunk_local_kernel[(n_chunks, batch * heads)](
-            ptr(q), k, ptr(a), ptr(b), ptr(kh), ptr(beta), g, wx, ur, qe, mo,
-            seq_len, heads, dk, float(scale), THRESH, num_warps=4 if bk * rap <= 128 else 8, **common,
-        )
+    transition = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap, BT=BT, BK=bk, REVERSE=reverse)
+    chunk_local_kernel[(n_chunks, batch * heads)](
+        ptr(q), k, ptr(a), ptr(b), ptr(kh), ptr(beta), g, wx, ur, qe, mo, ktil, atil, gamma,
+        seq_len, heads, dk, float(scale), THRESH, NQ=nq, NQP=nqp, HDLA=hdla is not None, SWAP_AB=swap_ab,
+        SHIFT=int(shift), SOLVE=solve, LOG2_BT=LOG2_BT, num_warps=4 if bk * rap <= 128 else 8, **transition,
+    )
     o = torch.empty(batch, seq_len, heads, nq, dv, device=dev, dtype=q.dtype) if nq else empty
     store_x = store_x or (r_ab > 0 and x_given is None and (nwp or nwq))  # the K-readouts need X
     x = torch.empty(batch, seq_len, heads, r_ab, dv, **f32) if store_x else empty
-    k_post = torch.empty(n_v, batch, seq_len, heads, nwp, dk, **f32) if nwp else empty
-    k_pre = torch.empty(n_v, batch, seq_len, heads, nwq, dk, **f32) if nwq else empty
+    alloc = torch.zeros if n_v > 1 else torch.empty  # V-blocks add their parts atomically
+    k_post = alloc(batch, seq_len, heads, nwp, dk, **f32) if nwp else empty
+    k_pre = alloc(batch, seq_len, heads, nwq, dk, **f32) if nwq else empty
     final = torch.empty(batch, heads, dk, dv, **f32) if store_final else empty
     chunk_scan_kernel[(n_v, batch * heads)](
-        k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, wx, ur, qe, mo,
-        ptr(x_given), ptr(w_post), ptr(w_pre), o, x, k_post, k_pre, ptr(initial_state), final,
-        seq_len, heads, dk, dv, k_post[0].numel() if nwp else 0, k_pre[0].numel() if nwq else 0, THRESH,
-        NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), BV=bv, X_GIVEN=x_given is not None,
-        STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, num_warps=num_warps,
-        num_stages=2 if bk <= 64 else 1, **common,
+        v.contiguous(), ktil, atil, gamma, wx, ur, qe, mo, ptr(x_given), ptr(w_post), ptr(w_pre),
+        o, x, k_post, k_pre, ptr(initial_state), final, seq_len, heads, dk, dv,
+        NQ=nq, NQP=nqp, NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), X_GIVEN=x_given is not None,
+        STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, ATOMIC=n_v > 1,
+        **launch, **transition,
     )
     out = {}
     if nq:
@@ -130,35 +135,37 @@ def chunk_scan(
     if store_x:
         out["x"] = x
     x_read = x_given if x_given is not None else x
-    for name, w, partial, strict in (("k_post", w_post, k_post, False), ("k_pre", w_pre, k_pre, True)):
+    for name, w, acc, strict in (("k_post", w_post, k_post, False), ("k_pre", w_pre, k_pre, True)):
         if w is None:
             continue
-        local = torch.empty(batch, seq_len, heads, w.shape[3], dk, **f32)
         n_w = w.shape[3]
         chunk_kread_kernel[(n_chunks, batch * heads)](
-            w.contiguous(), k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, ptr(x_read), local,
-            seq_len, heads, dk, dv, THRESH, NW=n_w, NWP=_pow2(n_w), RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap,
-            BT=BT, BK=bk, BV=max(16, triton.next_power_of_2(dv)), HDLA=hdla is not None, SWAP_AB=swap_ab,
-            SHIFT=int(shift), REVERSE=reverse, STRICT=strict, num_warps=4 if bk * dv <= 4096 else 8,
+            w.contiguous(), k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, ptr(x_read), acc,
+            seq_len, heads, dk, dv, THRESH, NW=n_w, NWP=_pow2(n_w), BV=max(16, triton.next_power_of_2(dv)),
+            HDLA=hdla is not None, SWAP_AB=swap_ab, SHIFT=int(shift), STRICT=strict,
+            num_warps=4 if bk * dv <= 4096 else 8, **transition,
         )
-        out[name] = local + partial.sum(0)
+        out[name] = acc
     if store_final:
         out["final"] = final
     return out
 
 
 def _scan_cumsum(x: torch.Tensor, reverse_scan: bool) -> torch.Tensor:
-    """Sum over the scan steps at or after each one: ``[B, T, H, K]``."""
+    """Sum over the scan steps at or after each one: ``[B, T, H, K]`` (scanned along the last
+    dim, where PyTorch's scan is fast)."""
+    x = x.movedim(1, -1)
     if reverse_scan:  # scan runs T-1 -> 0, "after" means smaller t
-        return x.cumsum(1)
-    return x.flip(1).cumsum(1).flip(1)
+        return x.cumsum(-1).movedim(-1, 1)
+    return x.flip(-1).cumsum(-1).flip(-1).movedim(-1, 1)
 
 
-def generalized_backward(saved, do, dht, scale, reverse, hdla=None):
+def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True):
     """Gradients of the generalized op; see the module docstring.
 
     ``saved`` holds q, k, v, a, b, g, h0, x (reads of the forward pass), ht (final state).
-    Returns dq, dk, dv, da, db, dg, dh0 (fp32; da/db for the materialised A, B).
+    Returns dq, dk, dv, da, db, dg, dh0 (fp32; da/db for the materialised A, B); without
+    ``need_dg`` the caller forms dg itself and dg is left out of the tuple.
     """
     q, k, v, a, b, g, h0, x, ht = saved
     r_ab = a.shape[3]
@@ -190,6 +197,8 @@ def generalized_backward(saved, do, dht, scale, reverse, hdla=None):
         if r_ab:
             dh0 = dh0 - torch.einsum("bhrk,bhrv->bhkv", b[:, first].float(), y[:, first])
 
+    if not need_dg:
+        return dq, dk, dv, da, db, dh0
     own = q.float() * dq - (k.float() * dk).sum(3)
     later = torch.zeros_like(own)
     if r_ab:

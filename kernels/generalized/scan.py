@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 BT = 16
+LOG2_BT = 4
 THRESH = 60.0  # |G| bound under which e^{G} and e^{-G} are both finite in fp32
 
 
@@ -176,29 +177,38 @@ def _k_readout(coef, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.cons
 
 
 @triton.jit
-def _unit_lower_inverse(lmat, N: tl.constexpr, BT: tl.constexpr, RP: tl.constexpr):
-    """``(I + L)^{-1}`` for L strictly lower block-triangular over tokens (r x r blocks), by
-    forward substitution one token at a time (paper eq. 13-14)."""
+def _unit_lower_inverse(lmat, N: tl.constexpr, LEVELS: tl.constexpr, RP: tl.constexpr):
+    """``(I + L)^{-1}`` for L strictly lower block-triangular over tokens (r x r blocks; paper
+    eq. 13-14) by block doubling: with D the inverse restricted to blocks of n tokens and C the
+    entries of L between the two halves of each 2n-token block, the 2n-block inverse is
+    D - D C D. Starts from 2-token blocks ([[I, 0], [C, I]]^{-1} = [[I, 0], [-C, I]]);
+    LEVELS = log2(tokens per chunk)."""
     rows = tl.arange(0, N)
+    tok = rows // RP
     eye = (rows[:, None] == rows[None, :]).to(tl.float32)
-    inv = eye
-    for i in range(1, BT):
-        upd = eye - tl.dot(lmat, inv, input_precision="ieee")
-        inv = tl.where(((rows // RP) == i)[:, None], upd, inv)
+    inv = eye - tl.where((tok[:, None] >> 1) == (tok[None, :] >> 1), lmat, 0.0)
+    for level in tl.static_range(1, LEVELS):
+        cross = ((tok[:, None] >> (level + 1)) == (tok[None, :] >> (level + 1))) & (
+            (tok[:, None] >> level) != (tok[None, :] >> level))
+        dc = tl.dot(inv, tl.where(cross, lmat, 0.0), input_precision="tf32x3")
+        inv = inv - tl.dot(dc, inv, input_precision="tf32x3")
     return inv
 
 
 @triton.jit
 def chunk_local_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, kh_ptr, beta_ptr, g_ptr,
-    wx_ptr, ur_ptr, qe_ptr, mo_ptr,
+    wx_ptr, ur_ptr, qe_ptr, mo_ptr, ktil_ptr, atil_ptr, gam_ptr,
     T, H, K, scale, thresh,
     NQ: tl.constexpr, NQP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
+    SOLVE: tl.constexpr, LOG2_BT: tl.constexpr,
 ):
-    """State-independent part of one chunk: Wx ``[BT*RAP, K]`` and Ur ``[BT*RAP, BT*RKP]``
-    (so that X = Wx S + Ur V), Qeff ``[BT*NQP, K]`` and Mo ``[BT*NQP, BT*RKP]`` (O = Qeff S + Mo V)."""
+    """State-independent part of one chunk, stored for the sequential kernel:
+    Wx ``[BT*RAP, K]`` and Ur ``[BT*RAP, BT*RKP]`` (X = Wx S + Ur V), Qeff ``[BT*NQP, K]`` and
+    Mo ``[BT*NQP, BT*RKP]`` (O = Qeff S + Mo V), Ktil, Atil (rows scaled by e^{G_C - G_t}) and
+    gamma = e^{G_C} ``[K]`` (S_C = gamma S + Ktil^T V - Atil^T X)."""
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1)
     n_chunks = tl.num_programs(0)
@@ -210,11 +220,14 @@ def chunk_local_kernel(
     g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
     g_cum = tl.cumsum(g_tok, 0)
     g_exc = g_cum - g_tok
+    g_last = _row_of(g_cum, tl.arange(0, BT), BT - 1)
     fast = tl.max(tl.abs(g_cum)) <= thresh
     kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
     g_k = _expand(g_cum, BT, RKP, BK)
     cols_k = tl.arange(0, BT * RKP)
     tile = i_bh.to(tl.int64) * n_chunks + i_c
+    tl.store(gam_ptr + tile * K + ck, tl.exp(g_last), mask=mk)
+    _store_rows(ktil_ptr, kt * tl.exp(g_last[None, :] - g_k), i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, REVERSE)
 
     if RAB > 0:
         if HDLA:
@@ -225,13 +238,15 @@ def chunk_local_kernel(
             a_t = _load_rows(a_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
             b_t = _load_rows(b_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
         g_a = _expand(g_cum, BT, RAP, BK)
-        g_b = _expand(g_exc, BT, RAP, BK)
-        inv = _unit_lower_inverse(_gram(b_t, g_b, a_t, g_a, g_cum, fast, BT, RAP, RAP, True), BT * RAP, BT, RAP)
-        wx = tl.dot(inv, b_t * tl.exp(g_b))
-        ur = tl.dot(inv, _gram(b_t, g_b, kt, g_k, g_cum, fast, BT, RAP, RKP, True))
-        _store_rows(wx_ptr, wx, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
-        rows_a = tl.arange(0, BT * RAP)
-        tl.store(ur_ptr + tile * (BT * RAP * BT * RKP) + rows_a[:, None] * (BT * RKP) + cols_k[None, :], ur)
+        _store_rows(atil_ptr, a_t * tl.exp(g_last[None, :] - g_a), i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
+        if SOLVE:
+            g_b = _expand(g_exc, BT, RAP, BK)
+            inv = _unit_lower_inverse(_gram(b_t, g_b, a_t, g_a, g_cum, fast, BT, RAP, RAP, True), BT * RAP, LOG2_BT, RAP)
+            wx = tl.dot(inv, b_t * tl.exp(g_b))
+            ur = tl.dot(inv, _gram(b_t, g_b, kt, g_k, g_cum, fast, BT, RAP, RKP, True))
+            _store_rows(wx_ptr, wx, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
+            rows_a = tl.arange(0, BT * RAP)
+            tl.store(ur_ptr + tile * (BT * RAP * BT * RKP) + rows_a[:, None] * (BT * RKP) + cols_k[None, :], ur)
 
     if NQ > 0:
         qt = _load_rows(q_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE) * scale
@@ -248,18 +263,33 @@ def chunk_local_kernel(
 
 
 @triton.jit
+def _state_readout(acc_ptr, wv_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NW: tl.constexpr,
+                   NWP: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr, ATOMIC: tl.constexpr):
+    """Accumulate ``S w_t`` (``[BT*NWP, BK]``, this program's V-block) into the K-readout buffer."""
+    w = _load_rows(wv_ptr, i_b, i_h, p0, T, H, cv, mv, V, NW, NWP, BT, 0, REVERSE)
+    part = tl.dot(w, tl.trans(s))
+    tok, rank, t, valid = _tok_index(p0, T, BT, NWP, 0, REVERSE)
+    base = ((i_b * T + t) * H + i_h).to(tl.int64) * (NW * K) + rank * K
+    mask = (valid & (rank < NW))[:, None] & mk[None, :]
+    if ATOMIC:
+        tl.atomic_add(acc_ptr + base[:, None] + ck[None, :], part, mask=mask)
+    else:
+        tl.store(acc_ptr + base[:, None] + ck[None, :], part, mask=mask)
+
+
+@triton.jit
 def chunk_scan_kernel(
-    k_ptr, v_ptr, a_ptr, kh_ptr, beta_ptr, g_ptr, wx_ptr, ur_ptr, qe_ptr, mo_ptr, xin_ptr, wp_ptr, wq_ptr,
+    v_ptr, ktil_ptr, atil_ptr, gam_ptr, wx_ptr, ur_ptr, qe_ptr, mo_ptr, xin_ptr, wp_ptr, wq_ptr,
     o_ptr, xout_ptr, kp_ptr, kq_ptr, h0_ptr, ht_ptr,
-    T, H, K, V, kp_stride, kq_stride, thresh,
+    T, H, K, V,
     NQ: tl.constexpr, NQP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, NWP: tl.constexpr, NWPP: tl.constexpr,
     NWQ: tl.constexpr, NWQP: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr,
     X_GIVEN: tl.constexpr, STORE_X: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    ATOMIC: tl.constexpr,
 ):
-    """Sequential pass over the chunks of one (batch, head, V-block)."""
+    """Sequential pass over the chunks of one (batch, head, V-block): products with the state only."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -269,7 +299,6 @@ def chunk_scan_kernel(
     mk = ck < K
     cv = i_v * BV + tl.arange(0, BV)
     mv = cv < V
-    toks = tl.arange(0, BT)
     cols_k = tl.arange(0, BT * RKP)
     state_offs = i_bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
     state_mask = mk[:, None] & mv[None, :]
@@ -281,24 +310,11 @@ def chunk_scan_kernel(
     for i_c in range(0, n_chunks):
         p0 = i_c * BT
         tile = i_bh.to(tl.int64) * n_chunks + i_c
-        g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
-        g_cum = tl.cumsum(g_tok, 0)
-        g_exc = g_cum - g_tok
-        g_last = _row_of(g_cum, toks, BT - 1)
-
-        kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
+        gamma = tl.load(gam_ptr + tile * K + ck, mask=mk, other=0.0)
         vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
-        g_k = _expand(g_cum, BT, RKP, BK)
-        s_next = tl.exp(g_last)[:, None] * s + tl.dot(tl.trans(kt * tl.exp(g_last[None, :] - g_k)), vt)
-
+        ktil = _load_rows(ktil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
+        s_next = gamma[:, None] * s + tl.dot(tl.trans(ktil), vt)
         if RAB > 0:
-            if HDLA:
-                a_t, b_t = _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p0, T, H, ck, mk, K, BT, SHIFT, REVERSE)
-                if SWAP_AB:
-                    a_t = b_t
-            else:
-                a_t = _load_rows(a_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
-            g_a = _expand(g_cum, BT, RAP, BK)
             if X_GIVEN:
                 x = _load_rows(xin_ptr, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, 0, REVERSE)
             else:
@@ -308,25 +324,18 @@ def chunk_scan_kernel(
                 x = tl.dot(wx, s) + tl.dot(ur, vt)
             if STORE_X:
                 _store_rows(xout_ptr, x, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, REVERSE)
-            s_next -= tl.dot(tl.trans(a_t * tl.exp(g_last[None, :] - g_a)), x)
-
+            atil = _load_rows(atil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
+            s_next -= tl.dot(tl.trans(atil), x)
         if NQ > 0:
             qeff = _load_rows(qe_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE)
             rows_q = tl.arange(0, BT * NQP)
             mo = tl.load(mo_ptr + tile * (BT * NQP * BT * RKP) + rows_q[:, None] * (BT * RKP) + cols_k[None, :])
             o = tl.dot(qeff, s) + tl.dot(mo, vt)
             _store_rows(o_ptr, o, i_b, i_h, p0, T, H, cv, mv, V, NQ, NQP, BT, REVERSE)
-
-        if NWP > 0:  # e^{G_t} (S w_t): the state part of the post-update K-readouts S_t w_t
-            w = _load_rows(wp_ptr, i_b, i_h, p0, T, H, cv, mv, V, NWP, NWPP, BT, 0, REVERSE)
-            out = tl.exp(_expand(g_cum, BT, NWPP, BK)) * tl.dot(w, tl.trans(s))
-            _store_rows(kp_ptr + i_v * kp_stride, out, i_b, i_h, p0, T, H, ck, mk, K, NWP, NWPP, BT, REVERSE)
-
-        if NWQ > 0:  # e^{G'_t} (S w_t): the state part of the pre-update K-readouts S_{t-1} w_t
-            w = _load_rows(wq_ptr, i_b, i_h, p0, T, H, cv, mv, V, NWQ, NWQP, BT, 0, REVERSE)
-            out = tl.exp(_expand(g_exc, BT, NWQP, BK)) * tl.dot(w, tl.trans(s))
-            _store_rows(kq_ptr + i_v * kq_stride, out, i_b, i_h, p0, T, H, ck, mk, K, NWQ, NWQP, BT, REVERSE)
-
+        if NWP > 0:  # S_{chunk start} w_t for the post-update K-readouts (gated in chunk_kread_kernel)
+            _state_readout(kp_ptr, wp_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWP, NWPP, BT, REVERSE, ATOMIC)
+        if NWQ > 0:  # the same for the pre-update K-readouts
+            _state_readout(kq_ptr, wq_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWQ, NWQP, BT, REVERSE, ATOMIC)
         s = s_next
 
     if STORE_HT:
@@ -342,9 +351,12 @@ def chunk_kread_kernel(
     HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
     STRICT: tl.constexpr,
 ):
-    """Chunk-local part of the K-readouts, for all chunks in parallel (full V per program):
+    """Finish the K-readouts for all chunks in parallel (full V per program): out_ptr holds
+    ``S_0 w_t`` (S_0 the state entering the chunk); it becomes
 
-        sum_{i <= t} e^{G_t - G_i} (K_i (V_i^T w_t) - A_i (X_i^T w_t))     (i < t and G' if STRICT)
+        e^{G_t} S_0 w_t + sum_{i <= t} e^{G_t - G_i} (K_i (V_i^T w_t) - A_i (X_i^T w_t))
+
+    (i < t and G' = G - g in place of G if STRICT, which gives S_{t-1} w_t instead of S_t w_t).
     """
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -366,7 +378,8 @@ def chunk_kread_kernel(
     kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
     vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
     g_k = _expand(g_cum, BT, RKP, BK)
-    out = _k_readout(tl.dot(w, tl.trans(vt)), g_w, kt, g_k, g_cum, fast, BT, NWP, RKP, STRICT, BK)
+    out = tl.exp(g_w) * _load_rows(out_ptr, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, 0, REVERSE)
+    out += _k_readout(tl.dot(w, tl.trans(vt)), g_w, kt, g_k, g_cum, fast, BT, NWP, RKP, STRICT, BK)
     if RAB > 0:
         if HDLA:
             a_t, b_t = _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p0, T, H, ck, mk, K, BT, SHIFT, REVERSE)

@@ -1,12 +1,14 @@
 """HDLA chunk op: the generalized kernel with A and B built inside it from (k, beta, log lambda).
 
 Forward and both backward scans read only k, beta and g for the transition; the backward
-materialises A and B once (``hdla_decay_factors``) for the readout queries and the chain rule
-from dA, dB back to k, beta and g.
+materialises A and B once (``hdla_decay_factors``) for the readout queries, and a fused
+epilogue (``backward.py``) turns dq, dK, dA, dB into dk, dbeta and dg.
 """
 import torch
+import triton
 
 from ..generalized.chunk import chunk_scan, generalized_backward
+from .backward import hdla_backward_epilogue_kernel
 from .naive import hdla_decay_factors
 
 
@@ -25,20 +27,28 @@ class ChunkHDLAFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, beta, g, h0, x, ht = ctx.saved_tensors
-        with torch.enable_grad():
-            kf, betaf, gf = (t.detach().float().requires_grad_() for t in (k, beta, g))
-            a, b = hdla_decay_factors(kf, betaf, gf)
-        dq, dk, dv, da, db, dg, dh0 = generalized_backward(
-            (q, k.unsqueeze(3), v.unsqueeze(3), a.detach(), b.detach(), g, h0, x, ht),
-            do, dht, ctx.scale, ctx.reverse, hdla=(k, beta),
+        a, b = hdla_decay_factors(k.float(), beta.float(), g.float())
+        dq, dk_write, dv, da, db, dh0 = generalized_backward(
+            (q, k.unsqueeze(3), v.unsqueeze(3), a, b, g, h0, x, ht),
+            do, dht, ctx.scale, ctx.reverse, hdla=(k, beta), need_dg=False,
         )
-        dk_ab, dbeta, dg_ab = torch.autograd.grad((a, b), (kf, betaf, gf), (da, db))
+        batch, seq_len, heads, dim = k.shape
+        dk, dg = torch.empty_like(dq), torch.empty_like(dq)
+        dbeta = torch.empty(batch, seq_len, heads, device=k.device, dtype=torch.float32)
+        final_term = (ht * dht.float()).sum(-1) if dht is not None else dq
+        hdla_backward_epilogue_kernel[(batch * heads,)](
+            q.contiguous(), k.contiguous(), beta.contiguous(), g.contiguous(), dq.contiguous(),
+            dk_write[:, :, :, 0].contiguous(), da.contiguous(), db.contiguous(), final_term,
+            dk, dbeta, dg, seq_len, heads, dim,
+            BT=16, BK=max(16, triton.next_power_of_2(dim)), REVERSE=ctx.reverse, HAS_FINAL=dht is not None,
+            num_warps=4 if dim <= 64 else 8,
+        )
         return (
             dq.to(q.dtype),
-            (dk[:, :, :, 0] + dk_ab).to(k.dtype),
+            dk.to(k.dtype),
             dv[:, :, :, 0].to(v.dtype),
             dbeta.to(beta.dtype),
-            (dg + dg_ab).to(g.dtype),
+            dg.to(g.dtype),
             None,
             None if dh0 is None else dh0.to(h0.dtype),
             None,

@@ -1,0 +1,15 @@
+"""The interpreter test cases (data only: importing this sets nothing)."""
+
+# (name, kind, problem kwargs, op kwargs): small shapes that cover what the issue lists.
+CASES = [
+    ("hdla_T37_B2_fwd", "hdla", dict(batch=2, seq_len=37, heads=2, dk=16, dv=16), dict()),
+    ("hdla_T21_rev_gates-20", "hdla", dict(batch=1, seq_len=21, heads=1, dk=32, dv=16, g_min=-20.0), dict(reverse=True)),
+    ("hdla_T5_B1_no_h0_scale", "hdla", dict(batch=1, seq_len=5, heads=1, dk=16, dv=32, h0=False), dict(scale=0.5)),
+    ("hdla_T16_dk24_dv40", "hdla", dict(batch=1, seq_len=16, heads=1, dk=24, dv=40), dict(reverse=True)),
+    ("gen_r0_T33", "generalized", dict(batch=1, seq_len=33, heads=1, dk=16, dv=32, r_kv=1, r_ab=0), dict()),
+    ("gen_r1_T1", "generalized", dict(batch=1, seq_len=1, heads=1, dk=16, dv=16, r_kv=1, r_ab=1), dict()),
+    ("gen_r2_T20_gates-20", "generalized", dict(batch=1, seq_len=20, heads=1, dk=16, dv=16, r_kv=1, r_ab=2, g_min=-20.0), dict()),
+    ("gen_r3_rkv2_T37_rev", "generalized", dict(batch=2, seq_len=37, heads=2, dk=16, dv=16, r_kv=2, r_ab=3), dict(reverse=True, scale=0.7)),
+    ("gen_r4_T23_gates-8", "generalized", dict(batch=1, seq_len=23, heads=2, dk=32, dv=24, r_kv=1, r_ab=4, g_min=-8.0), dict()),
+    ("gen_r2_rkv3_T18_rev_no_h0", "generalized", dict(batch=1, seq_len=18, heads=1, dk=16, dv=16, r_kv=3, r_ab=2, h0=False), dict(reverse=True)),
+]

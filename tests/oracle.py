@@ -1,0 +1,70 @@
+"""Shared helpers for kernel tests: random problems and their float64 references."""
+import torch
+import torch.nn.functional as F
+
+from hdla_vision.kernels import naive_generalized, naive_hdla
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64; the absolute error where ref is exactly zero (e.g. the
+    gradient of a decay that only ever acts on a zero state). NaN propagates, so it never passes."""
+    x, ref = x.double(), ref.double()
+    scale = ref.norm()
+    return ((x - ref).norm() / (scale if scale > 0 else 1.0)).item()
+
+
+def generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=-3.0, h0=True, seed=0):
+    """Random inputs (float64) of the generalized op; g uniform in [g_min, 0]."""
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    return dict(
+        q=rnd(batch, seq_len, heads, dk),
+        k=rnd(batch, seq_len, heads, r_kv, dk) / dk**0.5,
+        v=rnd(batch, seq_len, heads, r_kv, dv),
+        a=rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5,
+        b=rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5,
+        g=torch.rand(batch, seq_len, heads, dk, generator=gen, dtype=torch.float64) * g_min,
+        initial_state=rnd(batch, heads, dk, dv) if h0 else None,
+    )
+
+
+def hdla_problem(batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, seed=0):
+    """Random HDLA inputs (float64): unit k, beta in [0, 2], g uniform in [g_min, 0]."""
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    return dict(
+        q=rnd(batch, seq_len, heads, dk),
+        k=F.normalize(rnd(batch, seq_len, heads, dk), dim=-1),
+        v=rnd(batch, seq_len, heads, dv),
+        beta=2 * torch.rand(batch, seq_len, heads, generator=gen, dtype=torch.float64),
+        g=torch.rand(batch, seq_len, heads, dk, generator=gen, dtype=torch.float64) * g_min,
+        initial_state=rnd(batch, heads, dk, dv) if h0 else None,
+    )
+
+
+GRAD_NAMES = {"generalized": ("q", "k", "v", "a", "b", "g", "initial_state"),
+              "hdla": ("q", "k", "v", "beta", "g", "initial_state")}
+
+
+def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.float32, seed=1):
+    """Run ``op`` in ``dtype`` and the float64 token loop on the same inputs; return the relative
+    errors of the output, the final state and every gradient (random output cotangents)."""
+    names = [n for n in GRAD_NAMES[kind] if inputs[n] is not None and inputs[n].numel() > 0]
+    loop = naive_generalized if kind == "generalized" else naive_hdla
+
+    def run(fn, cast):
+        leaves = {n: (cast(x).requires_grad_() if n in names else (None if x is None else cast(x)))
+                  for n, x in inputs.items()}
+        o, final = fn(**leaves, scale=scale, output_final_state=True, reverse=reverse)
+        return leaves, o, final
+
+    ref_leaves, ref_o, ref_s = run(loop, lambda x: x.clone())
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(ref_o.shape, generator=gen, dtype=torch.float64).to(ref_o.device)
+    ds = torch.randn(ref_s.shape, generator=gen, dtype=torch.float64).to(ref_o.device)
+    ref_grads = torch.autograd.grad((ref_o * do).sum() + (ref_s * ds).sum(), [ref_leaves[n] for n in names])
+    leaves, o, s = run(op, lambda x: x.detach().to(dtype))
+    grads = torch.autograd.grad((o.double() * do).sum() + (s.double() * ds).sum(), [leaves[n] for n in names])
+    errors = {"o": rel_err(o, ref_o), "final_state": rel_err(s, ref_s)}
+    errors.update({f"d{n}": rel_err(g, r) for n, g, r in zip(names, grads, ref_grads)})
+    return errors

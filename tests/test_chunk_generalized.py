@@ -1,0 +1,94 @@
+"""chunk_generalized on CPU tensors (the vectorised PyTorch chunk form) against the float64 loop,
+plus the input checks. The Triton kernels themselves are in test_chunk_interpret.py / test_gpu_kernels.py."""
+import pytest
+import torch
+
+from hdla_vision.kernels import chunk_generalized, naive_generalized
+from tests.oracle import compare_with_loop, generalized_problem, rel_err
+
+CASES = [  # (batch, T, H, K, V, r_kv, r_ab, g_min, h0, reverse)
+    (2, 37, 2, 8, 6, 1, 2, -3.0, True, False),
+    (1, 16, 1, 4, 4, 2, 0, -3.0, False, True),
+    (1, 1, 1, 8, 8, 1, 1, -1.0, True, False),
+    (2, 50, 3, 16, 8, 2, 3, -20.0, True, True),
+    (1, 45, 1, 8, 8, 4, 4, -8.0, True, False),
+]
+
+
+@pytest.mark.parametrize("batch,seq_len,heads,dk,dv,r_kv,r_ab,g_min,h0,reverse", CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_torch_chunk_form_matches_loop(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min, h0, reverse, dtype):
+    inputs = generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=g_min, h0=h0)
+    errors = compare_with_loop(chunk_generalized, "generalized", inputs, scale=0.5, reverse=reverse, dtype=dtype)
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    assert all(err < tol for err in errors.values()), errors
+
+
+def test_reverse_equals_forward_on_flipped_inputs():
+    p = generalized_problem(2, 29, 2, 8, 8, 1, 2)
+    o_rev, s_rev = chunk_generalized(**p, output_final_state=True, reverse=True)
+    flipped = {n: (x.flip(1) if n != "initial_state" else x) for n, x in p.items()}
+    o_fwd, s_fwd = chunk_generalized(**flipped, output_final_state=True)
+    assert rel_err(o_rev, o_fwd.flip(1)) < 1e-12 and rel_err(s_rev, s_fwd) < 1e-12
+
+
+def test_final_state_chains_across_calls():
+    p = generalized_problem(1, 40, 2, 8, 8, 1, 2)
+    o_all, s_all = chunk_generalized(**p, output_final_state=True)
+    first = {n: (x[:, :23] if n != "initial_state" else x) for n, x in p.items()}
+    second = {n: x[:, 23:] for n, x in p.items() if n != "initial_state"}
+    o1, s1 = chunk_generalized(**first, output_final_state=True)
+    o2, s2 = chunk_generalized(**second, initial_state=s1, output_final_state=True)
+    assert rel_err(torch.cat([o1, o2], 1), o_all) < 1e-12 and rel_err(s2, s_all) < 1e-12
+
+
+def test_no_nan_at_extreme_gates():
+    p = generalized_problem(1, 64, 1, 8, 8, 1, 2, g_min=-20.0)
+    p["g"][:, :, :, :4] = -20.0  # the most negative gate everywhere in half the channels
+    p["g"][:, :, :, 4:] = 0.0  # and lambda = 1 in the rest
+    p = {n: x.float() for n, x in p.items()}
+    o, s = chunk_generalized(**p, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    ref, _ = naive_generalized(**{n: x.double() for n, x in p.items()})
+    assert rel_err(o, ref) < 1e-4
+
+
+def _good(**over):
+    p = generalized_problem(2, 5, 3, 8, 4, 1, 2)
+    p = {n: x.float() for n, x in p.items()}
+    p.update(over)
+    return p
+
+
+@pytest.mark.parametrize(
+    "over,needle",
+    [
+        (dict(k=torch.randn(2, 5, 3, 1, 7)), "k must have shape [B, T, H, r_kv, K]"),
+        (dict(v=torch.randn(2, 5, 3, 4)), "v must have shape [B, T, H, r_kv, V]"),
+        (dict(v=torch.randn(2, 5, 3, 2, 4)), "k must have shape"),
+        (dict(b=torch.randn(2, 5, 3, 1, 8)), "b must have shape"),
+        (dict(g=torch.randn(2, 5, 3, 8, dtype=torch.float64)), None),
+        (dict(g=torch.randn(2, 5, 3, 8).int()), "g has dtype"),
+        (dict(initial_state=torch.randn(2, 3, 8, 5)), "initial_state must have shape [B, H, K, V]"),
+        (dict(q=torch.randn(2, 5, 3, 300), k=torch.randn(2, 5, 3, 1, 300), a=torch.randn(2, 5, 3, 2, 300),
+              b=torch.randn(2, 5, 3, 2, 300), g=torch.randn(2, 5, 3, 300), initial_state=None), "K (head dim of q/k) = 300"),
+        (dict(q=torch.randn(2, 5, 3)), "q must have shape [B, T, H, K]"),
+        (dict(scale="2"), "scale must be a float"),
+    ],
+)
+def test_bad_input_raises_naming_the_argument(over, needle):
+    p = _good(**over)
+    if needle is None:  # mixed float dtypes are accepted (computed in fp32)
+        chunk_generalized(**p)
+        return
+    with pytest.raises(ValueError) as info:
+        chunk_generalized(**p)
+    assert needle in str(info.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_mismatch_raises():
+    p = _good()
+    p["v"] = p["v"].cuda()
+    with pytest.raises(ValueError, match="v is on cuda"):
+        chunk_generalized(**p)
