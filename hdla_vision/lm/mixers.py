@@ -262,7 +262,7 @@ class GatedDeltaMixer(CausalLinearMixer):
             return naive_generalized(q.float(), kw, vw, a, b, g, scale, state, output_final_state=True)
         init = None if state is None else state.to(q.dtype)
         dt = q.dtype
-        return _chunk_generalized(q, kw.to(dt), vw.to(dt), a.to(dt), b.to(dt), g.to(dt), scale, init)
+        return _chunk_generalized(q, kw.to(dt), vw.to(dt), a.to(dt), b.to(dt), g, scale, init)
 
 
 def gated_deltaproduct_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor):
