@@ -1,0 +1,41 @@
+"""Causal language models on the HDLA kernels (transformers ``model_type = "hdla"``).
+
+Importing this package registers ``HDLAConfig`` with ``AutoConfig`` and the models with
+``AutoModel`` / ``AutoModelForCausalLM``, and the causal mixers ``"hdla"``,
+``"gated_deltanet"`` and ``"gated_deltaproduct"`` with the mixer registry.
+
+    import hdla_vision.lm
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("hdla", vocab_size=32000, hidden_size=512, num_hidden_layers=8,
+                                  num_heads=4, head_dim=64, short_conv_size=4, mixer="hdla")
+    model = AutoModelForCausalLM.from_config(config)
+    out = model.generate(input_ids, attention_mask=mask, max_new_tokens=32)  # left padding is fine
+
+Prefill runs the chunk kernels; decoding keeps one fp32 state ``[B, H, K, V]`` per layer (plus
+a short-conv window) in an :class:`HDLACache` and advances it with ``fused_recurrent_hdla``.
+Packed batches: ``model(packed_ids [1, total], cu_seqlens=...)``; padding: ``attention_mask``.
+"""
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .configuration_hdla import HDLAConfig
+from .mixers import GatedDeltaNetMixer, GatedDeltaProductMixer, HDLAMixer, gated_deltaproduct_factors
+from .cache import HDLACache
+from .modeling_hdla import HDLAForCausalLM, HDLAModel, HDLAPreTrainedModel, split_packed
+
+AutoConfig.register(HDLAConfig.model_type, HDLAConfig, exist_ok=True)
+AutoModel.register(HDLAConfig, HDLAModel, exist_ok=True)
+AutoModelForCausalLM.register(HDLAConfig, HDLAForCausalLM, exist_ok=True)
+
+__all__ = [
+    "HDLAConfig",
+    "HDLACache",
+    "HDLAPreTrainedModel",
+    "HDLAModel",
+    "HDLAForCausalLM",
+    "HDLAMixer",
+    "GatedDeltaNetMixer",
+    "GatedDeltaProductMixer",
+    "gated_deltaproduct_factors",
+    "split_packed",
+]

@@ -1,0 +1,93 @@
+"""Configuration of the HDLA causal language model (transformers ``model_type = "hdla"``)."""
+from typing import Any, Dict, Optional
+
+from transformers import PreTrainedConfig
+
+GATE_ACTIVATIONS = ("silu", "sigmoid", "identity")
+
+
+class HDLAConfig(PreTrainedConfig):
+    """Decoder-only LM whose token mixer is chosen by name from the causal mixer registry.
+
+    Fields (all keyword arguments):
+        vocab_size, hidden_size, num_hidden_layers: embedding size and depth.
+        mixer: causal mixer name (``"hdla"``, ``"gated_deltanet"``, ``"gated_deltaproduct"``, ...).
+        mixer_kwargs: extra keyword arguments for that mixer (e.g. ``{"num_householder": 2}``).
+        num_heads, head_dim: heads and key dimension per head; head_dim_v defaults to head_dim.
+        short_conv_size: depthwise causal conv on the q/k/v projections (0 turns it off).
+        gate_act: activation of the output gate (paper eq. 29-30 use a plain gate; fla uses SiLU).
+        intermediate_size: SwiGLU hidden size (defaults to the multiple of 32 nearest 8/3 hidden).
+        rms_norm_eps, initializer_range, tie_word_embeddings, use_cache: as in other transformers LMs.
+    """
+
+    model_type = "hdla"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 512,
+        num_hidden_layers: int = 8,
+        mixer: str = "hdla",
+        mixer_kwargs: Optional[Dict[str, Any]] = None,
+        num_heads: int = 4,
+        head_dim: int = 64,
+        head_dim_v: Optional[int] = None,
+        short_conv_size: int = 0,
+        gate_act: str = "silu",
+        intermediate_size: Optional[int] = None,
+        rms_norm_eps: float = 1e-6,
+        initializer_range: float = 0.02,
+        use_cache: bool = True,
+        tie_word_embeddings: bool = True,
+        pad_token_id: Optional[int] = None,
+        bos_token_id: Optional[int] = None,
+        eos_token_id: Optional[int] = None,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.mixer = mixer
+        self.mixer_kwargs = dict(mixer_kwargs or {})
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
+        self.short_conv_size = short_conv_size
+        self.gate_act = gate_act
+        if intermediate_size is None:
+            intermediate_size = 32 * round(hidden_size * 8 / 3 / 32) or 32
+        self.intermediate_size = intermediate_size
+        self.rms_norm_eps = rms_norm_eps
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        self.tie_word_embeddings = tie_word_embeddings
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        super().__init__(**kwargs)
+        self._validate()
+
+    @property
+    def layer_types(self):
+        """Every layer keeps a fixed-size recurrent state: transformers' DynamicCache then builds
+        one ``LinearAttentionLayer`` (conv state + recurrent state) per layer."""
+        return ["linear_attention"] * self.num_hidden_layers
+
+    def _validate(self) -> None:
+        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "head_dim_v",
+                    "intermediate_size")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"HDLAConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.short_conv_size, int) or self.short_conv_size < 0 or self.short_conv_size == 1:
+            raise ValueError(f"HDLAConfig.short_conv_size must be 0 (off) or an int >= 2, got {self.short_conv_size!r}")
+        if self.gate_act not in GATE_ACTIVATIONS:
+            raise ValueError(f"HDLAConfig.gate_act must be one of {GATE_ACTIVATIONS}, got {self.gate_act!r}")
+        if not isinstance(self.mixer, str):
+            raise ValueError(f"HDLAConfig.mixer must be a registered causal mixer name, got {self.mixer!r}")
+        if not isinstance(self.mixer_kwargs, dict):
+            raise ValueError(f"HDLAConfig.mixer_kwargs must be a dict, got {type(self.mixer_kwargs).__name__}")
+        if not (isinstance(self.rms_norm_eps, float) and self.rms_norm_eps > 0):
+            raise ValueError(f"HDLAConfig.rms_norm_eps must be a float > 0, got {self.rms_norm_eps!r}")

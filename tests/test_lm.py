@@ -1,0 +1,259 @@
+"""The HDLA causal LM: config round trip, save/load, cached greedy decoding, padding and packing."""
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+import hdla_vision.lm as lm
+from hdla_vision.layers import create_mixer, list_mixers
+from hdla_vision.lm import HDLACache, HDLAConfig, HDLAForCausalLM, HDLAModel
+
+MIXERS = ["hdla", "gated_deltanet", "gated_deltaproduct"]
+
+
+def tiny_config(mixer="hdla", short_conv_size=0, **kw):
+    # a large init std gives a random model whose greedy continuations vary (a stronger test)
+    base = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=16,
+                short_conv_size=short_conv_size, mixer=mixer, initializer_range=0.3)
+    base.update(kw)
+    return HDLAConfig(**base)
+
+
+def tiny_model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return HDLAForCausalLM(tiny_config(**kw)).eval()
+
+
+def greedy_by_full_forward(model, input_ids, steps):
+    seq = input_ids
+    for _ in range(steps):
+        nxt = model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], dim=1)
+    return seq
+
+
+def test_mixers_are_registered_as_causal():
+    assert set(MIXERS) <= set(list_mixers("causal"))
+    mixer = create_mixer("hdla", kind="causal", hidden_size=32, num_heads=2, head_dim=16)
+    assert isinstance(mixer, lm.HDLAMixer)
+
+
+def test_config_round_trip_and_auto_classes(tmp_path):
+    config = tiny_config(mixer="gated_deltaproduct", mixer_kwargs={"num_householder": 3}, short_conv_size=4)
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, HDLAConfig) and loaded.model_type == "hdla"
+    assert loaded.to_diff_dict() == config.to_diff_dict()
+    assert loaded.mixer == "gated_deltaproduct" and loaded.short_conv_size == 4 and loaded.head_dim_v == 16
+    assert loaded.mixer_kwargs == {"num_householder": 3}
+    assert loaded.layer_types == ["linear_attention"] * 2
+    assert isinstance(AutoModel.from_config(loaded), HDLAModel)
+    model = AutoModelForCausalLM.from_config(loaded)
+    assert isinstance(model, HDLAForCausalLM)
+    assert model.model.layers[0].mixer.num_householder == 3
+
+
+@pytest.mark.parametrize("kwargs", [dict(num_heads=0), dict(gate_act="relu"), dict(short_conv_size=1),
+                                    dict(hidden_size=32.0)])
+def test_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        tiny_config(**kwargs)
+
+
+def test_unknown_mixer_name_raises():
+    with pytest.raises(ValueError, match="unknown causal mixer"):
+        HDLAForCausalLM(tiny_config(mixer="no_such_mixer"))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_save_and_from_pretrained_safetensors(tmp_path, tie):
+    model = tiny_model(tie_word_embeddings=tie, short_conv_size=3)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tie
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, HDLAForCausalLM)
+    for (name, p), (_, p2) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        torch.testing.assert_close(p, p2, rtol=0, atol=0, msg=name)
+    x = torch.randint(0, 64, (2, 9))
+    torch.testing.assert_close(model(x).logits, loaded(x).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("short_conv_size", [0, 4])
+def test_cached_greedy_generate_equals_full_forward_argmax(mixer, short_conv_size):
+    model = tiny_model(mixer=mixer, short_conv_size=short_conv_size)
+    prompt = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    steps = 10
+    out = model.generate(prompt, max_new_tokens=steps, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy_by_full_forward(model, prompt, steps))
+    cache = out.past_key_values
+    assert isinstance(cache, HDLACache) and cache.get_seq_length() == 7 + steps - 1
+    # constant memory: one [B, H, K, V] fp32 state per layer, whatever the number of tokens
+    assert cache.layers[0].recurrent_states[0].shape == (2, 2, 16, 16)
+    assert cache.layers[0].recurrent_states[0].dtype == torch.float32
+
+
+def test_beam_search_reorders_the_states():
+    """Beam scores (sum of log-probs / length) equal those of a full forward on the returned sequences."""
+    model = tiny_model(short_conv_size=4)
+    prompt = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(8))
+    out = model.generate(prompt, max_new_tokens=6, num_beams=3, do_sample=False, return_dict_in_generate=True,
+                         output_scores=True)
+    logprobs = torch.log_softmax(model(out.sequences, use_cache=False).logits.float(), -1)
+    new = out.sequences[:, 7:]
+    score = logprobs[:, 6:-1].gather(-1, new[..., None]).squeeze(-1).sum(-1) / new.shape[1]
+    torch.testing.assert_close(out.sequences_scores, score, rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_then_steps_match_full_forward_logits():
+    """Cache continuation: one prefill forward then token-by-token decoding gives the full-forward logits."""
+    model = tiny_model(short_conv_size=4)
+    ids = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(2))
+    full = model(ids, use_cache=False).logits
+    out = model(ids[:, :16], use_cache=True)
+    cache, logits = out.past_key_values, [out.logits]
+    for t in range(16, 21):
+        step = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        logits.append(step.logits)
+    torch.testing.assert_close(torch.cat(logits, 1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_user_cache_continues_generation():
+    model = tiny_model()
+    prompt = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(3))
+    cache = HDLACache(config=model.config)
+    first = model.generate(prompt, max_new_tokens=3, do_sample=False, past_key_values=cache)
+    more = model.generate(first, max_new_tokens=3, do_sample=False, past_key_values=cache)
+    assert torch.equal(more, greedy_by_full_forward(model, prompt, 6))
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_left_padding_generates_like_the_unpadded_prompt(mixer):
+    model = tiny_model(mixer=mixer, short_conv_size=4)
+    gen = torch.Generator().manual_seed(4)
+    long_prompt, short_prompt = torch.randint(1, 64, (1, 8), generator=gen), torch.randint(1, 64, (1, 5), generator=gen)
+    batch = torch.cat([long_prompt, torch.cat([torch.zeros(1, 3, dtype=torch.long), short_prompt], 1)])
+    mask = torch.ones_like(batch)
+    mask[1, :3] = 0
+    out = model.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    alone_long = model.generate(long_prompt, max_new_tokens=6, do_sample=False)
+    alone_short = model.generate(short_prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out[0], alone_long[0])
+    assert torch.equal(out[1, 3:], alone_short[0])
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_padding_never_leaks_between_sequences(mixer):
+    """Right padding: real-token logits equal the unpadded run; changing pad content changes nothing."""
+    model = tiny_model(mixer=mixer, short_conv_size=4)
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.randint(0, 64, (1, 11), generator=gen), torch.randint(0, 64, (1, 6), generator=gen)
+    batch = torch.cat([a, torch.cat([b, torch.randint(0, 64, (1, 5), generator=gen)], 1)])
+    mask = torch.ones_like(batch)
+    mask[1, 6:] = 0
+    logits = model(batch, attention_mask=mask).logits
+    torch.testing.assert_close(logits[0], model(a).logits[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[1, :6], model(b).logits[0], rtol=1e-5, atol=1e-5)
+    batch2 = batch.clone()
+    batch2[1, 6:] = (batch2[1, 6:] + 7) % 64
+    torch.testing.assert_close(model(batch2, attention_mask=mask).logits[1, :6], logits[1, :6], rtol=0, atol=0)
+    # the cache after a right-padded prefill holds the state after the last real token
+    out = model(batch, attention_mask=mask, use_cache=True)
+    ref = model(b, use_cache=True)
+    state, ref_state = out.past_key_values.layers[1].recurrent_states[0], ref.past_key_values.layers[1].recurrent_states[0]
+    torch.testing.assert_close(state[1], ref_state[0], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_sequences_never_see_each_other():
+    model = tiny_model(short_conv_size=4)
+    gen = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(0, 64, (1, n), generator=gen) for n in (5, 9, 3)]
+    packed = torch.cat(seqs, dim=1)
+    cu = torch.tensor([0, 5, 14, 17], dtype=torch.int32)
+    logits = model(packed, cu_seqlens=cu).logits
+    assert logits.shape == (1, 17, 64)
+    for s, start in zip(seqs, cu[:-1].tolist()):
+        torch.testing.assert_close(logits[0, start:start + s.shape[1]], model(s).logits[0], rtol=1e-5, atol=1e-5)
+    # perturbing the first sequence leaves the others bit-identical
+    packed2 = packed.clone()
+    packed2[0, :5] = (packed2[0, :5] + 1) % 64
+    logits2 = model(packed2, cu_seqlens=cu).logits
+    assert not torch.allclose(logits2[0, :5], logits[0, :5])
+    torch.testing.assert_close(logits2[0, 5:], logits[0, 5:], rtol=0, atol=0)
+    # the loss ignores the cross-boundary predictions: equals the mean over the per-sequence losses' tokens
+    loss = model(packed, labels=packed, cu_seqlens=cu).loss
+    per_seq = [model(s, labels=s).loss * (s.shape[1] - 1) for s in seqs]
+    torch.testing.assert_close(loss, sum(per_seq) / (17 - 3), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_raise_value_errors():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        model(torch.randint(0, 64, (1, 6)), cu_seqlens=torch.tensor([0, 2, 5]))
+    with pytest.raises(ValueError, match="input_ids"):
+        model()
+    with pytest.raises(ValueError, match="past_key_values"):
+        model(torch.randint(0, 64, (1, 3)), past_key_values=object(), use_cache=True)
+
+
+def test_training_step_reduces_loss():
+    model = tiny_model(short_conv_size=4, initializer_range=0.02).train()
+    ids = torch.randint(0, 64, (4, 24), generator=torch.Generator().manual_seed(7))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(5):
+        loss = model(ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    assert all(p.grad is not None for n, p in model.named_parameters() if "decay" in n or "beta" in n)
+
+
+INTERPRET_SCRIPT = """
+import os
+assert os.environ["TRITON_INTERPRET"] == "1"
+import torch
+import hdla_vision.lm as lm
+torch.manual_seed(0)
+config = lm.HDLAConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_heads=2, head_dim=16,
+                       short_conv_size=4, initializer_range=0.3)
+model = lm.HDLAForCausalLM(config).eval()
+prompt = torch.randint(0, 64, (1, 20))
+out = model.generate(prompt, max_new_tokens=3, do_sample=False)
+seq = prompt
+for _ in range(3):
+    seq = torch.cat([seq, model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
+assert torch.equal(out, seq), (out, seq)
+print("LM-INTERPRET-OK")
+"""
+
+
+@pytest.mark.interpret
+def test_generate_on_the_triton_path_under_interpreter():
+    """The GPU code path (Triton chunk prefill + Triton recurrent step) on the CPU, in a fresh process."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-c", INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "LM-INTERPRET-OK" in result.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_cuda_generate_and_bf16_training_step(mixer):
+    model = tiny_model(mixer=mixer, short_conv_size=4).cuda()
+    prompt = torch.randint(0, 64, (2, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    out = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out, greedy_by_full_forward(model, prompt, 8))
+    model.train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(prompt, labels=prompt).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
