@@ -16,7 +16,7 @@ from hdla_vision.training import runner
 from hdla_vision.training.data import EpochOrder
 from hdla_vision.training.models import create_model
 from hdla_vision.training.records import read_metrics
-from training_helpers import subset_dataset, tiny_config, tiny_dataset
+from tests.training_helpers import subset_dataset, tiny_config, tiny_dataset
 
 
 @pytest.fixture(autouse=True)

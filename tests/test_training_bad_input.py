@@ -10,7 +10,7 @@ from accelerate.state import AcceleratorState, GradientState
 from hdla_vision.training import runner
 from hdla_vision.training.config import load_config
 from hdla_vision.training.models import create_model, export_metadata, export_weights
-from training_helpers import REPO, tiny_config, tiny_config_dict, tiny_dataset, write_config
+from tests.training_helpers import REPO, tiny_config, tiny_config_dict, tiny_dataset, write_config
 
 
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from hdla_vision.training.data import EpochOrder
 from hdla_vision.training.records import read_metrics
-from training_helpers import REPO, tiny_config_dict, tiny_dataset, write_config
+from tests.training_helpers import REPO, tiny_config_dict, tiny_dataset, write_config
 
 
 class _IndexOf:
