@@ -161,7 +161,7 @@ def test_epoch_order_is_identical_per_epoch_and_changes_between_epochs():
 
 def test_shipped_configs_load_and_scale_the_learning_rate():
     from hdla_vision.training.config import load_config
-    from training_helpers import REPO
+    from tests.training_helpers import REPO
 
     names = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
     assert {"hdla_tiny", "hdla_tiny_deit", "hdla_small", "hdla_base", "deit_tiny", "finetune", "quickstart"} <= set(names)
