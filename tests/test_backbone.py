@@ -421,7 +421,9 @@ def test_cpu_and_cuda_paths_agree():
     out_cuda.square().mean().backward()
     torch.testing.assert_close(out_cuda.cpu(), out_cpu, rtol=1e-3, atol=1e-3)
     for (name, p_cpu), p_cuda in zip(cpu_model.named_parameters(), cuda_model.parameters()):
-        torch.testing.assert_close(p_cuda.grad.cpu(), p_cpu.grad, rtol=1e-2, atol=1e-4, msg=name)
+        # the kernels' tensor-core products run in TF32: compare each gradient as a whole
+        err = (p_cuda.grad.cpu() - p_cpu.grad).norm() / p_cpu.grad.norm()
+        assert err < 1e-2, f"{name}: gradient relative error {err:.3g}"
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out_bf16 = cuda_model(x.cuda()).float()
