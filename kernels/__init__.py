@@ -12,4 +12,5 @@ __all__ = [
     "naive_hdla",
     "hdla_decay_factors",
     "torch_chunk_generalized",
+    "fused_recurrent_hdla",
 ]
