@@ -112,11 +112,9 @@ def _row_of(x, rows, r):
 
 
 @triton.jit
-def _gram(rd, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.constexpr, RPW: tl.constexpr,
-          STRICT: tl.constexpr):
-    """``M[n, m] = sum_k rd[n,k] wr[m,k] exp(g_rd[n,k] - g_wr[m,k])`` for token(m) <= token(n)
-    (``<`` if STRICT), else 0. rd ``[BT*RPR, BK]``, wr ``[BT*RPW, BK]``; g_tok ``[BT, BK]`` is the
-    writers' per-token log-decay (g_wr expanded)."""
+def _pair_mask(BT: tl.constexpr, RPR: tl.constexpr, RPW: tl.constexpr, STRICT: tl.constexpr):
+    """Reader rows' tokens, writer column indices, and the causal mask token(col) <= token(row)
+    (``<`` if STRICT) for a ``[BT*RPR, BT*RPW]`` pair matrix."""
     tok_r = tl.arange(0, BT * RPR) // RPR
     cols = tl.arange(0, BT * RPW)
     tok_w = cols // RPW
@@ -124,18 +122,34 @@ def _gram(rd, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.constexpr, 
         keep = tok_w[None, :] < tok_r[:, None]
     else:
         keep = tok_w[None, :] <= tok_r[:, None]
+    return tok_r, cols, keep
+
+
+@triton.jit
+def _exact_decay(g_rd, g_tok, tok_r, i, BT: tl.constexpr, STRICT: tl.constexpr):
+    """``exp(g_rd[n] - G_i)`` for reader rows after writer token i (at or after unless STRICT),
+    else 0: the exponent is <= 0 wherever it is taken, so nothing overflows."""
+    g_i = _row_of(g_tok, tl.arange(0, BT), i)
+    if STRICT:
+        live = tok_r > i
+    else:
+        live = tok_r >= i
+    return tl.exp(tl.where(live[:, None], g_rd - g_i[None, :], float("-inf")))
+
+
+@triton.jit
+def _gram(rd, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.constexpr, RPW: tl.constexpr,
+          STRICT: tl.constexpr):
+    """``M[n, m] = sum_k rd[n,k] wr[m,k] exp(g_rd[n,k] - g_wr[m,k])`` for token(m) <= token(n)
+    (``<`` if STRICT), else 0. rd ``[BT*RPR, BK]``, wr ``[BT*RPW, BK]``; g_tok ``[BT, BK]`` is the
+    writers' per-token log-decay (g_wr expanded)."""
+    tok_r, cols, keep = _pair_mask(BT, RPR, RPW, STRICT)
     if fast:
         m = tl.dot(rd * tl.exp(g_rd), tl.trans(wr * tl.exp(-g_wr)))
     else:
         m = tl.zeros([BT * RPR, BT * RPW], dtype=tl.float32)
-        toks = tl.arange(0, BT)
         for i in range(BT):
-            g_i = _row_of(g_tok, toks, i)
-            if STRICT:
-                live = tok_r > i
-            else:
-                live = tok_r >= i
-            e = tl.exp(tl.where(live[:, None], g_rd - g_i[None, :], float("-inf")))
+            e = _exact_decay(g_rd, g_tok, tok_r, i, BT, STRICT)
             rde = rd * e
             for r in tl.static_range(RPW):
                 w = _row_of(wr, cols, i * RPW + r)
@@ -149,26 +163,14 @@ def _k_readout(coef, g_rd, wr, g_wr, g_tok, fast, BT: tl.constexpr, RPR: tl.cons
                RPW: tl.constexpr, STRICT: tl.constexpr, BK: tl.constexpr):
     """``out[n, :] = sum_m coef[n, m] exp(g_rd[n] - g_wr[m]) * wr[m, :]`` over token(m) <= token(n)
     (``<`` if STRICT): ``[BT*RPR, BK]``."""
-    tok_r = tl.arange(0, BT * RPR) // RPR
-    cols = tl.arange(0, BT * RPW)
-    tok_w = cols // RPW
-    if STRICT:
-        keep = tok_w[None, :] < tok_r[:, None]
-    else:
-        keep = tok_w[None, :] <= tok_r[:, None]
+    tok_r, cols, keep = _pair_mask(BT, RPR, RPW, STRICT)
     coef = tl.where(keep, coef, 0.0)
     if fast:
         out = tl.exp(g_rd) * tl.dot(coef, wr * tl.exp(-g_wr))
     else:
         out = tl.zeros([BT * RPR, BK], dtype=tl.float32)
-        toks = tl.arange(0, BT)
         for i in range(BT):
-            g_i = _row_of(g_tok, toks, i)
-            if STRICT:
-                live = tok_r > i
-            else:
-                live = tok_r >= i
-            e = tl.exp(tl.where(live[:, None], g_rd - g_i[None, :], float("-inf")))
+            e = _exact_decay(g_rd, g_tok, tok_r, i, BT, STRICT)
             for r in tl.static_range(RPW):
                 c = tl.sum(tl.where((cols == i * RPW + r)[None, :], coef, 0.0), 1)
                 w = _row_of(wr, cols, i * RPW + r)
