@@ -170,9 +170,10 @@ def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True
     q, k, v, a, b, g, h0, x, ht = saved
     r_ab = a.shape[3]
     do = do.contiguous()
-    transition = dict(hdla=hdla) if hdla is not None else dict(a=a, b=b)
-    if hdla is None and r_ab == 0:
-        transition = dict(a=None, b=None)
+    if hdla is not None:
+        transition = dict(hdla=hdla)
+    else:
+        transition = dict(a=a, b=b) if r_ab else {}
     adj_queries = torch.cat([a, k], dim=3) if r_ab else k
     adj_w_post = torch.cat([v.to(torch.float32), x], dim=3) if r_ab else v
     adjoint = chunk_scan(
