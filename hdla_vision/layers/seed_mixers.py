@@ -1,0 +1,161 @@
+"""The seed mixers as parameterizations of the generalized recurrence (ALGORITHM.md's table).
+
+Every function maps one mixer's per-token quantities to the inputs of
+``chunk_generalized(q, k, v, a, b, g)``, whose step is
+
+    S_t = (Diag(exp g_t) - A_t B_t^T) S_{t-1} + K_t V_t^T,      o_t = scale * S_t^T q_t
+
+with the state ``S_t`` of shape K x V (keys index rows). All functions return a
+:class:`GeneralizedStep` whose fields have the kernel's layout:
+``k [B, T, H, r_kv, K]``, ``v [B, T, H, r_kv, V]``, ``a, b [B, T, H, r_ab, K]``, ``g [B, T, H, K]``.
+Inputs are ``[B, T, H, K]`` per-token vectors and ``[B, T, H]`` per-head scalars unless stated.
+"""
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+class GeneralizedStep(NamedTuple):
+    """Inputs of the generalized op for one scan (see the module docstring for shapes)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    g: torch.Tensor
+
+
+def _no_decay_factors(k: torch.Tensor) -> torch.Tensor:
+    """An empty ``[B, T, H, 0, K]`` tensor: rank r_ab = 0."""
+    return k.new_zeros(*k.shape[:-1], 0, k.shape[-1])
+
+
+def _check_same_shape(**tensors: torch.Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"expected tensors of one shape [B, T, H, K], got {shapes}")
+
+
+def _scalar_log_decay(log_alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Broadcast a per-head log decay ``[B, T, H]`` over the K key channels: ``[B, T, H, K]``."""
+    if log_alpha.shape != k.shape[:-1]:
+        raise ValueError(f"log_alpha must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(log_alpha.shape)}")
+    return log_alpha.unsqueeze(-1).expand(k.shape).contiguous()
+
+
+def gla_factors(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> GeneralizedStep:
+    """GLA (Yang et al. 2024): ``S_t = Diag(alpha_t) S_{t-1} + k_t v_t^T``, ``g = log alpha_t`` per channel."""
+    _check_same_shape(k=k, g=g)
+    return GeneralizedStep(k.unsqueeze(-2), v.unsqueeze(-2), _no_decay_factors(k), _no_decay_factors(k), g)
+
+
+def deltanet_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> GeneralizedStep:
+    """DeltaNet: ``S_t = (I - beta k k^T) S_{t-1} + beta k v^T``: ``d = 1``, ``A = beta k``, ``B = k``."""
+    if beta.shape != k.shape[:-1]:
+        raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
+    bk = beta.unsqueeze(-1) * k
+    g = torch.zeros(k.shape, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
+    return GeneralizedStep(bk.unsqueeze(-2), v.unsqueeze(-2), bk.unsqueeze(-2), k.unsqueeze(-2), g)
+
+
+def gated_deltanet_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                           log_alpha: torch.Tensor) -> GeneralizedStep:
+    """Gated DeltaNet: ``S_t = alpha (I - beta k k^T) S_{t-1} + beta k v^T`` with a scalar ``alpha`` per head.
+
+    ``alpha (I - beta k k^T) = alpha I - (alpha beta k) k^T``: ``d = alpha``, ``A = alpha beta k``, ``B = k``;
+    this is :func:`gated_deltaproduct_factors` with one Householder step.
+    """
+    return gated_deltaproduct_factors_5d(k.unsqueeze(-2), v.unsqueeze(-2), beta.unsqueeze(-1), log_alpha)
+
+
+def gated_deltaproduct_factors_5d(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                                  log_alpha: torch.Tensor) -> GeneralizedStep:
+    """Gated DeltaProduct with n_h steps: ``S <- alpha S``, then ``S <- (I - b_j k_j k_j^T) S + b_j k_j v_j^T``.
+
+    Args: k ``[B, T, H, n_h, K]`` (unit rows), v ``[B, T, H, n_h, V]``, beta ``[B, T, H, n_h]``,
+    log_alpha ``[B, T, H]``. The sub-steps merge into one rank-n_h step (the LM's
+    :func:`~hdla_vision.lm.mixers.gated_deltaproduct_factors`).
+    """
+    if k.dim() != 5 or beta.shape != k.shape[:-1]:
+        raise ValueError(f"expected k [B, T, H, n_h, K] and beta [B, T, H, n_h], got {list(k.shape)}, {list(beta.shape)}")
+    # imported here: hdla_vision.lm needs transformers (the "lm" extra), the vision mixers do not
+    from hdla_vision.lm.mixers import gated_deltaproduct_factors
+
+    g = _scalar_log_decay(log_alpha, k[..., 0, :])
+    a, b, kw, vw = gated_deltaproduct_factors(k, v, beta, g)
+    return GeneralizedStep(kw, vw, a, b, g)
+
+
+def kda_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor) -> GeneralizedStep:
+    """KDA (Kimi Delta Attention): ``S_t = (I - beta k k^T) Diag(alpha) S_{t-1} + beta k v^T``.
+
+    ``(I - beta k k^T) Diag(alpha) = Diag(alpha) - (beta k)(alpha * k)^T``: ``d = alpha = exp(g)``
+    per channel, ``A = beta k``, ``B = alpha * k``.
+    """
+    _check_same_shape(k=k, g=g)
+    if beta.shape != k.shape[:-1]:
+        raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
+    bk = beta.unsqueeze(-1) * k
+    decayed_k = g.exp().to(k.dtype) * k
+    return GeneralizedStep(bk.unsqueeze(-2), v.unsqueeze(-2), bk.unsqueeze(-2), decayed_k.unsqueeze(-2), g)
+
+
+def rwkv7_factors(k: torch.Tensor, v: torch.Tensor, kappa_hat: torch.Tensor, icl_rate: torch.Tensor,
+                  log_w: torch.Tensor) -> GeneralizedStep:
+    """RWKV-7 (Peng et al. 2025), ``wkv_t = wkv_{t-1} (Diag(w_t) - kappa_hat^T (a_t * kappa_hat)) + v_t^T k_t``.
+
+    The paper's state ``wkv`` is V x K with row vectors; ours is its transpose, so the transition
+    acting on ``S = wkv^T`` is ``Diag(w) - (a * kappa_hat) kappa_hat^T``: ``d = w = exp(log_w)``,
+    ``A = a * kappa_hat``, ``B = kappa_hat``, write ``k v^T`` (k is RWKV-7's replacement key k~).
+
+    Args: k, kappa_hat (unit rows), icl_rate ``a`` in [0, 1], log_w: ``[B, T, H, K]``; v ``[B, T, H, V]``.
+    """
+    _check_same_shape(k=k, kappa_hat=kappa_hat, icl_rate=icl_rate, log_w=log_w)
+    a = (icl_rate * kappa_hat).unsqueeze(-2)
+    return GeneralizedStep(k.unsqueeze(-2), v.unsqueeze(-2), a, kappa_hat.unsqueeze(-2), log_w)
+
+
+def head_in_head_mask(mask_logits: torch.Tensor) -> torch.Tensor:
+    """``M_org`` of Head-in-Head (section 3.3): positive entries, each row L2-normalised.
+
+    ``mask_logits [..., r, r] -> M_org [..., r, r]``; then ``M = M_org M_org^T`` has entries in [0, 1]
+    and is positive semi-definite, so with unit keys and beta in [0, 1] the transition's eigenvalues
+    stay in [0, 1] (the paper's appendix A).
+    """
+    return F.normalize(F.softplus(mask_logits), p=2.0, dim=-1)
+
+
+def head_in_head_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, mask_org: torch.Tensor,
+                         log_alpha: Optional[torch.Tensor] = None) -> GeneralizedStep:
+    """Head-in-Head (Gated) DeltaNet: ``S_t = alpha (I - beta (k k^T) o M) S_{t-1} + beta k v^T``.
+
+    ``M = M_org M_org^T`` (r x r) is broadcast over r equal feature groups of K. With ``m_j`` the column
+    j of ``M_org`` repeated over each group's features, ``(k k^T) o M = sum_j (k * m_j)(k * m_j)^T``,
+    so ``d = alpha`` (1 without a gate), ``A = [alpha beta k * m_j]_j``, ``B = [k * m_j]_j`` (r_ab = r).
+
+    Args:
+        k: ``[B, T, H, K]`` unit keys; v ``[B, T, H, V]``; beta ``[B, T, H]`` in [0, 1].
+        mask_org: ``[H, r, r]`` (static) or ``[B, T, H, r, r]`` (data-dependent), rows unit-norm and
+            entries >= 0 (see :func:`head_in_head_mask`); r must divide K.
+        log_alpha: ``[B, T, H]`` log of the scalar gate (Head-in-Head Gated DeltaNet) or None (DeltaNet).
+    """
+    dk, r = k.shape[-1], mask_org.shape[-1]
+    if mask_org.shape[-2] != r or dk % r:
+        raise ValueError(f"mask_org must be [..., r, r] with r dividing K={dk}, got {list(mask_org.shape)}")
+    if mask_org.dim() == 3:
+        mask_org = mask_org.expand(*k.shape[:2], *mask_org.shape)
+    if mask_org.shape[:3] != k.shape[:3]:
+        raise ValueError(f"mask_org must be [H, r, r] or [B, T, H, r, r] matching k {list(k.shape)}, got {list(mask_org.shape)}")
+    # m[..., j, c] = M_org[group(c), j]: column j of M_org repeated over each group's K / r features
+    m = mask_org.transpose(-1, -2).repeat_interleave(dk // r, dim=-1)  # [B, T, H, r, K]
+    masked_k = k.unsqueeze(-2) * m.to(k.dtype)
+    bk = beta.unsqueeze(-1) * k
+    if log_alpha is None:
+        g = torch.zeros(k.shape, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
+        alpha_beta = beta
+    else:
+        g = _scalar_log_decay(log_alpha, k)
+        alpha_beta = log_alpha.exp().to(beta.dtype) * beta
+    a = alpha_beta[..., None, None] * masked_k
+    return GeneralizedStep(bk.unsqueeze(-2), v.unsqueeze(-2), a, masked_k, g)
