@@ -1,18 +1,12 @@
 """Public ops: validate inputs, then run the Triton kernels (CUDA tensors, or any tensor
 under ``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors)."""
-import os
 from typing import Optional, Tuple
 
 import torch
 
 from .generalized.torch_chunk import torch_chunk_generalized
 from .hdla.naive import hdla_decay_factors
-from .utils import check_generalized_inputs, check_hdla_inputs
-
-
-def use_triton(x: torch.Tensor) -> bool:
-    """Triton runs CUDA tensors, and CPU tensors when ``TRITON_INTERPRET=1``."""
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
+from .utils import check_generalized_inputs, check_hdla_inputs, use_triton
 
 
 def chunk_generalized(

@@ -1,7 +1,13 @@
 """Input checks shared by the ops: every error names the argument and what was expected."""
+import os
 from typing import Optional, Tuple
 
 import torch
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Triton runs CUDA tensors, and CPU tensors when ``TRITON_INTERPRET=1``."""
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 MAX_HEAD_DIM = 256

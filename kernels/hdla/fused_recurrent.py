@@ -10,18 +10,13 @@ each program keeps a ``[K, BV]`` block of the state in registers for all T steps
 is read and written in fp32; T is a compile-time constant (decoding uses T = 1), so the
 kernel also runs under ``TRITON_INTERPRET=1``.
 """
-import os
 from typing import Optional, Tuple
 
 import torch
+import triton
+import triton.language as tl
 
-from ..utils import check_hdla_inputs
-
-try:  # Triton is a dependency, but keep the PyTorch path importable without it.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only on machines without Triton
-    triton = None
+from ..utils import check_hdla_inputs, use_triton
 
 
 def torch_fused_recurrent_hdla(
@@ -108,8 +103,6 @@ def triton_fused_recurrent_hdla(
     initial_state: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Triton path; shapes as :func:`torch_fused_recurrent_hdla`, state always fp32."""
-    if triton is None:
-        raise RuntimeError("triton is not installed; use torch_fused_recurrent_hdla")
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     q, k, v, beta, g = (x.contiguous() for x in (q, k, v, beta, g))
@@ -125,11 +118,6 @@ def triton_fused_recurrent_hdla(
         T=seq_len, H=heads, K=dk, V=dv, BK=block_k, BV=block_v, HAS_S0=initial_state is not None,
     )
     return o, state
-
-
-def _use_triton(x: torch.Tensor) -> bool:
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    return triton is not None and x.dtype != torch.float64 and (x.is_cuda or interpret)
 
 
 def fused_recurrent_hdla(
@@ -156,6 +144,6 @@ def fused_recurrent_hdla(
         prompts use ``chunk_hdla`` with ``output_final_state=True``.
     """
     check_hdla_inputs(q, k, v, beta, g, initial_state, scale)
-    if _use_triton(q):
+    if use_triton(q) and q.dtype != torch.float64:
         return triton_fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state)
     return torch_fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state)
