@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import json
 
-import hdla_vision  # noqa: F401  (before timm: torchvision import fix, model registration)
+import hdla_vision  # noqa: F401  (registers the timm models)
 import pytest
 import timm
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 from timm.optim import create_optimizer_v2
 
@@ -16,29 +15,16 @@ from hdla_vision.training import runner
 from hdla_vision.training.data import EpochOrder
 from hdla_vision.training.models import create_model
 from hdla_vision.training.records import read_metrics
-from tests.training_helpers import subset_dataset, tiny_config, tiny_dataset
+from tests.training_helpers import (  # noqa: F401  (fixtures)
+    data_dir, fresh_accelerate_state, reset_accelerate_state, subset_dataset, tiny_config, tiny_dataset)
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Each in-process run builds its own Accelerator (Accelerate keeps singletons)."""
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tiny_dataset(tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, data_dir):
     """One uninterrupted 2-epoch run (mid-epoch checkpoints every 2 steps) shared by several tests."""
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     out = tmp_path_factory.mktemp("uninterrupted")
     config = tiny_config(data_dir, train={"checkpoint_every_steps": 2, "keep_checkpoints": 10})
     row = runner.train(config, out)
@@ -101,8 +87,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(trained_run, data_dir, 
     monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")][-1] == "step_00000004"
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     resumed_config = tiny_config(data_dir, data={"num_workers": 1},
                                  train={"checkpoint_every_steps": 2, "keep_checkpoints": 10})
     runner.train(resumed_config, tmp_path, resume="auto")
@@ -132,7 +117,7 @@ def test_finetune_with_new_classes_and_image_size(trained_run, data_dir, tmp_pat
     torch.testing.assert_close(state["blocks.1.attn.qkv.weight"], saved["blocks.1.attn.qkv.weight"])
     torch.testing.assert_close(state["patch_embed.proj.weight"], saved["patch_embed.proj.weight"])
 
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate_state()
     row = runner.train(config, tmp_path / "run")
     assert "val_top1" in row
     groups = create_optimizer_v2(create_model(config), "adamw", lr=1e-3, layer_decay=0.75).param_groups

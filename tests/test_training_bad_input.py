@@ -3,35 +3,23 @@ from __future__ import annotations
 
 import shutil
 
-import hdla_vision  # noqa: F401  (before timm: torchvision import fix)
+import hdla_vision  # noqa: F401  (registers the timm models)
 import pytest
-from accelerate.state import AcceleratorState, GradientState
 
 from hdla_vision.training import runner
 from hdla_vision.training.config import load_config
 from hdla_vision.training.models import create_model, export_metadata, export_weights
-from tests.training_helpers import REPO, tiny_config, tiny_config_dict, tiny_dataset, write_config
+from tests.training_helpers import (  # noqa: F401  (fixtures)
+    REPO, data_dir, fresh_accelerate_state, reset_accelerate_state, tiny_config, tiny_config_dict, tiny_dataset,
+    write_config)
 
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tiny_dataset(tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")
 def one_epoch_run(tmp_path_factory, data_dir):
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     out = tmp_path_factory.mktemp("run")
     runner.train(tiny_config(data_dir, sched={"epochs": 1, "warmup_epochs": 0}), out)
     return out

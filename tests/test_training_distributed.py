@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-import hdla_vision  # noqa: F401  (before timm: torchvision import fix)
+import hdla_vision  # noqa: F401  (registers the timm models)
 import pytest
 from accelerate.data_loader import prepare_data_loader
 from accelerate.state import AcceleratorState
@@ -62,8 +62,8 @@ def test_two_process_cpu_run_agrees(tmp_path):
     config = write_config(tmp_path / "two.yaml", values)
     out = tmp_path / "run"
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
-    # `python -m accelerate.commands.launch` is the `accelerate launch` CLI without its `estimate`
-    # sub-command, whose `import timm` precedes our torchvision fix on CPU-only torch.
+    # `python -m accelerate.commands.launch` is the `accelerate launch` CLI; with --multi_gpu and
+    # ACCELERATE_USE_CPU it starts two gloo processes (`--cpu` alone starts one without MPI).
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(29500 + os.getpid() % 1000),

@@ -4,9 +4,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
+from accelerate.state import AcceleratorState, GradientState
 
-import hdla_vision  # noqa: F401  (torchvision import fix, model registration)
+import hdla_vision  # noqa: F401  (registers the timm models)
 from hdla_vision.training.config import config_from_dict
 from hdla_vision.training.quickstart import CLASS_NAMES, ensure_quickstart_dataset
 
@@ -14,6 +16,25 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = {"name": "deit_tiny_patch16_224",
               "kwargs": {"patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2},
               "drop_path_rate": 0.1}
+
+
+def reset_accelerate_state() -> None:
+    """Accelerate keeps process-wide singletons; each in-process run builds its own Accelerator."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Autouse in every test module that imports it."""
+    reset_accelerate_state()
+    yield
+    reset_accelerate_state()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tiny_dataset(tmp_path_factory.mktemp("cache"))
 
 
 def tiny_dataset(cache: Path) -> Path:
