@@ -2,7 +2,8 @@
 
 Importing this package registers ``HDLAConfig`` with ``AutoConfig`` and the models with
 ``AutoModel`` / ``AutoModelForCausalLM``, and the causal mixers ``"hdla"``,
-``"gated_deltanet"`` and ``"gated_deltaproduct"`` with the mixer registry.
+``"gated_deltanet"``, ``"gated_deltaproduct"``, ``"gla"``, ``"deltanet"``, ``"kda"``, ``"rwkv7"``,
+``"hih_deltanet"`` and ``"hih_gated_deltanet"`` with the mixer registry.
 
     import hdla_vision.lm
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -20,6 +21,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_hdla import HDLAConfig
 from .mixers import GatedDeltaNetMixer, GatedDeltaProductMixer, HDLAMixer, gated_deltaproduct_factors
+from .seed_mixers import (DeltaNetMixer, GLAMixer, HeadInHeadDeltaNetMixer, HeadInHeadGatedDeltaNetMixer, KDAMixer,
+                          RWKV7Mixer)
 from .cache import HDLACache
 from .modeling_hdla import HDLAForCausalLM, HDLAModel, HDLAPreTrainedModel, split_packed
 
@@ -36,6 +39,12 @@ __all__ = [
     "HDLAMixer",
     "GatedDeltaNetMixer",
     "GatedDeltaProductMixer",
+    "GLAMixer",
+    "DeltaNetMixer",
+    "KDAMixer",
+    "RWKV7Mixer",
+    "HeadInHeadDeltaNetMixer",
+    "HeadInHeadGatedDeltaNetMixer",
     "gated_deltaproduct_factors",
     "split_packed",
 ]

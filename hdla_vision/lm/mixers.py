@@ -1,11 +1,13 @@
 """Causal token mixers for the language models: HDLA, Gated DeltaNet and Gated DeltaProduct.
 
 All three share one block (projections, optional short causal conv, per-head output RMSNorm,
-output gate, output projection) and differ in the recurrence they scan with. Every mixer is
+output gate, output projection) and differ in the recurrence they scan with; the mixers on
+``chunk_generalized`` (Gated DeltaNet/DeltaProduct here, the seed mixers of
+:mod:`hdla_vision.lm.seed_mixers`) share :class:`GeneralizedCausalMixer`. Every mixer is
 registered with ``register_mixer(name, kind="causal")`` and built by name from ``HDLAConfig.mixer``.
 
 Padding. A token whose attention-mask entry is 0 becomes an identity step of the recurrence:
-its key, value, beta and log-decay are zeroed, so ``P_t = I`` and the write ``k v^T = 0``. With
+its key, value, beta and log-decay (or its generalized factors k, v, a, b, g) are zeroed, so ``P_t = I`` and the write ``k v^T = 0``. With
 left padding the state therefore stays exactly zero until the first real token; with right
 padding the final state is the state after the last real token. The short conv sees the
 masked (zeroed) inputs, so its window never reaches across into pad tokens' features either.
@@ -66,6 +68,9 @@ class CausalLinearMixer(nn.Module):
     layer's states live at ``layer_idx`` in the cache.
     """
 
+    # "silu": SiLU after the in-projection (and short conv); "identity": keep them linear (GLA, RWKV-7)
+    projection_activation = "silu"
+
     def __init__(
         self,
         hidden_size: int,
@@ -94,7 +99,7 @@ class CausalLinearMixer(nn.Module):
 
     # -- hooks -------------------------------------------------------------------------------
     def projection_sizes(self) -> Dict[str, int]:
-        """Per-head sizes of the projections that go through the short conv and SiLU."""
+        """Per-head sizes of the projections that go through the short conv and the projection activation."""
         raise NotImplementedError
 
     def features(self, proj: Dict[str, torch.Tensor], x: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -134,7 +139,8 @@ class CausalLinearMixer(nn.Module):
         proj = self.in_proj(x)
         if self.short_conv_size > 0:
             proj = self._short_conv(proj, cache)
-        proj = F.silu(proj)
+        if self.projection_activation == "silu":
+            proj = F.silu(proj)
         groups = torch.split(proj, list(self.proj_sizes.values()), dim=-1)
         proj = {name: t.reshape(batch, seq_len, self.num_heads, -1) for name, t in zip(self.proj_sizes, groups)}
         feats = self.features(proj, x)
@@ -212,7 +218,47 @@ class HDLAMixer(CausalLinearMixer):
         return chunk_hdla(q, k, v, beta, g, initial_state=init, output_final_state=True)
 
 
-class GatedDeltaMixer(CausalLinearMixer):
+class GeneralizedCausalMixer(CausalLinearMixer):
+    """A mixer whose ``features`` are already the generalized step of ``chunk_generalized``.
+
+    ``features`` returns ``q [B, T, H, K]``, ``k [B, T, H, r_kv, K]``, ``v [B, T, H, r_kv, V]``,
+    ``a, b [B, T, H, r_ab, K]`` and ``g [B, T, H, K]`` (fp32), so the padding mask of
+    :meth:`CausalLinearMixer.forward` zeroes ``k, v, a, b, g`` of pad tokens: ``S_t = I S_{t-1}``, no write.
+    Prefill runs the chunk op with the cached state as initial state; up to ``RECURRENT_MAX_TOKENS``
+    decoding tokens run the fp32 token loop (exact). Output ``scale * S_t^T q_t`` with ``scale = K^-1/2`` (fla).
+    """
+
+    def scan(self, feats, state, recurrent):
+        q, k, v, a, b, g = (feats[n] for n in ("q", "k", "v", "a", "b", "g"))
+        scale = self.head_dim ** -0.5
+        if recurrent:  # a token loop in fp32 for a few decoding steps
+            return naive_generalized(q.float(), k.float(), v.float(), a.float(), b.float(), g.float(), scale, state,
+                                     output_final_state=True)
+        init = None if state is None else state.to(q.dtype)
+        dt = q.dtype
+        return _chunk_generalized(q, k.to(dt), v.to(dt), a.to(dt), b.to(dt), g, scale, init)
+
+
+class ScalarGateMixin:
+    """Mamba-2's per-head gate ``log alpha = -exp(A_log) softplus(w_a x + dt_bias)`` ``[B, T, H]`` (fp32)."""
+
+    def build_scalar_gate(self, hidden_size: int, num_heads: int) -> None:
+        self.alpha_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(num_heads))
+        self.dt_bias = nn.Parameter(torch.zeros(num_heads))
+
+    def reset_decay_parameters(self) -> None:
+        """A ~ U[1, 16], softplus(dt_bias) log-uniform in [1e-3, 1e-1] (Mamba-2 / fla init)."""
+        init.copy_(self.A_log, torch.empty_like(self.A_log).uniform_(1, 16).log())
+        dt = torch.exp(torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1))).clamp(min=1e-4)
+        init.copy_(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+
+    def log_alpha(self, x: torch.Tensor) -> torch.Tensor:
+        dt = F.softplus(self.alpha_proj(x).float() + self.dt_bias.float())
+        return -self.A_log.float().exp() * dt
+
+
+class GatedDeltaMixer(ScalarGateMixin, GeneralizedCausalMixer):
     """Gated DeltaNet / DeltaProduct family (Yang et al. 2025; Siems et al. 2025) on ``chunk_generalized``.
 
     Per token: a scalar gate ``alpha = exp(-exp(A_log) softplus(w_a x + dt_bias))`` per head (Mamba-2
@@ -228,15 +274,7 @@ class GatedDeltaMixer(CausalLinearMixer):
         super().__init__(hidden_size, num_heads, head_dim, **kwargs)
         self.beta_range = beta_range
         self.beta_proj = nn.Linear(hidden_size, num_heads * self.num_householder, bias=False)
-        self.alpha_proj = nn.Linear(hidden_size, num_heads, bias=False)
-        self.A_log = nn.Parameter(torch.zeros(num_heads))
-        self.dt_bias = nn.Parameter(torch.zeros(num_heads))
-
-    def reset_decay_parameters(self) -> None:
-        """A ~ U[1, 16], softplus(dt_bias) log-uniform in [1e-3, 1e-1] (Mamba-2 / fla init)."""
-        init.copy_(self.A_log, torch.empty_like(self.A_log).uniform_(1, 16).log())
-        dt = torch.exp(torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1))).clamp(min=1e-4)
-        init.copy_(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        self.build_scalar_gate(hidden_size, num_heads)
 
     def projection_sizes(self):
         n = self.num_householder
@@ -245,24 +283,13 @@ class GatedDeltaMixer(CausalLinearMixer):
     def features(self, proj, x):
         batch, seq_len = x.shape[:2]
         n, heads = self.num_householder, self.num_heads
-        dt = F.softplus(self.alpha_proj(x).float() + self.dt_bias.float())
-        log_alpha = -self.A_log.float().exp() * dt  # [B, T, H]
-        g = log_alpha.unsqueeze(-1).expand(batch, seq_len, heads, self.head_dim)
+        g = self.log_alpha(x).unsqueeze(-1).expand(batch, seq_len, heads, self.head_dim)
         beta = self.beta_range * torch.sigmoid(self.beta_proj(x).float()).reshape(batch, seq_len, heads, n)
         q = F.normalize(proj["q"].float(), dim=-1).to(proj["q"].dtype)
         k = F.normalize(proj["k"].float().reshape(batch, seq_len, heads, n, self.head_dim), dim=-1)
-        v = proj["v"].reshape(batch, seq_len, heads, n, self.head_dim_v)
-        return {"q": q, "k": k.to(q.dtype), "v": v, "beta": beta, "g": g}
-
-    def scan(self, feats, state, recurrent):
-        q, k, v, beta, g = (feats[n] for n in ("q", "k", "v", "beta", "g"))
-        a, b, kw, vw = gated_deltaproduct_factors(k.float(), v.float(), beta, g)
-        scale = self.head_dim ** -0.5
-        if recurrent:  # a token loop in fp32 for a few decoding steps
-            return naive_generalized(q.float(), kw, vw, a, b, g, scale, state, output_final_state=True)
-        init = None if state is None else state.to(q.dtype)
-        dt = q.dtype
-        return _chunk_generalized(q, kw.to(dt), vw.to(dt), a.to(dt), b.to(dt), g, scale, init)
+        v = proj["v"].float().reshape(batch, seq_len, heads, n, self.head_dim_v)
+        a, b, kw, vw = gated_deltaproduct_factors(k, v, beta, g)
+        return {"q": q, "k": kw, "v": vw, "a": a, "b": b, "g": g}
 
 
 def gated_deltaproduct_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor):

@@ -28,7 +28,7 @@ from transformers.masking_utils import create_recurrent_attention_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ..layers.registry import create_mixer
-from . import mixers  # noqa: F401  (registers the causal mixers)
+from . import mixers, seed_mixers  # noqa: F401  (register the causal mixers)
 from .cache import HDLACache
 from .configuration_hdla import HDLAConfig
 
