@@ -4,6 +4,7 @@ import torch
 
 from hdla_vision.layers import create_mixer, list_mixers
 from hdla_vision.lm import HDLACache, HDLAConfig, HDLAForCausalLM
+from tests.test_lm import greedy_by_full_forward
 
 SEED_MIXERS = {  # name -> mixer_kwargs
     "gla": {},
@@ -22,14 +23,6 @@ def tiny_model(mixer, seed=0, short_conv_size=4):
                         short_conv_size=short_conv_size, mixer=mixer, mixer_kwargs=SEED_MIXERS[mixer],
                         initializer_range=0.3)
     return HDLAForCausalLM(config).eval()
-
-
-def greedy_by_full_forward(model, input_ids, steps):
-    seq = input_ids
-    for _ in range(steps):
-        nxt = model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-        seq = torch.cat([seq, nxt], dim=1)
-    return seq
 
 
 def test_seed_mixers_are_registered_as_causal():

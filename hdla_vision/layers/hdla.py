@@ -69,8 +69,28 @@ def own_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return (q * k).sum(-1, keepdim=True) * v
 
 
+class GatedOutputMixer(nn.Module):
+    """Output stage shared by the bidirectional mixers: ``W_o (RMSNorm_head(mix(x)) * SiLU(x W_g))``.
+
+    Subclasses define ``mix(x [B, N, C]) -> y [B, N, H, D]`` and the attributes ``dim``,
+    ``head_dim``, ``norm``, ``norm_eps``, ``gate``, ``proj`` and ``proj_drop``.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, N, C] -> [B, N, C]``."""
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape [B, N, {self.dim}], got {list(x.shape)}")
+        batch, seq_len, _ = x.shape
+        y = self.mix(x)
+        # weight cast to y's dtype: under autocast y is bf16 and rms_norm's fused kernel (fp32
+        # accumulation inside) needs matching dtypes
+        y = F.rms_norm(y, (self.head_dim,), self.norm.weight.to(y.dtype), self.norm_eps)
+        y = y.reshape(batch, seq_len, self.dim) * F.silu(self.gate(x))
+        return self.proj_drop(self.proj(y))
+
+
 @register_mixer("hdla", kind="vision")
-class BidirectionalHDLA(nn.Module):
+class BidirectionalHDLA(GatedOutputMixer):
     """Bidirectional HDLA mixer, ``forward(x [B, N, C]) -> [B, N, C]``.
 
     Args:
@@ -145,16 +165,3 @@ class BidirectionalHDLA(nn.Module):
         y_fwd, _ = chunk_hdla(q, k, v, beta_fwd.contiguous(), g_fwd, reverse=False)
         y_bwd, _ = chunk_hdla(q, k, v, beta_bwd.contiguous(), g_bwd, reverse=True)
         return y_fwd + y_bwd - own_write(q, k, v)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, N, C] -> [B, N, C]``."""
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape [B, N, {self.dim}], got {list(x.shape)}")
-        batch, seq_len, _ = x.shape
-        y = self.mix(x)
-        # weight cast to y's dtype: under autocast y is bf16 and rms_norm's fused kernel (fp32
-        # accumulation inside) needs matching dtypes
-        y = F.rms_norm(y, (self.head_dim,), self.norm.weight.to(y.dtype), self.norm_eps)
-        y = y.reshape(batch, seq_len, self.dim)
-        y = y * F.silu(self.gate(x))
-        return self.proj_drop(self.proj(y))

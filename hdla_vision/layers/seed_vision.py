@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from hdla_vision.kernels import chunk_generalized
 
 from . import seed_mixers as sm
-from .hdla import LowRankDecay, at_least_fp32
+from .hdla import GatedOutputMixer, LowRankDecay, at_least_fp32
 from .registry import register_mixer
 
 
@@ -113,7 +113,7 @@ class ScalarLogDecay(nn.Module):
         return -self.A_log.exp() * dt
 
 
-class BidirectionalSeedMixer(nn.Module):
+class BidirectionalSeedMixer(GatedOutputMixer):
     """Generic bidirectional mixer, ``forward(x [B, N, C]) -> [B, N, C]``.
 
     Subclasses set ``num_keys`` (key/value pairs per token, n_h for Gated DeltaProduct),
@@ -189,16 +189,6 @@ class BidirectionalSeedMixer(nn.Module):
         y_fwd, _ = self.scan(x, q, k, v, self.directions[0], reverse=False)
         y_bwd, own_bwd = self.scan(x, q, k, v, self.directions[1], reverse=True)
         return y_fwd + y_bwd - own_bwd
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, N, C] -> [B, N, C]``."""
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape [B, N, {self.dim}], got {list(x.shape)}")
-        batch, seq_len, _ = x.shape
-        y = self.mix(x)
-        y = F.rms_norm(y, (self.head_dim,), self.norm.weight.to(y.dtype), self.norm_eps)
-        y = y.reshape(batch, seq_len, self.dim) * F.silu(self.gate(x))
-        return self.proj_drop(self.proj(y))
 
 
 class _DecayOptions:
