@@ -158,7 +158,7 @@ def main():
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--check-fla", action="store_true", help="compare with fla's DPLR over 2T")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--profile", default="", help="shape name: print the top kernels of our fwd+bwd there")
+    parser.add_argument("--profile", default="", help="shape names: print the top kernels of our fwd+bwd there")
     args = parser.parse_args()
     device = "cuda"
     dtype = getattr(torch, args.dtype)
@@ -189,8 +189,9 @@ def main():
     result["check_fp32"] = check_against_loop(torch.float32, device)
     if args.check_fla:
         result["fla_oracle"] = check_fla_oracle(device)
-    if args.profile:
-        profile_ours(make_inputs(*SHAPES[args.profile], dtype, device))
+    for name in filter(None, args.profile.split(",")):
+        print(f"profile {name} {SHAPES[name]}")
+        profile_ours(make_inputs(*SHAPES[name], dtype, device))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernels.json"), "w") as f:
         json.dump(result, f, indent=1)

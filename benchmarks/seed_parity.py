@@ -1,7 +1,10 @@
 """Seed-mixer backbones: the same weights on CPU (PyTorch chunk form) and CUDA (Triton kernels).
 
-    python benchmarks/seed_parity.py        # prints the relative error of logits and gradients per model
+    python benchmarks/seed_parity.py                    # prints the relative error of logits and gradients per model
+    python benchmarks/seed_parity.py gdp3_tiny hihdn_tiny   # only these models
 """
+import sys
+
 import torch
 import timm
 
@@ -17,7 +20,7 @@ def rel(a, b):
 
 def main():
     x = torch.randn(2, 3, 64, 64)
-    for name in NAMES:
+    for name in sys.argv[1:] or NAMES:
         cpu = timm.create_model(name, img_size=64, depth=2, num_classes=10)
         gpu = timm.create_model(name, img_size=64, depth=2, num_classes=10).cuda()
         gpu.load_state_dict(cpu.state_dict())

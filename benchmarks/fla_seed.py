@@ -1,0 +1,160 @@
+"""Seed mixers: our ``chunk_generalized`` against fla 0.6's dedicated kernels (parity and time).
+
+    python benchmarks/fla_seed.py                       # parity + timing, all mixers, vision and LM shapes
+    python benchmarks/fla_seed.py --mixers gla kda --shapes vision --no-parity
+    python benchmarks/fla_seed.py --warm --mixers kda   # one fla fwd+bwd per shape (fills Triton's caches)
+
+Parity (bf16 and, where fla takes it, fp32, at (B, T, H, D) = (2, 300, 2, 64), T not a multiple of
+any chunk): outputs and the gradients of every leaf input, ours vs fla, and each vs the float64
+token loop (``naive_generalized`` on the same factor functions). Timing: ``triton.testing.do_bench``
+medians of fwd and fwd+bwd at the kernel benchmark's vision and LM shapes, bf16, ratio ours / fla
+from the same run. Where fla raises (its gated backward refuses Triton 3.4 .. 3.7.0 on Hopper) the
+message is recorded instead of a number. JSON goes to ``$OUT/fla_seed.json``.
+"""
+import argparse
+import datetime
+import json
+import os
+import time
+
+import torch
+import triton
+
+from benchmarks.fla_ops import MIXERS, as_float64
+from hdla_vision.kernels import naive_generalized
+
+SHAPES = {"vision": (128, 196, 3, 64), "lm": (4, 4096, 16, 128)}
+PARITY_SHAPE = (2, 300, 2, 64)
+SCALE = 0.125
+
+
+def rel_err(x, ref):
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def outputs_and_grads(fn, x, do):
+    """``(o, {name: grad})`` of one call, or ``(o, error message)`` if the backward raises."""
+    o = fn(x)
+    try:
+        grads = torch.autograd.grad(o, list(x.values()), do.to(o.dtype))
+    except RuntimeError as err:
+        return o.detach(), f"backward raised: {str(err).splitlines()[0][:200]}"
+    return o.detach(), dict(zip(x, grads))
+
+
+def parity(name, dtype, device):
+    make, fla_fn, ours_fn, _ = MIXERS[name]
+    x = make(*PARITY_SHAPE, dtype, device, torch.Generator(device=device).manual_seed(1))
+    x64 = as_float64(x)
+    ref_o = ours_fn(x64, SCALE, op=naive_generalized)
+    do = torch.randn_like(ref_o)
+    ref_g = dict(zip(x64, torch.autograd.grad(ref_o, list(x64.values()), do)))
+    result = {}
+    for side, fn in (("ours", lambda t: ours_fn(t, SCALE)), ("fla", lambda t: fla_fn(t, SCALE))):
+        try:
+            o, grads = outputs_and_grads(fn, x, do)
+        except (AssertionError, RuntimeError) as err:
+            result[side] = f"forward raised: {str(err).splitlines()[0][:200]}"
+            continue
+        errs = {"o": rel_err(o, ref_o)}
+        if isinstance(grads, str):
+            errs["grads"] = grads
+        else:
+            errs.update({f"d{k}": rel_err(g, ref_g[k]) for k, g in grads.items()})
+        result[side] = {"vs_loop": errs, "_o": o, "_g": grads}
+    if isinstance(result.get("ours"), dict) and isinstance(result.get("fla"), dict):
+        ours, fla = result["ours"], result["fla"]
+        both = {"o": rel_err(ours["_o"], fla["_o"])}
+        if isinstance(ours["_g"], dict) and isinstance(fla["_g"], dict):
+            both.update({f"d{k}": rel_err(ours["_g"][k], fla["_g"][k]) for k in ours["_g"]})
+        result["ours_vs_fla"] = both
+    for side in ("ours", "fla"):
+        if isinstance(result.get(side), dict):
+            result[side] = result[side]["vs_loop"]
+    return result
+
+
+def bench(fn, x, fwd_bwd):
+    o = fn(x)
+    do = torch.randn_like(o)
+    leaves = list(x.values())
+
+    def step():
+        if fwd_bwd:
+            torch.autograd.grad(fn(x), leaves, do)
+        else:
+            with torch.no_grad():
+                fn(x)
+
+    return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median")
+
+
+def timing(name, shape, device):
+    make, fla_fn, ours_fn, _ = MIXERS[name]
+    x = make(*shape, torch.bfloat16, device, torch.Generator(device=device).manual_seed(0))
+    out = {}
+    for side, fn in (("ours", lambda t: ours_fn(t, SCALE)), ("fla", lambda t: fla_fn(t, SCALE))):
+        t0 = time.perf_counter()
+        entry = {}
+        for mode, fwd_bwd in (("fwd", False), ("fwd_bwd", True)):
+            try:
+                entry[mode] = bench(fn, x, fwd_bwd)
+            except (AssertionError, RuntimeError) as err:
+                entry[mode] = f"raised: {str(err).splitlines()[0][:200]}"
+        entry["wall_s"] = time.perf_counter() - t0
+        out[side] = entry
+    for mode in ("fwd", "fwd_bwd"):
+        a, b = out["ours"].get(mode), out["fla"].get(mode)
+        if isinstance(a, float) and isinstance(b, float):
+            out[f"ours_over_fla_{mode}"] = a / b
+    return out
+
+
+def warm(name, shapes, device):
+    """One fla fwd+bwd per shape: compiles and autotunes fla's kernels (results land in Triton's cache)."""
+    make, fla_fn, _, _ = MIXERS[name]
+    for shape_name in shapes:
+        x = make(*SHAPES[shape_name], torch.bfloat16, device, torch.Generator(device=device).manual_seed(0))
+        t0 = time.perf_counter()
+        o = fla_fn(x, SCALE)
+        try:
+            torch.autograd.grad(o, list(x.values()), torch.randn_like(o))
+        except RuntimeError as err:
+            print(f"{name} {shape_name}: fla backward raised ({str(err).splitlines()[0][:80]})")
+        torch.cuda.synchronize()
+        print(f"warm {name} {shape_name}: {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=list(MIXERS))
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--no-parity", action="store_true")
+    p.add_argument("--warm", action="store_true", help="only run fla once per shape")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = p.parse_args()
+    device = "cuda"
+    if args.warm:
+        for name in args.mixers:
+            warm(name, args.shapes, device)
+        return
+    import fla
+    result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+              "commit": os.environ.get("COMMIT", "unknown"), "torch": torch.__version__,
+              "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"), "scale": SCALE,
+              "parity": {}, "timings_ms": {}}
+    os.makedirs(args.out, exist_ok=True)
+    for name in args.mixers:
+        if not args.no_parity:
+            result["parity"][name] = {str(dt).split(".")[-1]: parity(name, dt, device)
+                                      for dt in (torch.bfloat16, torch.float32)}
+            print(name, json.dumps(result["parity"][name]), flush=True)
+        for shape in args.shapes:
+            result["timings_ms"][f"{shape}/{name}"] = t = timing(name, SHAPES[shape], device)
+            print(shape, name, json.dumps(t), flush=True)
+        with open(os.path.join(args.out, "fla_seed.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

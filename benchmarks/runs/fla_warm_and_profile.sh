@@ -1,0 +1,27 @@
+#!/bin/bash
+# One device call: profile our kernels, run the GPU tests, and fill Triton's cache with fla's
+# kernels (compiled in parallel processes, then autotuned again in one quiet process so the
+# choices are not skewed by the others); packs fla's cache entries for later calls.
+#   bash benchmarks/runs/fla_warm_and_profile.sh      (on the device; results under $OUT)
+source benchmarks/device_setup.sh
+export TRITON_CACHE_DIR=/tmp/tcache
+mkdir -p "$OUT"
+t0=$SECONDS
+python benchmarks/kernels.py --ops ours --profile vision,hires,lm --out /tmp/prof > "$OUT/profile.txt" 2>&1
+echo "profile done at $((SECONDS - t0)) s"
+for m in gla deltanet gated_deltanet kda rwkv7 gated_deltaproduct_2 gated_deltaproduct_3; do
+  for s in vision lm; do
+    timeout "${WARM_S:-270}" python benchmarks/fla_seed.py --warm --mixers "$m" --shapes "$s" > "/tmp/warm_${m}_$s.log" 2>&1 &
+  done
+done
+timeout "${WARM_S:-270}" python -m pytest -q -m gpu -rf -p no:cacheprovider tests/ > "$OUT/pytest_gpu.txt" 2>&1 &
+timeout "${WARM_S:-270}" python benchmarks/seed_parity.py gdp3_tiny hihdn_tiny hihgdn_tiny hdla_tiny > /tmp/seed_parity.log 2>&1 &
+wait
+echo "parallel phase done at $((SECONDS - t0)) s"
+tail -n 3 /tmp/warm_*.log /tmp/seed_parity.log > "$OUT/warm.txt"
+python benchmarks/triton_cache.py drop-autotune
+timeout "${TUNE_S:-150}" python benchmarks/fla_seed.py --warm >> "$OUT/warm.txt" 2>&1
+timeout 60 python benchmarks/kernels.py --ops fla_dplr,fla_kda --shapes vision,lm --out /tmp/k >> "$OUT/warm.txt" 2>&1
+echo "quiet autotune done at $((SECONDS - t0)) s"
+python benchmarks/triton_cache.py pack "$OUT/fla_triton_cache.tar.xz"
+ls /tmp/tcache | wc -l
