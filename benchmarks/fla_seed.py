@@ -1,8 +1,8 @@
 """Seed mixers: our ``chunk_generalized`` against fla 0.6's dedicated kernels (parity and time).
 
-    python benchmarks/fla_seed.py                       # parity + timing, all mixers, vision and LM shapes
-    python benchmarks/fla_seed.py --mixers gla kda --shapes vision --no-parity
-    python benchmarks/fla_seed.py --warm --mixers kda   # one fla fwd+bwd per shape (fills Triton's caches)
+    python -m benchmarks.fla_seed                       # parity + timing, all mixers, vision and LM shapes
+    python -m benchmarks.fla_seed --mixers gla kda --shapes vision --no-parity
+    python -m benchmarks.fla_seed --warm --mixers kda   # one fla fwd+bwd per shape (fills Triton's caches)
 
 Parity (bf16 and, where fla takes it, fp32, at (B, T, H, D) = (2, 300, 2, 64), T not a multiple of
 any chunk): outputs and the gradients of every leaf input, ours vs fla, and each vs the float64

@@ -182,6 +182,8 @@ def main():
             t_fwd, t_all = time_op(OPS[op], inputs)
             result["timings_ms"][f"{name}/{op}"] = {"fwd": t_fwd, "fwd_bwd": t_all, "wall_s": time.perf_counter() - t0}
             print(f"{name:7s} {op:9s} fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
+        if f"{name}/ours" not in result["timings_ms"]:
+            continue
         flops = hdla_chunk_flops(*shape, shape[-1])
         t = result["timings_ms"][f"{name}/ours"]
         result.setdefault("tflops", {})[name] = {"fwd": flops / t["fwd"] / 1e9, "fwd_bwd": 3 * flops / t["fwd_bwd"] / 1e9}
@@ -213,7 +215,7 @@ def print_table(result):
     print(f"{'shape':8s}{'op':10s}{'fwd ms':>10s}{'f+b ms':>10s}{'ours/op f+b':>13s}")
     for key, t in result["timings_ms"].items():
         shape, op = key.split("/")
-        ours_t = result["timings_ms"][f"{shape}/ours"]["fwd_bwd"]
+        ours_t = result["timings_ms"].get(f"{shape}/ours", {}).get("fwd_bwd", float("nan"))
         print(f"{shape:8s}{op:10s}{t['fwd']:10.3f}{t['fwd_bwd']:10.3f}{ours_t / t['fwd_bwd']:13.2f}")
     for shape, tf in result.get("tflops", {}).items():
         print(f"{shape:8s} ours TFLOP/s fwd {tf['fwd']:.1f} fwd+bwd {tf['fwd_bwd']:.1f}; first call {result['first_call_s'][shape]:.1f} s")
