@@ -2,7 +2,7 @@
 
     python -m benchmarks.fla_seed                       # parity + timing, all mixers, vision and LM shapes
     python -m benchmarks.fla_seed --mixers gla kda --shapes vision --no-parity
-    python -m benchmarks.fla_seed --warm --mixers kda   # one fla fwd+bwd per shape (fills Triton's caches)
+    python -m benchmarks.fla_seed --warm fla --mixers kda   # one fla fwd+bwd per shape (fills Triton's caches)
 
 Parity (bf16 and, where fla takes it, fp32, at (B, T, H, D) = (2, 300, 2, 64), T not a multiple of
 any chunk): outputs and the gradients of every leaf input, ours vs fla, and each vs the float64
@@ -110,19 +110,20 @@ def timing(name, shape, device):
     return out
 
 
-def warm(name, shapes, device):
-    """One fla fwd+bwd per shape: compiles and autotunes fla's kernels (results land in Triton's cache)."""
-    make, fla_fn, _, _ = MIXERS[name]
+def warm(name, shapes, device, side):
+    """One fwd+bwd per shape of fla's kernel or ours: compiles (and autotunes) into Triton's cache."""
+    make, fla_fn, ours_fn, _ = MIXERS[name]
+    fn = fla_fn if side == "fla" else ours_fn
     for shape_name in shapes:
         x = make(*SHAPES[shape_name], torch.bfloat16, device, torch.Generator(device=device).manual_seed(0))
         t0 = time.perf_counter()
-        o = fla_fn(x, SCALE)
+        o = fn(x, SCALE)
         try:
             torch.autograd.grad(o, list(x.values()), torch.randn_like(o))
         except RuntimeError as err:
-            print(f"{name} {shape_name}: fla backward raised ({str(err).splitlines()[0][:80]})")
+            print(f"{name} {shape_name}: {side} backward raised ({str(err).splitlines()[0][:80]})")
         torch.cuda.synchronize()
-        print(f"warm {name} {shape_name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"warm {side} {name} {shape_name}: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def main():
@@ -130,13 +131,13 @@ def main():
     p.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=list(MIXERS))
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--no-parity", action="store_true")
-    p.add_argument("--warm", action="store_true", help="only run fla once per shape")
+    p.add_argument("--warm", choices=["fla", "ours"], help="only run that side once per shape")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     device = "cuda"
     if args.warm:
         for name in args.mixers:
-            warm(name, args.shapes, device)
+            warm(name, args.shapes, device, args.warm)
         return
     import fla
     result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),

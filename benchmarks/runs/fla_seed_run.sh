@@ -10,14 +10,15 @@ t0=$SECONDS
 ls fla_cache/*.tar.xz >/dev/null 2>&1 && python benchmarks/triton_cache.py unpack fla_cache/fla_triton_cache.tar.xz
 for m in gla deltanet gated_deltanet kda rwkv7 gated_deltaproduct_2 gated_deltaproduct_3; do
   for s in vision lm; do
-    timeout "${WARM_S:-250}" python -m benchmarks.fla_seed --warm --mixers "$m" --shapes "$s" > "/tmp/warm_${m}_$s.log" 2>&1 &
+    timeout "${WARM_S:-250}" python -m benchmarks.fla_seed --warm fla --mixers "$m" --shapes "$s" > "/tmp/warm_${m}_$s.log" 2>&1 &
   done
+  timeout "${WARM_S:-250}" python -m benchmarks.fla_seed --warm ours --mixers "$m" > "/tmp/warm_ours_$m.log" 2>&1 &
 done
 wait
 echo "parallel compile done at $((SECONDS - t0)) s"
 tail -n 3 /tmp/warm_*.log > "$OUT/warm.txt"
 python benchmarks/triton_cache.py drop-autotune
-timeout "${TUNE_S:-100}" python -m benchmarks.fla_seed --warm >> "$OUT/warm.txt" 2>&1
+timeout "${TUNE_S:-100}" python -m benchmarks.fla_seed --warm fla >> "$OUT/warm.txt" 2>&1
 echo "quiet autotune done at $((SECONDS - t0)) s"
 timeout "${RUN_S:-200}" python -m benchmarks.fla_seed 2>&1 | tee "$OUT/fla_seed.txt"
 echo "parity and timing done at $((SECONDS - t0)) s"

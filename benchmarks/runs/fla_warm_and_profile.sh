@@ -11,7 +11,7 @@ python benchmarks/kernels.py --ops ours --profile vision,hires,lm --out /tmp/pro
 echo "profile done at $((SECONDS - t0)) s"
 for m in gla deltanet gated_deltanet kda rwkv7 gated_deltaproduct_2 gated_deltaproduct_3; do
   for s in vision lm; do
-    timeout "${WARM_S:-270}" python -m benchmarks.fla_seed --warm --mixers "$m" --shapes "$s" > "/tmp/warm_${m}_$s.log" 2>&1 &
+    timeout "${WARM_S:-270}" python -m benchmarks.fla_seed --warm fla --mixers "$m" --shapes "$s" > "/tmp/warm_${m}_$s.log" 2>&1 &
   done
 done
 for s in vision lm; do  # DPLR over 2T with bf16 gates: its own autotune keys
@@ -23,7 +23,7 @@ wait
 echo "parallel phase done at $((SECONDS - t0)) s"
 tail -n 3 /tmp/warm_*.log /tmp/seed_parity.log > "$OUT/warm.txt"
 python benchmarks/triton_cache.py drop-autotune
-timeout "${TUNE_S:-150}" python -m benchmarks.fla_seed --warm >> "$OUT/warm.txt" 2>&1
+timeout "${TUNE_S:-150}" python -m benchmarks.fla_seed --warm fla >> "$OUT/warm.txt" 2>&1
 timeout 90 python benchmarks/kernels.py --ops fla_dplr,fla_kda --shapes vision,lm --out /tmp/k >> "$OUT/warm.txt" 2>&1
 echo "quiet autotune done at $((SECONDS - t0)) s"
 python benchmarks/triton_cache.py pack "$OUT/fla_triton_cache.tar.xz"
