@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from .scan import BT, LOG2_BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_scan_kernel
 
@@ -40,6 +41,23 @@ def _launch_config(dk: int, dv: int, programs: int):
     while bv > 16 and programs * triton.cdiv(dv, bv) < 256:
         bv //= 2
     return bk, bv, 4 if bk <= 64 else 8
+
+
+_UNPIPELINED = set()  # serial-kernel configurations whose double-buffered loads overflow shared memory
+
+
+def _launch_scan_kernel(grid, args, meta):
+    """Launch the sequential kernel with ``meta["num_stages"]``; where the pipelined loads need more
+    shared memory than the GPU has (high ranks, large head dims) fall back to one stage, once
+    per configuration. Compilation fails before anything is launched, so nothing is half-done."""
+    key = tuple(sorted(meta.items()))
+    if key not in _UNPIPELINED and meta.get("num_stages", 1) > 1:
+        try:
+            chunk_scan_kernel[grid](*args, **meta)
+            return
+        except OutOfResources:
+            _UNPIPELINED.add(key)
+    chunk_scan_kernel[grid](*args, **dict(meta, num_stages=1))
 
 
 def chunk_scan(
@@ -122,12 +140,13 @@ def chunk_scan(
     k_post = alloc(batch, seq_len, heads, nwp, dk, **f32) if nwp else empty
     k_pre = alloc(batch, seq_len, heads, nwq, dk, **f32) if nwq else empty
     final = torch.empty(batch, heads, dk, dv, **f32) if store_final else empty
-    chunk_scan_kernel[(n_v, batch * heads)](
-        v.contiguous(), ktil, atil, gamma, wx, ur, qe, mo, ptr(x_given), ptr(w_post), ptr(w_pre),
-        o, x, k_post, k_pre, ptr(initial_state), final, seq_len, heads, dk, dv,
-        NQ=nq, NQP=nqp, NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), X_GIVEN=x_given is not None,
-        STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, ATOMIC=n_v > 1,
-        **launch, **transition,
+    _launch_scan_kernel(
+        (n_v, batch * heads),
+        (v.contiguous(), ktil, atil, gamma, wx, ur, qe, mo, ptr(x_given), ptr(w_post), ptr(w_pre),
+         o, x, k_post, k_pre, ptr(initial_state), final, seq_len, heads, dk, dv),
+        dict(NQ=nq, NQP=nqp, NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), X_GIVEN=x_given is not None,
+             STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, ATOMIC=n_v > 1,
+             **launch, **transition),
     )
     out = {}
     if nq:
