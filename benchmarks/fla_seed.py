@@ -21,6 +21,7 @@ import torch
 import triton
 
 from benchmarks.fla_ops import MIXERS, as_float64
+from benchmarks.triton_cache import shorten_autotune
 from hdla_vision.kernels import naive_generalized
 
 SHAPES = {"vision": (128, 196, 3, 64), "lm": (4, 4096, 16, 128)}
@@ -126,15 +127,39 @@ def warm(name, shapes, device, side):
         print(f"warm {side} {name} {shape_name}: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
+def compile_shard(index: int, count: int) -> None:
+    """Make every Triton autotuner in this process try only configurations ``index::count``.
+
+    Several processes with different shards compile disjoint parts of fla's search space into one
+    Triton cache; a later process with the full space then only benchmarks cached binaries. The
+    shard's own choices are meaningless and must be dropped (``triton_cache.py drop-autotune``).
+    """
+    from triton.runtime.autotuner import Autotuner
+
+    full = Autotuner.prune_configs
+
+    def sharded(self, kwargs):
+        configs = full(self, kwargs)
+        return configs[index::count] or configs[:1]
+
+    Autotuner.prune_configs = sharded
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=list(MIXERS))
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--no-parity", action="store_true")
     p.add_argument("--warm", choices=["fla", "ours"], help="only run that side once per shape")
+    p.add_argument("--autotune-rep-ms", type=float, default=None, help="time each autotune config this long")
+    p.add_argument("--shard", default=None, metavar="I/N", help="with --warm: compile configurations I::N only")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     device = "cuda"
+    if args.autotune_rep_ms:
+        shorten_autotune(rep_ms=args.autotune_rep_ms)
+    if args.shard:
+        compile_shard(*map(int, args.shard.split("/")))
     if args.warm:
         for name in args.mixers:
             warm(name, args.shapes, device, args.warm)

@@ -1,7 +1,7 @@
 """Build, check and time the HDLA chunk kernels on a GPU.
 
-    python benchmarks/kernels.py                       # ours + SDPA, all shapes
-    python benchmarks/kernels.py --ops ours,sdpa,fla_dplr,fla_kda --check-fla
+    python -m benchmarks.kernels                       # ours + SDPA, all shapes
+    python -m benchmarks.kernels --ops ours,sdpa,fla_dplr,fla_kda --check-fla --autotune-rep-ms 20
 
 For each shape (B, T, H, D) it times, with ``triton.testing.do_bench`` medians after warm-up,
 the forward and forward+backward of: our ``chunk_hdla``; fla's exact HDLA as
@@ -158,9 +158,13 @@ def main():
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--check-fla", action="store_true", help="compare with fla's DPLR over 2T")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--autotune-rep-ms", type=float, default=None, help="time each fla autotune config this long")
     parser.add_argument("--profile", default="", help="shape names: print the top kernels of our fwd+bwd there")
     args = parser.parse_args()
     device = "cuda"
+    if args.autotune_rep_ms:
+        from benchmarks.triton_cache import shorten_autotune
+        shorten_autotune(rep_ms=args.autotune_rep_ms)
     dtype = getattr(torch, args.dtype)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {

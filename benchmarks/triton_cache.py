@@ -59,6 +59,20 @@ def drop_autotune() -> None:
     print(f"dropped {len(files)} autotune results")
 
 
+def shorten_autotune(warmup_ms: float = 5, rep_ms: float = 20) -> None:
+    """Let every Triton autotuner in this process time each configuration for ``rep_ms`` instead
+    of 100 ms (same search space, same median; fla's kernels run 0.05 - 5 ms, so still tens of
+    repetitions). Five times less device time on fla's first call at a new head size."""
+    import triton.testing
+    from triton.runtime.autotuner import Autotuner
+
+    def bench(self):
+        return lambda kernel_call, quantiles: triton.testing.do_bench(
+            kernel_call, warmup=warmup_ms, rep=rep_ms, quantiles=quantiles)
+
+    Autotuner.do_bench = property(bench)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=["pack", "unpack", "drop-autotune"])
