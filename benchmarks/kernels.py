@@ -186,6 +186,7 @@ def main():
             t_fwd, t_all = time_op(OPS[op], inputs)
             result["timings_ms"][f"{name}/{op}"] = {"fwd": t_fwd, "fwd_bwd": t_all, "wall_s": time.perf_counter() - t0}
             print(f"{name:7s} {op:9s} fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
+        write_json(result, args.out)
         if f"{name}/ours" not in result["timings_ms"]:
             continue
         flops = hdla_chunk_flops(*shape, shape[-1])
@@ -198,10 +199,14 @@ def main():
     for name in filter(None, args.profile.split(",")):
         print(f"profile {name} {SHAPES[name]}")
         profile_ours(make_inputs(*SHAPES[name], dtype, device))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "kernels.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(result, args.out)
     print_table(result)
+
+
+def write_json(result, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "kernels.json"), "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def profile_ours(inputs):
