@@ -108,7 +108,9 @@ def chunk_scan(
     n_chunks = triton.cdiv(seq_len, BT)
     m = scan_chunks or default_scan_chunks(seq_len)
     bk, bv, num_warps = _launch_config(dk, dv, batch * heads)
-    launch = dict(dict(BV=bv, num_warps=num_warps, num_stages=2), **(launch or {}))
+    # M > 1: no software pipelining of the serial loop; prefetching a whole M*BT-token step of
+    # Wx, Qeff, Ur, Mo ahead needs more shared memory than an H100 has (benchmarks/compile_check.py)
+    launch = dict(dict(BV=bv, num_warps=num_warps, num_stages=2 if m == 1 else 1), **(launch or {}))
     n_v = triton.cdiv(dv, launch["BV"])
     dev = k.device
     f32 = dict(device=dev, dtype=torch.float32)
@@ -160,7 +162,7 @@ def chunk_scan(
         o, x, k_post, k_pre, ptr(initial_state), final, seq_len, heads, dk, dv,
         NQ=nq, NQP=nqp, NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), X_GIVEN=x_given is not None,
         STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, ATOMIC=n_v > 1,
-        **launch, **dict(transition, BT=BT * m),
+        SUB=m, **launch, **dict(transition, BT=BT * m),
     )
     out = {}
     if nq:

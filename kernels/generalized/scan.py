@@ -408,19 +408,22 @@ def chunk_scan_kernel(
     NWQ: tl.constexpr, NWQP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr,
     X_GIVEN: tl.constexpr, STORE_X: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-    ATOMIC: tl.constexpr,
+    ATOMIC: tl.constexpr, SUB: tl.constexpr,
 ):
-    """Sequential pass over the chunks of one (batch, head, V-block): products with the state only."""
+    """Sequential pass over the chunks (BT tokens each) of one (batch, head, V-block): products
+    with the state only. The rows of a chunk are taken in SUB sub-blocks of BT / SUB tokens
+    (all against the state at the chunk start, so they are independent of each other): the
+    products stay at the tile sizes of a BT / SUB chunk however long the serial step is."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
     n_chunks = tl.cdiv(T, BT)
+    BS: tl.constexpr = BT // SUB
     ck = tl.arange(0, BK)
     mk = ck < K
     cv = i_v * BV + tl.arange(0, BV)
     mv = cv < V
-    cols_k = tl.arange(0, BT * RKP)
     state_offs = i_bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
     state_mask = mk[:, None] & mv[None, :]
     if USE_H0:
@@ -435,32 +438,49 @@ def chunk_scan_kernel(
         vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
         ktil = _load_rows(ktil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
         s_next = gamma[:, None] * s + tl.dot(tl.trans(ktil), vt)
-        if RAB > 0:
-            if X_GIVEN:
-                x = _load_rows(xin_ptr, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, 0, REVERSE)
-            else:
-                wx = _load_rows(wx_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
-                rows_a = tl.arange(0, BT * RAP)
-                ur = tl.load(ur_ptr + tile * (BT * RAP * BT * RKP) + rows_a[:, None] * (BT * RKP) + cols_k[None, :])
-                x = tl.dot(wx, s) + tl.dot(ur, vt)
-            if STORE_X:
-                _store_rows(xout_ptr, x, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, REVERSE)
-            atil = _load_rows(atil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
-            s_next -= tl.dot(tl.trans(atil), x)
-        if NQ > 0:
-            qeff = _load_rows(qe_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE)
-            rows_q = tl.arange(0, BT * NQP)
-            mo = tl.load(mo_ptr + tile * (BT * NQP * BT * RKP) + rows_q[:, None] * (BT * RKP) + cols_k[None, :])
-            o = tl.dot(qeff, s) + tl.dot(mo, vt)
-            _store_rows(o_ptr, o, i_b, i_h, p0, T, H, cv, mv, V, NQ, NQP, BT, REVERSE)
-        if NWP > 0:  # S_{chunk start} w_t for the post-update K-readouts (gated in chunk_kread_kernel)
-            _state_readout(kp_ptr, wp_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWP, NWPP, BT, REVERSE, ATOMIC)
-        if NWQ > 0:  # the same for the pre-update K-readouts
-            _state_readout(kq_ptr, wq_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWQ, NWQP, BT, REVERSE, ATOMIC)
+        for jj in tl.static_range(SUB):
+            p_j = p0 + jj * BS
+            if RAB > 0:
+                if X_GIVEN:
+                    x = _load_rows(xin_ptr, i_b, i_h, p_j, T, H, cv, mv, V, RAB, RAP, BS, 0, REVERSE)
+                else:
+                    wx = _load_rows(wx_ptr, i_b, i_h, p_j, T, H, ck, mk, K, RAB, RAP, BS, 0, REVERSE)
+                    ur = tl.load(_tile_ptrs(ur_ptr + tile * (BT * RAP * BT * RKP), jj * BS * RAP, 0,
+                                            BS * RAP, BT * RKP, BT * RKP))
+                    x = tl.dot(wx, s) + tl.dot(ur, vt)
+                if STORE_X:
+                    _store_rows(xout_ptr, x, i_b, i_h, p_j, T, H, cv, mv, V, RAB, RAP, BS, REVERSE)
+                atil = _load_rows(atil_ptr, i_b, i_h, p_j, T, H, ck, mk, K, RAB, RAP, BS, 0, REVERSE)
+                s_next -= tl.dot(tl.trans(atil), x)
+            if NQ > 0:
+                qeff = _load_rows(qe_ptr, i_b, i_h, p_j, T, H, ck, mk, K, NQ, NQP, BS, 0, REVERSE)
+                mo = tl.load(_tile_ptrs(mo_ptr + tile * (BT * NQP * BT * RKP), jj * BS * NQP, 0,
+                                        BS * NQP, BT * RKP, BT * RKP))
+                o = tl.dot(qeff, s) + tl.dot(mo, vt)
+                _store_rows(o_ptr, o, i_b, i_h, p_j, T, H, cv, mv, V, NQ, NQP, BS, REVERSE)
+            if NWP > 0:  # S_{chunk start} w_t for the post-update K-readouts (gated in chunk_kread_kernel)
+                _state_readout(kp_ptr, wp_ptr, s, i_b, i_h, p_j, T, H, cv, mv, ck, mk, K, V, NWP, NWPP, BS, REVERSE, ATOMIC)
+            if NWQ > 0:  # the same for the pre-update K-readouts
+                _state_readout(kq_ptr, wq_ptr, s, i_b, i_h, p_j, T, H, cv, mv, ck, mk, K, V, NWQ, NWQP, BS, REVERSE, ATOMIC)
         s = s_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_offs, s.to(ht_ptr.dtype.element_ty), mask=state_mask)
+
+
+@triton.jit
+def _kread_decays(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, thresh, NWP: tl.constexpr, BT: tl.constexpr,
+                  BK: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr, STRICT: tl.constexpr):
+    """The chunk's cumulative log-decay G, the readers' G (G' = G - g if STRICT) expanded to NWP
+    rows per token, and whether the fast (factored) Gram route applies."""
+    g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
+    g_cum = tl.cumsum(g_tok, 0)
+    fast = tl.max(tl.abs(g_cum)) <= thresh
+    if STRICT:
+        g_w = _expand(g_cum - g_tok, BT, NWP, BK)
+    else:
+        g_w = _expand(g_cum, BT, NWP, BK)
+    return g_cum, g_w, fast
 
 
 @triton.jit
@@ -481,7 +501,9 @@ def chunk_kread_kernel(
     G cumulative from the scan chunk's start. One program per BT-token sub-block j (reader
     rows t): the writers i in sub-block j itself as for M = 1 (exact pairwise decays), those
     in earlier sub-blocks of the same scan chunk with the decay split at the start b_j of
-    sub-block j, e^{G_t - G_i} = e^{G_t - G_{b_j}} e^{G_{b_j} - G_i}, both factors <= 1.
+    sub-block j, e^{G_t - G_i} = e^{G_t - G_{b_j}} e^{G_{b_j} - G_i}. The second factor is
+    built up sub-block by sub-block: the running sum (S_0 w_t, then each earlier sub-block's
+    writes) is decayed to the end of every sub-block it passes, by factors <= 1 only.
     """
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -492,31 +514,26 @@ def chunk_kread_kernel(
     mk = ck < K
     cv = tl.arange(0, BV)
     mv = cv < V
-    g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
-    g_cum = tl.cumsum(g_tok, 0)
-    fast = tl.max(tl.abs(g_cum)) <= thresh
-    if STRICT:
-        g_w = _expand(g_cum - g_tok, BT, NWP, BK)
-    else:
-        g_w = _expand(g_cum, BT, NWP, BK)
+    if M == 1:
+        g_cum, g_w, fast = _kread_decays(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, thresh, NWP, BT, BK, SHIFT, REVERSE, STRICT)
     w = _load_rows(w_ptr, i_b, i_h, p0, T, H, cv, mv, V, NW, NWP, BT, 0, REVERSE)
-    kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
-    vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
-    g_k = _expand(g_cum, BT, RKP, BK)
-    s0w = _load_rows(out_ptr, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, 0, REVERSE)
-    if M > 1:
+    if M == 1:
+        kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
+        vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
+        g_k = _expand(g_cum, BT, RKP, BK)
+        out = tl.exp(g_w) * _load_rows(out_ptr, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, 0, REVERSE)
+    else:  # walk the earlier sub-blocks i of the scan chunk, decaying out to the end of each
+        out = _load_rows(out_ptr, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, 0, REVERSE)
         j = i_c % M
-        early = tl.zeros([BT * NWP, BK], dtype=tl.float32)  # earlier sub-blocks, decayed to b_j
-        gap = tl.zeros([BK], dtype=tl.float32)  # G_{b_j} - G at the end of sub-block j - d (<= 0)
-        for d in tl.static_range(1, M):
-            if j >= d:
-                p_i = p0 - d * BT
+        for i in tl.static_range(M - 1):
+            if j > i:
+                p_i = p0 - (j - i) * BT
                 g_i = tl.cumsum(_load_rows(g_ptr, i_b, i_h, p_i, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE), 0)
                 g_end = _row_of(g_i, tl.arange(0, BT), BT - 1)
-                dec = g_end[None, :] - g_i + gap[None, :]  # G_{b_j} - G_s, s in sub-block j - d
+                dec = g_end[None, :] - g_i  # decay from token s to the end of sub-block i (<= 0)
                 k_i = _load_rows(k_ptr, i_b, i_h, p_i, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
                 v_i = _load_rows(v_ptr, i_b, i_h, p_i, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
-                early += tl.dot(tl.dot(w, tl.trans(v_i)), k_i * tl.exp(_expand(dec, BT, RKP, BK)))
+                out = tl.exp(g_end)[None, :] * out + tl.dot(tl.dot(w, tl.trans(v_i)), k_i * tl.exp(_expand(dec, BT, RKP, BK)))
                 if RAB > 0:
                     if HDLA:
                         a_i, b_i = _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p_i, T, H, ck, mk, K, BT, SHIFT, REVERSE)
@@ -525,11 +542,13 @@ def chunk_kread_kernel(
                     else:
                         a_i = _load_rows(a_ptr, i_b, i_h, p_i, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
                     x_i = _load_rows(x_ptr, i_b, i_h, p_i, T, H, cv, mv, V, RAB, RAP, BT, 0, REVERSE)
-                    early -= tl.dot(tl.dot(w, tl.trans(x_i)), a_i * tl.exp(_expand(dec, BT, RAP, BK)))
-                gap += g_end
-        out = tl.exp(g_w + gap[None, :]) * s0w + tl.exp(g_w) * early
-    else:
-        out = tl.exp(g_w) * s0w
+                    out -= tl.dot(tl.dot(w, tl.trans(x_i)), a_i * tl.exp(_expand(dec, BT, RAP, BK)))
+        # this sub-block's own terms next (loaded only now: fewer live registers in the loop)
+        g_cum, g_w, fast = _kread_decays(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, thresh, NWP, BT, BK, SHIFT, REVERSE, STRICT)
+        kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
+        vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
+        g_k = _expand(g_cum, BT, RKP, BK)
+        out = tl.exp(g_w) * out
     out += _k_readout(tl.dot(w, tl.trans(vt)), g_w, kt, g_k, g_cum, fast, BT, NWP, RKP, STRICT, BK)
     if RAB > 0:
         if HDLA:
