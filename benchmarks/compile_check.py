@@ -83,14 +83,17 @@ def main():
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--scan-chunks", type=int, nargs="+", default=[1, 2, 4],
                         help="M values (BT-chunks per serial step) to compile the scan, merge and kread kernels for")
-    parser.add_argument("--stages", type=int, default=2, help="num_stages of the serial kernel (chunk_scan's default: 2)")
+    parser.add_argument("--stages", type=int, default=None,
+                        help="num_stages of the serial kernel (default: chunk_scan's, 2 for M = 1, else 1)")
     parser.add_argument("--only", default="", help="compile only the variants whose label contains this")
     args = parser.parse_args()
     for label, kernel, constexprs in variants(args.dim, args.scan_chunks):
         if args.only not in label:
             continue
         if kernel is scan.chunk_scan_kernel:
-            constexprs = dict(constexprs, _stages=args.stages)
+            stages = args.stages if args.stages is not None else (2 if constexprs["SUB"] == 1 else 1)
+            constexprs = dict(constexprs, _stages=stages)
+            label = f"{label} st{stages}"
         c = compile_variant(kernel, dict(constexprs))
         regs, spills = ptxas_report(c)
         print(f"K=V={args.dim} {label:26s} regs {regs:3d} spill bytes {spills:5d} shared {c.metadata.shared:6d}", flush=True)
