@@ -39,10 +39,12 @@ SCAN_CHUNKS: Optional[int] = None  # if set, overrides default_scan_chunks (test
 def default_scan_chunks(seq_len: int) -> int:
     """BT-chunks per step of the serial kernel (M): 4 (64 tokens) from 256 tokens on, else 1.
 
-    The serial kernel is latency bound (a few us per step whatever its tile sizes), so
-    fewer, larger steps pay off once there are enough of them; the merge adds parallel work
-    (M(M-1)/2 small products per big chunk) and pads the sequence to a multiple of M*BT, which
-    costs little once T >= 256 (at most 3 of >= 16 BT-chunks) but up to 3 of 13 at T = 196."""
+    The serial kernel is latency bound (measured on an H100 at M = 1: 5-19 us per 16-token
+    step, 50-67% of fwd+bwd at T = 4096), so fewer, larger steps should pay off once there are
+    many of them; the merge adds parallel work (M(M-1)/2 pairs of small products per big
+    chunk) and pads the serial walk to a multiple of M*BT tokens, which costs little from
+    T >= 256 on (at most 3 of >= 16 BT-chunks) but 3 of 13 at T = 196 (vision). The
+    threshold is a rule of thumb, not yet tuned on a GPU (benchmarks/kernels.py --scan-chunks)."""
     if SCAN_CHUNKS is not None:
         return SCAN_CHUNKS
     return 4 if seq_len >= 256 else 1
@@ -107,6 +109,7 @@ def chunk_scan(
     assert x_given is None or nq == 0, "V-readouts need the solve; x_given skips it"
     n_chunks = triton.cdiv(seq_len, BT)
     m = scan_chunks or default_scan_chunks(seq_len)
+    assert m >= 1 and m & (m - 1) == 0, f"scan_chunks must be a power of two, got {m}"
     bk, bv, num_warps = _launch_config(dk, dv, batch * heads)
     # M > 1: no software pipelining of the serial loop; prefetching a whole M*BT-token step of
     # Wx, Qeff, Ur, Mo ahead needs more shared memory than an H100 has (benchmarks/compile_check.py)

@@ -299,7 +299,8 @@ def chunk_merge_kernel(
         Ktil'_j, Atil'_j = Ktil_j, Atil_j times prod_{i > j} gamma_i (decay to the big chunk's end);
         gamma' = prod_i gamma_i.
 
-    Every factor is a product of decays <= 1 (no division, no exp here). Sub-chunks past the
+    Decays enter only through the stored gamma <= 1 and the already decayed Ktil, Atil, Wx,
+    Qeff (no exp, no division here). Sub-chunks past the
     end of the sequence are the identity (gamma 1, everything else 0), so all of Ur', Mo' is
     written and finite.
     """
