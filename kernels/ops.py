@@ -6,7 +6,7 @@ import torch
 
 from .generalized.torch_chunk import torch_chunk_generalized
 from .hdla.naive import hdla_decay_factors
-from .utils import check_generalized_inputs, check_hdla_inputs, use_triton
+from .utils import check_generalized_inputs, check_hdla_inputs, check_triton_ranks, use_triton
 
 
 def chunk_generalized(
@@ -37,10 +37,11 @@ def chunk_generalized(
     Returns:
         ``(o [B, T, H, V], final_state [B, H, K, V] or None)``; ``o`` has q's dtype.
     """
-    check_generalized_inputs(q, k, v, a, b, g, initial_state, scale)
+    r_kv, r_ab = check_generalized_inputs(q, k, v, a, b, g, initial_state, scale)
     if use_triton(q):
         from .generalized.chunk import triton_chunk_generalized
 
+        check_triton_ranks(q.shape[-1], r_kv, r_ab)
         return triton_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
     return torch_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
 

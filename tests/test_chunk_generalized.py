@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hdla_vision.kernels import chunk_generalized, naive_generalized
+from hdla_vision.kernels.utils import check_triton_ranks
 from tests.oracle import compare_with_loop, generalized_problem, rel_err
 
 CASES = [  # (batch, T, H, K, V, r_kv, r_ab, g_min, h0, reverse)
@@ -92,3 +93,14 @@ def test_device_mismatch_raises():
     p["v"] = p["v"].cuda()
     with pytest.raises(ValueError, match="v is on cuda"):
         chunk_generalized(**p)
+
+
+@pytest.mark.parametrize("dk,r_kv,r_ab,fits", [(256, 1, 2, True), (256, 1, 3, True), (256, 1, 4, False),
+                                               (256, 3, 2, False), (128, 3, 4, True), (16, 3, 4, True)])
+def test_triton_rank_limit_at_large_head_dims(dk, r_kv, r_ab, fits):
+    """Configurations whose backward would not fit a GPU's shared memory are refused up front."""
+    if fits:
+        check_triton_ranks(dk, r_kv, r_ab)
+        return
+    with pytest.raises(ValueError, match=rf"r_ab \+ r_kv = {r_ab} \+ {r_kv} with K = {dk}"):
+        check_triton_ranks(dk, r_kv, r_ab)
