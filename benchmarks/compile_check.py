@@ -3,8 +3,7 @@
     python benchmarks/compile_check.py [--dim 64]
 
 Catches compile errors before a device call, and shows register pressure per variant
-(forward, adjoint and recompute passes of chunk_hdla), for each M (``--scan-chunks``, BT-chunks
-per step of the serial kernel; M > 1 adds chunk_merge_kernel).
+(forward, adjoint and recompute passes of chunk_hdla).
 """
 import argparse
 import inspect
@@ -24,7 +23,6 @@ FLOATS = {"scale", "thresh"}
 
 def compile_variant(kernel, constexprs, dtype="fp32"):
     num_warps = constexprs.pop("_warps", 4)
-    num_stages = constexprs.pop("_stages", 3)
     names = inspect.signature(kernel.fn).parameters
     signature = {}
     for name in names:
@@ -38,30 +36,21 @@ def compile_variant(kernel, constexprs, dtype="fp32"):
             signature[name] = "i32"
     src = ASTSource(kernel, signature, constexprs=constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=num_warps, num_stages=num_stages))
+                              options=dict(num_warps=num_warps))
     return compiled
 
 
-def variants(dim, scan_chunks):
+def variants(dim):
     common = dict(RKV=1, RKP=1, RAB=2, RAP=2, BT=scan.BT, BK=dim, REVERSE=False)
     warps = 4 if dim <= 64 else 8
     yield "local fwd", scan.chunk_local_kernel, dict(common, NQ=1, NQP=1, HDLA=True, SWAP_AB=False, SHIFT=0, SOLVE=True, LOG2_BT=scan.LOG2_BT, _warps=warps)
     yield "local adjoint", scan.chunk_local_kernel, dict(common, NQ=3, NQP=4, HDLA=True, SWAP_AB=True, SHIFT=1, SOLVE=True, LOG2_BT=scan.LOG2_BT, _warps=warps)
+    for bv in (32, 64):
+        base = dict(common, BV=bv, X_GIVEN=False, STORE_X=True, USE_H0=False, STORE_HT=True, ATOMIC=True, _warps=warps)
+        yield f"scan fwd BV{bv}", scan.chunk_scan_kernel, dict(base, NQ=1, NQP=1, NWP=0, NWPP=1, NWQ=0, NWQP=1)
+        yield f"scan adjoint BV{bv}", scan.chunk_scan_kernel, dict(base, NQ=3, NQP=4, NWP=3, NWPP=4, NWQ=0, NWQP=1)
     yield "hdla epilogue", hdla_backward_epilogue_kernel, dict(BT=16, BK=dim, REVERSE=False, HAS_FINAL=True, _warps=warps)
-    for m in scan_chunks:
-        if m > 1:
-            merge = dict(common, M=m, SOLVE=True, _warps=warps)
-            yield f"merge fwd M{m}", scan.chunk_merge_kernel, dict(merge, NQ=1, NQP=1)
-            yield f"merge adjoint M{m}", scan.chunk_merge_kernel, dict(merge, NQ=3, NQP=4)
-            yield f"merge recompute M{m}", scan.chunk_merge_kernel, dict(merge, NQ=0, NQP=1, SOLVE=False)
-        for bv in (16, 32, 64):
-            base = dict(common, BT=scan.BT * m, SUB=m, BV=bv, X_GIVEN=False, STORE_X=True, USE_H0=False, STORE_HT=True, ATOMIC=True, _warps=warps)
-            yield f"scan fwd M{m} BV{bv}", scan.chunk_scan_kernel, dict(base, NQ=1, NQP=1, NWP=0, NWPP=1, NWQ=0, NWQP=1)
-            yield f"scan adjoint M{m} BV{bv}", scan.chunk_scan_kernel, dict(base, NQ=3, NQP=4, NWP=3, NWPP=4, NWQ=0, NWQP=1)
-            yield f"scan recompute M{m} BV{bv}", scan.chunk_scan_kernel, dict(base, NQ=0, NQP=1, NWP=1, NWPP=1, NWQ=2, NWQP=2, X_GIVEN=True, STORE_X=False, STORE_HT=False)
-        kread = dict(common, BV=dim, HDLA=True, SHIFT=0, M=m, _warps=warps)
-        yield f"kread post M{m}", scan.chunk_kread_kernel, dict(kread, NW=3, NWP=4, SWAP_AB=True, SHIFT=1, STRICT=False)
-        yield f"kread pre M{m}", scan.chunk_kread_kernel, dict(kread, NW=2, NWP=2, SWAP_AB=False, STRICT=True)
+    yield "kread post", scan.chunk_kread_kernel, dict(common, NW=3, NWP=4, BV=dim, HDLA=True, SWAP_AB=True, SHIFT=1, STRICT=False, _warps=warps)
 
 
 def ptxas_report(compiled):
@@ -81,22 +70,11 @@ def ptxas_report(compiled):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--scan-chunks", type=int, nargs="+", default=[1, 2, 4],
-                        help="M values (BT-chunks per serial step) to compile the scan, merge and kread kernels for")
-    parser.add_argument("--stages", type=int, default=None,
-                        help="num_stages of the serial kernel (default: chunk_scan's, 2 for M = 1, else 1)")
-    parser.add_argument("--only", default="", help="compile only the variants whose label contains this")
     args = parser.parse_args()
-    for label, kernel, constexprs in variants(args.dim, args.scan_chunks):
-        if args.only not in label:
-            continue
-        if kernel is scan.chunk_scan_kernel:
-            stages = args.stages if args.stages is not None else (2 if constexprs["SUB"] == 1 else 1)
-            constexprs = dict(constexprs, _stages=stages)
-            label = f"{label} st{stages}"
+    for label, kernel, constexprs in variants(args.dim):
         c = compile_variant(kernel, dict(constexprs))
         regs, spills = ptxas_report(c)
-        print(f"K=V={args.dim} {label:26s} regs {regs:3d} spill bytes {spills:5d} shared {c.metadata.shared:6d}", flush=True)
+        print(f"K=V={args.dim} {label:18s} regs {regs:3d} spill bytes {spills:5d} shared {c.metadata.shared:6d}", flush=True)
 
 
 if __name__ == "__main__":

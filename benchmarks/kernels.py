@@ -2,7 +2,6 @@
 
     python -m benchmarks.kernels                       # ours + SDPA, all shapes
     python -m benchmarks.kernels --ops ours,sdpa,fla_dplr,fla_kda --check-fla --autotune-rep-ms 20
-    python -m benchmarks.kernels --ops ours --shapes lm --scan-chunks 1,2,4   # M of the serial kernel
 
 For each shape (B, T, H, D) it times, with ``triton.testing.do_bench`` medians after warm-up,
 the forward and forward+backward of: our ``chunk_hdla``; fla's exact HDLA as
@@ -25,7 +24,6 @@ import torch.nn.functional as F
 import triton
 
 from hdla_vision.kernels import chunk_hdla, naive_hdla
-from hdla_vision.kernels.generalized import chunk as generalized_chunk
 
 SHAPES = {
     "vision": (128, 196, 3, 64),
@@ -162,21 +160,17 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--autotune-rep-ms", type=float, default=None, help="time each fla autotune config this long")
     parser.add_argument("--profile", default="", help="shape names: print the top kernels of our fwd+bwd there")
-    parser.add_argument("--scan-chunks", default="",
-                        help="e.g. 1,2,4: also time ours with the serial kernel over M 16-token chunks per step "
-                             "(ops ours_M1, ...); without it, ours uses chunk_scan's default M")
     args = parser.parse_args()
     device = "cuda"
     if args.autotune_rep_ms:
         from benchmarks.triton_cache import shorten_autotune
         shorten_autotune(rep_ms=args.autotune_rep_ms)
     dtype = getattr(torch, args.dtype)
-    commit = os.environ.get("COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
         "device": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),
-        "commit": commit or "unknown",
+        "commit": commit or os.environ.get("COMMIT", "unknown"),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dtype": args.dtype,
@@ -192,15 +186,6 @@ def main():
             t_fwd, t_all = time_op(OPS[op], inputs)
             result["timings_ms"][f"{name}/{op}"] = {"fwd": t_fwd, "fwd_bwd": t_all, "wall_s": time.perf_counter() - t0}
             print(f"{name:7s} {op:9s} fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
-        for m in filter(None, args.scan_chunks.split(",")):
-            generalized_chunk.SCAN_CHUNKS = int(m)
-            try:
-                first_call_seconds(ours, inputs)  # compile outside the timing
-                t_fwd, t_all = time_op(ours, inputs)
-            finally:
-                generalized_chunk.SCAN_CHUNKS = None
-            result["timings_ms"][f"{name}/ours_M{m}"] = {"fwd": t_fwd, "fwd_bwd": t_all}
-            print(f"{name:7s} {'ours_M' + m:9s} fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
         write_json(result, args.out)
         if f"{name}/ours" not in result["timings_ms"]:
             continue

@@ -1,5 +1,4 @@
-"""Time the HDLA forward (chunk_scan) at one shape under several serial-kernel launch configs
-(M = BT-chunks per serial step, BV, num_warps, num_stages).
+"""Time the HDLA forward (chunk_scan) at one shape under several serial-kernel launch configs.
 
     python benchmarks/sweep_scan.py --shape lm
 """
@@ -16,21 +15,20 @@ from hdla_vision.kernels.generalized.chunk import chunk_scan
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="lm")
-    parser.add_argument("--scan-chunks", type=int, nargs="+", default=[1, 2, 4], help="M values to sweep")
     args = parser.parse_args()
     q, k, v, beta, g = (t.detach() for t in make_inputs(*SHAPES[args.shape], torch.bfloat16, "cuda"))
 
-    def fwd(m=None, **launch):
+    def fwd(**launch):
         return chunk_scan(q.unsqueeze(3), k.unsqueeze(3), v.unsqueeze(3), g, hdla=(k, beta),
-                          store_x=True, store_final=True, launch=launch, scan_chunks=m)
+                          store_x=True, store_final=True, launch=launch)
 
     print(f"{args.shape}: default {triton.testing.do_bench(lambda: fwd(), return_mode='median'):.3f} ms")
-    for m, bv, warps, stages in itertools.product(args.scan_chunks, (16, 32, 64), (4, 8), (1, 2)):
+    for bv, warps, stages in itertools.product((32, 64), (4, 8), (2, 3)):
         try:
-            t = triton.testing.do_bench(lambda: fwd(m, BV=bv, num_warps=warps, num_stages=stages), return_mode="median")
-            print(f"M {m} BV {bv:3d} warps {warps} stages {stages}: {t:.3f} ms", flush=True)
+            t = triton.testing.do_bench(lambda: fwd(BV=bv, num_warps=warps, num_stages=stages), return_mode="median")
+            print(f"BV {bv:3d} warps {warps} stages {stages}: {t:.3f} ms", flush=True)
         except Exception as exc:  # out of shared memory etc.
-            print(f"M {m} BV {bv:3d} warps {warps} stages {stages}: {type(exc).__name__}")
+            print(f"BV {bv:3d} warps {warps} stages {stages}: {type(exc).__name__}")
 
 
 
@@ -38,7 +36,7 @@ def compiled_kernel_report():
     """Registers, spills and shared memory of every compiled variant of our kernels."""
     from hdla_vision.kernels.generalized import scan
 
-    for name in ("chunk_local_kernel", "chunk_merge_kernel", "chunk_scan_kernel", "chunk_kread_kernel"):
+    for name in ("chunk_local_kernel", "chunk_scan_kernel", "chunk_kread_kernel"):
         fn = getattr(scan, name)
         for cache in getattr(fn, "device_caches", {}).values():
             for kernel in cache[0].values():

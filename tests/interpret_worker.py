@@ -9,7 +9,6 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 
 from hdla_vision.kernels import chunk_generalized, chunk_hdla  # noqa: E402
-from hdla_vision.kernels.generalized import chunk as generalized_chunk  # noqa: E402
 from tests.interpret_cases import CASES  # noqa: E402
 from tests.oracle import compare_with_loop, generalized_problem, hdla_problem  # noqa: E402
 
@@ -20,8 +19,6 @@ def main(names):
             continue
         make = hdla_problem if kind == "hdla" else generalized_problem
         op = chunk_hdla if kind == "hdla" else chunk_generalized
-        kwargs = dict(kwargs)
-        generalized_chunk.SCAN_CHUNKS = kwargs.pop("scan_chunks", None)  # M of every scan in the case
         results[name] = compare_with_loop(op, kind, make(**problem), **kwargs)
     json.dump(results, sys.stdout)
 

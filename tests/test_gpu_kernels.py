@@ -37,31 +37,6 @@ def test_generalized_matches_loop_bf16(r_kv, r_ab, reverse):
     assert all(err < 1e-2 for err in errors.values()), errors
 
 
-@pytest.fixture
-def scan_chunks(request):
-    """M (16-token chunks per serial step) for every chunk_scan call of the test."""
-    from hdla_vision.kernels.generalized import chunk
-
-    chunk.SCAN_CHUNKS = request.param
-    yield request.param
-    chunk.SCAN_CHUNKS = None
-
-
-@pytest.mark.parametrize("scan_chunks", [1, 2, 4], indirect=True)
-@pytest.mark.parametrize("kind,seq_len,dim,g_min,reverse", [
-    ("hdla", 1000, 128, -0.05, False),  # mild gates: sub-chunks of a step stay coupled
-    ("hdla", 333, 64, -20.0, True),
-    ("generalized", 250, 64, -0.5, True),
-])
-def test_scan_chunks_match_loop(scan_chunks, kind, seq_len, dim, g_min, reverse):
-    if kind == "hdla":
-        problem, op = hdla_problem(2, seq_len, 2, dim, dim, g_min=g_min), chunk_hdla
-    else:
-        problem, op = generalized_problem(2, seq_len, 2, dim, dim, 2, 3, g_min=g_min), chunk_generalized
-    errors = compare_with_loop(op, kind, _cuda(problem), reverse=reverse, dtype=torch.float32)
-    assert all(err < 1e-2 for err in errors.values()), errors
-
-
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs flash-linear-attention")
 def test_hdla_matches_fla_dplr_over_doubled_sequence():
     from benchmarks.kernels import fla_dplr_doubled, make_inputs

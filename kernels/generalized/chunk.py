@@ -23,7 +23,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from .scan import BT, LOG2_BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_merge_kernel, chunk_scan_kernel
+from .scan import BT, LOG2_BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_scan_kernel
 
 
 def _pow2(n: int) -> int:
@@ -32,23 +32,6 @@ def _pow2(n: int) -> int:
 
 def _rank(x: Optional[torch.Tensor]) -> int:
     return 0 if x is None else x.shape[3]
-
-
-SCAN_CHUNKS: Optional[int] = None  # if set, overrides default_scan_chunks (tests, benchmarks)
-
-
-def default_scan_chunks(seq_len: int) -> int:
-    """BT-chunks per step of the serial kernel (M): 4 (64 tokens) from 256 tokens on, else 1.
-
-    The serial kernel is latency bound (measured on an H100 at M = 1: 5-19 us per 16-token
-    step, 50-67% of fwd+bwd at T = 4096), so fewer, larger steps should pay off once there are
-    many of them; the merge adds parallel work (M(M-1)/2 pairs of small products per big
-    chunk) and pads the serial walk to a multiple of M*BT tokens, which costs little from
-    T >= 256 on (at most 3 of >= 16 BT-chunks) but 3 of 13 at T = 196 (vision). The
-    threshold is a rule of thumb, not yet tuned on a GPU (benchmarks/kernels.py --scan-chunks)."""
-    if SCAN_CHUNKS is not None:
-        return SCAN_CHUNKS
-    return 4 if seq_len >= 256 else 1
 
 
 def _launch_config(dk: int, dv: int, programs: int):
@@ -96,7 +79,6 @@ def chunk_scan(
     w_post: Optional[torch.Tensor] = None,
     w_pre: Optional[torch.Tensor] = None,
     launch: Optional[dict] = None,
-    scan_chunks: Optional[int] = None,
 ):
     """Run the chunk-local and the sequential kernel once.
 
@@ -111,8 +93,6 @@ def chunk_scan(
             then q must be None).
         w_post / w_pre: ``[B, T, H, n, V]`` V-vectors for K-readouts of S_t / S_{t-1}.
         launch: overrides of the serial kernel's ``BV``, ``num_warps``, ``num_stages`` (tuning).
-        scan_chunks: M in (1, 2, 4, ...): the serial kernel steps over M*BT tokens, after
-            ``chunk_merge_kernel`` composed M chunk-local results; None: ``default_scan_chunks``.
 
     Returns:
         dict with ``o`` ``[B, T, H, NQ, V]``, ``x`` ``[B, T, H, r_ab, V]``, ``k_post`` and ``k_pre``
@@ -126,12 +106,8 @@ def chunk_scan(
     nq, nwp, nwq = _rank(q), _rank(w_post), _rank(w_pre)
     assert x_given is None or nq == 0, "V-readouts need the solve; x_given skips it"
     n_chunks = triton.cdiv(seq_len, BT)
-    m = scan_chunks or default_scan_chunks(seq_len)
-    assert m >= 1 and m & (m - 1) == 0, f"scan_chunks must be a power of two, got {m}"
     bk, bv, num_warps = _launch_config(dk, dv, batch * heads)
-    # M > 1: no software pipelining of the serial loop; prefetching a whole M*BT-token step of
-    # Wx, Qeff, Ur, Mo ahead needs more shared memory than an H100 has (benchmarks/compile_check.py)
-    launch = dict(dict(BV=bv, num_warps=num_warps, num_stages=2 if m == 1 else 1), **(launch or {}))
+    launch = dict(dict(BV=bv, num_warps=num_warps, num_stages=2), **(launch or {}))
     n_v = triton.cdiv(dv, launch["BV"])
     dev = k.device
     f32 = dict(device=dev, dtype=torch.float32)
@@ -164,27 +140,13 @@ def chunk_scan(
     k_post = alloc(batch, seq_len, heads, nwp, dk, **f32) if nwp else empty
     k_pre = alloc(batch, seq_len, heads, nwq, dk, **f32) if nwq else empty
     final = torch.empty(batch, heads, dk, dv, **f32) if store_final else empty
-    if m > 1:  # compose M chunk-local results per serial step
-        n_big = triton.cdiv(seq_len, BT * m)
-        wx2 = torch.empty_like(wx)
-        ur2 = torch.empty(batch * heads, n_big, m * BT * rap, m * BT * rkp, **f32) if solve else empty
-        qe2 = torch.empty_like(qe)
-        mo2 = torch.empty(batch * heads, n_big, m * BT * nqp, m * BT * rkp, **f32) if nq else empty
-        ktil2, atil2 = torch.empty_like(ktil), torch.empty_like(atil)
-        gamma2 = torch.empty(batch * heads, n_big, dk, **f32)
-        chunk_merge_kernel[(n_big * m, batch * heads)](
-            wx, ur, qe, mo, ktil, atil, gamma, wx2, ur2, qe2, mo2, ktil2, atil2, gamma2,
-            seq_len, heads, dk, NQ=nq, NQP=nqp, RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap, BT=BT, M=m, BK=bk,
-            REVERSE=reverse, SOLVE=solve, num_warps=4 if bk <= 64 else 8,
-        )
-        wx, ur, qe, mo, ktil, atil, gamma = wx2, ur2, qe2, mo2, ktil2, atil2, gamma2
     _launch_scan_kernel(
         (n_v, batch * heads),
         (v.contiguous(), ktil, atil, gamma, wx, ur, qe, mo, ptr(x_given), ptr(w_post), ptr(w_pre),
          o, x, k_post, k_pre, ptr(initial_state), final, seq_len, heads, dk, dv),
         dict(NQ=nq, NQP=nqp, NWP=nwp, NWPP=_pow2(nwp), NWQ=nwq, NWQP=_pow2(nwq), X_GIVEN=x_given is not None,
              STORE_X=store_x, USE_H0=initial_state is not None, STORE_HT=store_final, ATOMIC=n_v > 1,
-             SUB=m, **launch, **dict(transition, BT=BT * m)),
+             **launch, **transition),
     )
     out = {}
     if nq:
@@ -199,7 +161,7 @@ def chunk_scan(
         chunk_kread_kernel[(n_chunks, batch * heads)](
             w.contiguous(), k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, ptr(x_read), acc,
             seq_len, heads, dk, dv, THRESH, NW=n_w, NWP=_pow2(n_w), BV=max(16, triton.next_power_of_2(dv)),
-            HDLA=hdla is not None, SWAP_AB=swap_ab, SHIFT=int(shift), STRICT=strict, M=m,
+            HDLA=hdla is not None, SWAP_AB=swap_ab, SHIFT=int(shift), STRICT=strict,
             num_warps=4 if bk * dv <= 4096 else 8, **transition,
         )
         out[name] = acc

@@ -13,12 +13,6 @@ all chunks in parallel (the Gram matrices and the triangular inverse live there)
 ``chunk_scan_kernel`` then walks the chunks of one (batch, head, V-block) in order with the
 state ``S`` (``[K, BV]``, fp32) in registers, doing only products with the state.
 
-The serial walk is latency bound, so it can step over M BT-chunks at once: ``chunk_merge_kernel``
-(parallel) composes the quantities of M consecutive BT-chunks into those of one chunk of M*BT
-tokens (same layouts, same equations), and ``chunk_scan_kernel`` runs with M*BT in place of BT.
-``chunk_kread_kernel`` keeps BT-token programs and adds the terms from earlier sub-chunks of
-the same scan chunk. M = 1 is the plain BT-chunk scan.
-
 Decay factors are only ever exp of a difference whose sign is known (ALGORITHM.md). The
 Gram matrices take one of two routes per chunk: if ``max |G| <= THRESH`` they factor as
 ``(R e^{G_t}) (W e^{-G_i})^T`` (tensor-core products, both factors finite), otherwise they
@@ -271,120 +265,6 @@ def chunk_local_kernel(
 
 
 @triton.jit
-def _tile_ptrs(ptr, row0, col0, ROWS: tl.constexpr, COLS: tl.constexpr, STRIDE: tl.constexpr):
-    """Pointers to the ``[ROWS, COLS]`` block at (row0, col0) of the row-major per-chunk matrix
-    (a tile of Ur or Mo, row length STRIDE) that starts at ptr."""
-    rows = row0 + tl.arange(0, ROWS)
-    cols = col0 + tl.arange(0, COLS)
-    return ptr + rows[:, None] * STRIDE + cols[None, :]
-
-
-@triton.jit
-def chunk_merge_kernel(
-    wx_ptr, ur_ptr, qe_ptr, mo_ptr, ktil_ptr, atil_ptr, gam_ptr,
-    wx2_ptr, ur2_ptr, qe2_ptr, mo2_ptr, ktil2_ptr, atil2_ptr, gam2_ptr,
-    T, H, K,
-    NQ: tl.constexpr, NQP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
-    RAB: tl.constexpr, RAP: tl.constexpr, BT: tl.constexpr, M: tl.constexpr, BK: tl.constexpr,
-    REVERSE: tl.constexpr, SOLVE: tl.constexpr,
-):
-    """Merge the chunk_local_kernel outputs of M consecutive BT-chunks ("sub-chunks" j = 0..M-1)
-    into the same quantities for their big chunk of M*BT tokens, so that chunk_scan_kernel can
-    step over M*BT tokens at once. One program per (sub-chunk, batch*head) writes the rows of
-    its sub-chunk j. With P_i = Diag(gamma_i) - Atil_i^T Wx_i and Q_i = Ktil_i^T - Atil_i^T Ur_i
-    (the sub-chunk transition: S_{i+1} = P_i S_i + Q_i V_i, never formed as K x K matrices):
-
-        Wx'_j = Wx_j P_{j-1} ... P_0        Ur'_{j,i} = Wx_j P_{j-1} ... P_{i+1} Q_i (i < j),
-        Ur'_{j,j} = Ur_j, Ur'_{j,i} = 0 (i > j); Qeff', Mo' the same from Qeff_j, Mo_j;
-        Ktil'_j, Atil'_j = Ktil_j, Atil_j times prod_{i > j} gamma_i (decay to the big chunk's end);
-        gamma' = prod_i gamma_i.
-
-    Decays enter only through the stored gamma <= 1 and the already decayed Ktil, Atil, Wx,
-    Qeff (no exp, no division here). Sub-chunks past the
-    end of the sequence are the identity (gamma 1, everything else 0), so all of Ur', Mo' is
-    written and finite.
-    """
-    i_c = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    n_sub = tl.cdiv(T, BT)
-    n_big = tl.cdiv(T, BT * M)
-    c = i_c // M
-    j = i_c % M
-    p0 = i_c * BT
-    ck = tl.arange(0, BK)
-    mk = ck < K
-    sub0 = i_bh.to(tl.int64) * n_sub  # first BT-chunk tile of this (batch, head)
-    big = i_bh.to(tl.int64) * n_big + c
-    gam_j = tl.load(gam_ptr + (sub0 + i_c) * K + ck, mask=mk & (i_c < n_sub), other=1.0)
-    tail = tl.full([BK], 1.0, dtype=tl.float32)  # decay from the end of sub-chunk j to the big chunk's end
-    for d in tl.static_range(1, M):
-        tail *= tl.load(gam_ptr + (sub0 + i_c + d) * K + ck, mask=mk & (j + d < M) & (i_c + d < n_sub), other=1.0)
-    tl.store(gam2_ptr + big * K + ck, gam_j * tail, mask=mk & (j == 0))
-    kt = _load_rows(ktil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
-    _store_rows(ktil2_ptr, kt * tail[None, :], i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, REVERSE)
-    if RAB > 0:
-        at = _load_rows(atil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
-        _store_rows(atil2_ptr, at * tail[None, :], i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
-
-    SOLVED: tl.constexpr = RAB > 0 and SOLVE
-    if SOLVED or NQ > 0:
-        NA: tl.constexpr = BT * RAP
-        NK: tl.constexpr = BT * RKP
-        NO: tl.constexpr = BT * NQP
-        live_j = i_c < n_sub
-        if SOLVED:
-            y = _load_rows(wx_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
-            ur2 = ur2_ptr + big * (M * NA * M * NK)
-            ur_j = tl.load(_tile_ptrs(ur_ptr + (sub0 + i_c) * (NA * NK), 0, 0, NA, NK, NK),
-                           mask=live_j, other=0.0)
-            tl.store(_tile_ptrs(ur2, j * NA, j * NK, NA, NK, M * NK), ur_j)
-            for i in tl.static_range(1, M):  # Ur'_{j,i} = 0 above the diagonal
-                tl.store(_tile_ptrs(ur2, j * NA, i * NK, NA, NK, M * NK),
-                         tl.zeros([NA, NK], dtype=tl.float32), mask=j < i)
-        if NQ > 0:
-            z = _load_rows(qe_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE)
-            mo2 = mo2_ptr + big * (M * NO * M * NK)
-            mo_j = tl.load(_tile_ptrs(mo_ptr + (sub0 + i_c) * (NO * NK), 0, 0, NO, NK, NK),
-                           mask=live_j, other=0.0)
-            tl.store(_tile_ptrs(mo2, j * NO, j * NK, NO, NK, M * NK), mo_j)
-            for i in tl.static_range(1, M):
-                tl.store(_tile_ptrs(mo2, j * NO, i * NK, NO, NK, M * NK),
-                         tl.zeros([NO, NK], dtype=tl.float32), mask=j < i)
-        for d in tl.static_range(1, M):  # right-multiply by P_i, i = j-1 down to 0
-            if j >= d:
-                i_s = i_c - d  # BT-chunk index of sub-chunk i = j - d
-                p_i = p0 - d * BT
-                live_i = i_s < n_sub
-                gam_i = tl.load(gam_ptr + (sub0 + i_s) * K + ck, mask=mk & live_i, other=1.0)
-                kt_i = _load_rows(ktil_ptr, i_b, i_h, p_i, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
-                if RAB > 0:  # then SOLVE (V-readouts need the solve)
-                    at_i = _load_rows(atil_ptr, i_b, i_h, p_i, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
-                    wx_i = _load_rows(wx_ptr, i_b, i_h, p_i, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
-                    ur_i = tl.load(_tile_ptrs(ur_ptr + (sub0 + i_s) * (NA * NK), 0, 0, NA, NK, NK),
-                                   mask=live_i, other=0.0)
-                if SOLVED:
-                    ya = tl.dot(y, tl.trans(at_i))
-                    tl.store(_tile_ptrs(ur2, j * NA, (j - d) * NK, NA, NK, M * NK),
-                             tl.dot(y, tl.trans(kt_i)) - tl.dot(ya, ur_i))
-                    y = y * gam_i[None, :] - tl.dot(ya, wx_i)
-                if NQ > 0:
-                    blk = tl.dot(z, tl.trans(kt_i))
-                    if RAB > 0:
-                        za = tl.dot(z, tl.trans(at_i))
-                        blk -= tl.dot(za, ur_i)
-                        z = z * gam_i[None, :] - tl.dot(za, wx_i)
-                    else:
-                        z = z * gam_i[None, :]
-                    tl.store(_tile_ptrs(mo2, j * NO, (j - d) * NK, NO, NK, M * NK), blk)
-        if SOLVED:
-            _store_rows(wx2_ptr, y, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, REVERSE)
-        if NQ > 0:
-            _store_rows(qe2_ptr, z, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, REVERSE)
-
-
-@triton.jit
 def _state_readout(acc_ptr, wv_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NW: tl.constexpr,
                    NWP: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr, ATOMIC: tl.constexpr):
     """Accumulate ``S w_t`` (``[BT*NWP, BK]``, this program's V-block) into the K-readout buffer."""
@@ -409,22 +289,19 @@ def chunk_scan_kernel(
     NWQ: tl.constexpr, NWQP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr,
     X_GIVEN: tl.constexpr, STORE_X: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-    ATOMIC: tl.constexpr, SUB: tl.constexpr,
+    ATOMIC: tl.constexpr,
 ):
-    """Sequential pass over the chunks (BT tokens each) of one (batch, head, V-block): products
-    with the state only. The rows of a chunk are taken in SUB sub-blocks of BT / SUB tokens
-    (all against the state at the chunk start, so they are independent of each other): the
-    products stay at the tile sizes of a BT / SUB chunk however long the serial step is."""
+    """Sequential pass over the chunks of one (batch, head, V-block): products with the state only."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
     n_chunks = tl.cdiv(T, BT)
-    BS: tl.constexpr = BT // SUB
     ck = tl.arange(0, BK)
     mk = ck < K
     cv = i_v * BV + tl.arange(0, BV)
     mv = cv < V
+    cols_k = tl.arange(0, BT * RKP)
     state_offs = i_bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
     state_mask = mk[:, None] & mv[None, :]
     if USE_H0:
@@ -439,49 +316,32 @@ def chunk_scan_kernel(
         vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
         ktil = _load_rows(ktil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
         s_next = gamma[:, None] * s + tl.dot(tl.trans(ktil), vt)
-        for jj in tl.static_range(SUB):
-            p_j = p0 + jj * BS
-            if RAB > 0:
-                if X_GIVEN:
-                    x = _load_rows(xin_ptr, i_b, i_h, p_j, T, H, cv, mv, V, RAB, RAP, BS, 0, REVERSE)
-                else:
-                    wx = _load_rows(wx_ptr, i_b, i_h, p_j, T, H, ck, mk, K, RAB, RAP, BS, 0, REVERSE)
-                    ur = tl.load(_tile_ptrs(ur_ptr + tile * (BT * RAP * BT * RKP), jj * BS * RAP, 0,
-                                            BS * RAP, BT * RKP, BT * RKP))
-                    x = tl.dot(wx, s) + tl.dot(ur, vt)
-                if STORE_X:
-                    _store_rows(xout_ptr, x, i_b, i_h, p_j, T, H, cv, mv, V, RAB, RAP, BS, REVERSE)
-                atil = _load_rows(atil_ptr, i_b, i_h, p_j, T, H, ck, mk, K, RAB, RAP, BS, 0, REVERSE)
-                s_next -= tl.dot(tl.trans(atil), x)
-            if NQ > 0:
-                qeff = _load_rows(qe_ptr, i_b, i_h, p_j, T, H, ck, mk, K, NQ, NQP, BS, 0, REVERSE)
-                mo = tl.load(_tile_ptrs(mo_ptr + tile * (BT * NQP * BT * RKP), jj * BS * NQP, 0,
-                                        BS * NQP, BT * RKP, BT * RKP))
-                o = tl.dot(qeff, s) + tl.dot(mo, vt)
-                _store_rows(o_ptr, o, i_b, i_h, p_j, T, H, cv, mv, V, NQ, NQP, BS, REVERSE)
-            if NWP > 0:  # S_{chunk start} w_t for the post-update K-readouts (gated in chunk_kread_kernel)
-                _state_readout(kp_ptr, wp_ptr, s, i_b, i_h, p_j, T, H, cv, mv, ck, mk, K, V, NWP, NWPP, BS, REVERSE, ATOMIC)
-            if NWQ > 0:  # the same for the pre-update K-readouts
-                _state_readout(kq_ptr, wq_ptr, s, i_b, i_h, p_j, T, H, cv, mv, ck, mk, K, V, NWQ, NWQP, BS, REVERSE, ATOMIC)
+        if RAB > 0:
+            if X_GIVEN:
+                x = _load_rows(xin_ptr, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, 0, REVERSE)
+            else:
+                wx = _load_rows(wx_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
+                rows_a = tl.arange(0, BT * RAP)
+                ur = tl.load(ur_ptr + tile * (BT * RAP * BT * RKP) + rows_a[:, None] * (BT * RKP) + cols_k[None, :])
+                x = tl.dot(wx, s) + tl.dot(ur, vt)
+            if STORE_X:
+                _store_rows(xout_ptr, x, i_b, i_h, p0, T, H, cv, mv, V, RAB, RAP, BT, REVERSE)
+            atil = _load_rows(atil_ptr, i_b, i_h, p0, T, H, ck, mk, K, RAB, RAP, BT, 0, REVERSE)
+            s_next -= tl.dot(tl.trans(atil), x)
+        if NQ > 0:
+            qeff = _load_rows(qe_ptr, i_b, i_h, p0, T, H, ck, mk, K, NQ, NQP, BT, 0, REVERSE)
+            rows_q = tl.arange(0, BT * NQP)
+            mo = tl.load(mo_ptr + tile * (BT * NQP * BT * RKP) + rows_q[:, None] * (BT * RKP) + cols_k[None, :])
+            o = tl.dot(qeff, s) + tl.dot(mo, vt)
+            _store_rows(o_ptr, o, i_b, i_h, p0, T, H, cv, mv, V, NQ, NQP, BT, REVERSE)
+        if NWP > 0:  # S_{chunk start} w_t for the post-update K-readouts (gated in chunk_kread_kernel)
+            _state_readout(kp_ptr, wp_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWP, NWPP, BT, REVERSE, ATOMIC)
+        if NWQ > 0:  # the same for the pre-update K-readouts
+            _state_readout(kq_ptr, wq_ptr, s, i_b, i_h, p0, T, H, cv, mv, ck, mk, K, V, NWQ, NWQP, BT, REVERSE, ATOMIC)
         s = s_next
 
     if STORE_HT:
         tl.store(ht_ptr + state_offs, s.to(ht_ptr.dtype.element_ty), mask=state_mask)
-
-
-@triton.jit
-def _kread_decays(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, thresh, NWP: tl.constexpr, BT: tl.constexpr,
-                  BK: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr, STRICT: tl.constexpr):
-    """The chunk's cumulative log-decay G, the readers' G (G' = G - g if STRICT) expanded to NWP
-    rows per token, and whether the fast (factored) Gram route applies."""
-    g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
-    g_cum = tl.cumsum(g_tok, 0)
-    fast = tl.max(tl.abs(g_cum)) <= thresh
-    if STRICT:
-        g_w = _expand(g_cum - g_tok, BT, NWP, BK)
-    else:
-        g_w = _expand(g_cum, BT, NWP, BK)
-    return g_cum, g_w, fast
 
 
 @triton.jit
@@ -491,20 +351,14 @@ def chunk_kread_kernel(
     NW: tl.constexpr, NWP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HDLA: tl.constexpr, SWAP_AB: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr,
-    STRICT: tl.constexpr, M: tl.constexpr,
+    STRICT: tl.constexpr,
 ):
     """Finish the K-readouts for all chunks in parallel (full V per program): out_ptr holds
-    ``S_0 w_t`` (S_0 the state entering the scan chunk of M*BT tokens); it becomes
+    ``S_0 w_t`` (S_0 the state entering the chunk); it becomes
 
         e^{G_t} S_0 w_t + sum_{i <= t} e^{G_t - G_i} (K_i (V_i^T w_t) - A_i (X_i^T w_t))
 
-    (i < t and G' = G - g in place of G if STRICT, which gives S_{t-1} w_t instead of S_t w_t),
-    G cumulative from the scan chunk's start. One program per BT-token sub-block j (reader
-    rows t): the writers i in sub-block j itself as for M = 1 (exact pairwise decays), those
-    in earlier sub-blocks of the same scan chunk with the decay split at the start b_j of
-    sub-block j, e^{G_t - G_i} = e^{G_t - G_{b_j}} e^{G_{b_j} - G_i}. The second factor is
-    built up sub-block by sub-block: the running sum (S_0 w_t, then each earlier sub-block's
-    writes) is decayed to the end of every sub-block it passes, by factors <= 1 only.
+    (i < t and G' = G - g in place of G if STRICT, which gives S_{t-1} w_t instead of S_t w_t).
     """
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -515,41 +369,18 @@ def chunk_kread_kernel(
     mk = ck < K
     cv = tl.arange(0, BV)
     mv = cv < V
-    if M == 1:
-        g_cum, g_w, fast = _kread_decays(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, thresh, NWP, BT, BK, SHIFT, REVERSE, STRICT)
+    g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
+    g_cum = tl.cumsum(g_tok, 0)
+    fast = tl.max(tl.abs(g_cum)) <= thresh
+    if STRICT:
+        g_w = _expand(g_cum - g_tok, BT, NWP, BK)
+    else:
+        g_w = _expand(g_cum, BT, NWP, BK)
     w = _load_rows(w_ptr, i_b, i_h, p0, T, H, cv, mv, V, NW, NWP, BT, 0, REVERSE)
-    if M == 1:
-        kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
-        vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
-        g_k = _expand(g_cum, BT, RKP, BK)
-        out = tl.exp(g_w) * _load_rows(out_ptr, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, 0, REVERSE)
-    else:  # walk the earlier sub-blocks i of the scan chunk, decaying out to the end of each
-        out = _load_rows(out_ptr, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, 0, REVERSE)
-        j = i_c % M
-        for i in tl.static_range(M - 1):
-            if j > i:
-                p_i = p0 - (j - i) * BT
-                g_i = tl.cumsum(_load_rows(g_ptr, i_b, i_h, p_i, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE), 0)
-                g_end = _row_of(g_i, tl.arange(0, BT), BT - 1)
-                dec = g_end[None, :] - g_i  # decay from token s to the end of sub-block i (<= 0)
-                k_i = _load_rows(k_ptr, i_b, i_h, p_i, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
-                v_i = _load_rows(v_ptr, i_b, i_h, p_i, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
-                out = tl.exp(g_end)[None, :] * out + tl.dot(tl.dot(w, tl.trans(v_i)), k_i * tl.exp(_expand(dec, BT, RKP, BK)))
-                if RAB > 0:
-                    if HDLA:
-                        a_i, b_i = _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p_i, T, H, ck, mk, K, BT, SHIFT, REVERSE)
-                        if SWAP_AB:
-                            a_i = b_i
-                    else:
-                        a_i = _load_rows(a_ptr, i_b, i_h, p_i, T, H, ck, mk, K, RAB, RAP, BT, SHIFT, REVERSE)
-                    x_i = _load_rows(x_ptr, i_b, i_h, p_i, T, H, cv, mv, V, RAB, RAP, BT, 0, REVERSE)
-                    out -= tl.dot(tl.dot(w, tl.trans(x_i)), a_i * tl.exp(_expand(dec, BT, RAP, BK)))
-        # this sub-block's own terms next (loaded only now: fewer live registers in the loop)
-        g_cum, g_w, fast = _kread_decays(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, thresh, NWP, BT, BK, SHIFT, REVERSE, STRICT)
-        kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
-        vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
-        g_k = _expand(g_cum, BT, RKP, BK)
-        out = tl.exp(g_w) * out
+    kt = _load_rows(k_ptr, i_b, i_h, p0, T, H, ck, mk, K, RKV, RKP, BT, 0, REVERSE)
+    vt = _load_rows(v_ptr, i_b, i_h, p0, T, H, cv, mv, V, RKV, RKP, BT, 0, REVERSE)
+    g_k = _expand(g_cum, BT, RKP, BK)
+    out = tl.exp(g_w) * _load_rows(out_ptr, i_b, i_h, p0, T, H, ck, mk, K, NW, NWP, BT, 0, REVERSE)
     out += _k_readout(tl.dot(w, tl.trans(vt)), g_w, kt, g_k, g_cum, fast, BT, NWP, RKP, STRICT, BK)
     if RAB > 0:
         if HDLA:
