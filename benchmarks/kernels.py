@@ -166,11 +166,12 @@ def main():
         from benchmarks.triton_cache import shorten_autotune
         shorten_autotune(rep_ms=args.autotune_rep_ms)
     dtype = getattr(torch, args.dtype)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
         "device": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),
-        "commit": commit or os.environ.get("COMMIT", "unknown"),
+        "commit": commit or "unknown",
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dtype": args.dtype,

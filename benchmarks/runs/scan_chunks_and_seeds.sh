@@ -3,6 +3,7 @@
 # against fla DPLR over 2T and fla chunk_kda at the long shapes (one process), and the seed-mixer
 # parity/timing against fla. fla is compiled first in parallel (as in kernels_all_baselines.sh).
 #   bash benchmarks/runs/scan_chunks_and_seeds.sh      (on the device; results under $OUT)
+# Ran once at ca54516, with the M-chunk kernel of branch merge64 (--scan-chunks exists there only).
 source benchmarks/device_setup.sh
 export TRITON_CACHE_DIR=/tmp/tcache
 mkdir -p "$OUT"
