@@ -16,6 +16,9 @@ done
 for m in deltanet gated_deltanet rwkv7 gated_deltaproduct_2 gated_deltaproduct_3; do
   for s in vision lm; do warm fla --mixers $m --shapes $s & done
 done
+for m in deltanet gated_deltanet rwkv7 gated_deltaproduct_2 gated_deltaproduct_3 kda gla; do
+  warm ours --mixers $m &
+done
 wait
 echo "parallel compile done at $((SECONDS - t0)) s"
 python benchmarks/triton_cache.py drop-autotune
