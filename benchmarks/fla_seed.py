@@ -168,7 +168,7 @@ def main():
     result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
               "commit": os.environ.get("COMMIT", "unknown"), "torch": torch.__version__,
               "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"), "scale": SCALE,
-              "parity": {}, "timings_ms": {}}
+              "fla_kernels": {name: MIXERS[name][3] for name in args.mixers}, "parity": {}, "timings_ms": {}}
     os.makedirs(args.out, exist_ok=True)
     for name in args.mixers:
         if not args.no_parity:
