@@ -9,7 +9,10 @@ autotune every kernel again for new dtypes, minutes per mixer): outputs and the 
 token loop (``naive_generalized`` on the same factor functions). Timing: ``triton.testing.do_bench``
 medians of fwd and fwd+bwd at the kernel benchmark's vision and LM shapes, bf16, ratio ours / fla
 from the same run. Where fla raises (its gated backward refuses Triton 3.4 .. 3.7.0 on Hopper) the
-message is recorded instead of a number. JSON goes to ``$OUT/fla_seed.json``.
+message is recorded instead of a number; ``--fla-gated-bwd-anyway`` lifts that refusal to time
+the backward anyway (the JSON says so, and the parity section then shows how far fla's gradients
+are off). JSON goes to ``$OUT/fla_seed.json``; ``--merge-from DIR ...`` joins the JSONs of several
+processes (one mixer per GPU) into one.
 """
 import argparse
 import datetime
@@ -27,6 +30,8 @@ from hdla_vision.kernels import naive_generalized
 SHAPES = {"vision": (128, 196, 3, 64), "lm": (4, 4096, 16, 128)}
 PARITY_SHAPE = (2, 300, 2, 64)
 SCALE = 0.125
+# mixers whose fla backward goes through the gated chunk_bwd_dqkwg that fla refuses on Hopper with Triton < 3.7.1
+FLA_GATED_BWD = ("gated_deltanet", "gated_deltaproduct_2", "gated_deltaproduct_3")
 
 
 def rel_err(x, ref):
@@ -145,6 +150,37 @@ def compile_shard(index: int, count: int) -> None:
     Autotuner.prune_configs = sharded
 
 
+def allow_fla_gated_backward() -> None:
+    """Let fla 0.6 run its gated ``chunk_bwd_dqkwg`` on Hopper with Triton < 3.7.1.
+
+    fla refuses it there because that Triton miscompiles it (fla issue #640): the kernel runs the
+    same work either way, so its time is still fla's time, but its gradients are not trusted.
+    """
+    import fla.ops.common.chunk_o as chunk_o
+
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+
+
+def merge(folders, out):
+    """One JSON from the ``fla_seed.json`` of several processes (same device and versions)."""
+    merged = None
+    for folder in folders:
+        with open(os.path.join(folder, "fla_seed.json")) as f:
+            part = json.load(f)
+        if merged is None:
+            merged = part
+            continue
+        for key in ("device", "torch", "triton", "fla", "scale", "commit"):
+            if part[key] != merged[key]:
+                raise ValueError(f"--merge-from: {folder} has {key}={part[key]!r}, the first has {merged[key]!r}")
+        for key in ("fla_kernels", "parity", "timings_ms"):
+            merged[key].update(part[key])
+        merged["fla_gated_bwd_forced_for"] += part["fla_gated_bwd_forced_for"]
+    with open(os.path.join(out, "fla_seed.json"), "w") as f:
+        json.dump(merged, f, indent=1)
+    print(f"merged {len(folders)} results into {out}/fla_seed.json")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=list(MIXERS))
@@ -153,13 +189,20 @@ def main():
     p.add_argument("--warm", choices=["fla", "ours"], help="only run that side once per shape")
     p.add_argument("--autotune-rep-ms", type=float, default=None, help="time each autotune config this long")
     p.add_argument("--shard", default=None, metavar="I/N", help="with --warm: compile configurations I::N only")
+    p.add_argument("--fla-gated-bwd-anyway", action="store_true",
+                   help="time fla's gated backward although fla refuses it on this Triton (see allow_fla_gated_backward)")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--merge-from", nargs="+", metavar="DIR", help="no GPU work: merge these runs' JSON into --out")
     args = p.parse_args()
+    if args.merge_from:
+        return merge(args.merge_from, args.out)
     device = "cuda"
     if args.autotune_rep_ms:
         shorten_autotune(rep_ms=args.autotune_rep_ms)
     if args.shard:
         compile_shard(*map(int, args.shard.split("/")))
+    if args.fla_gated_bwd_anyway:
+        allow_fla_gated_backward()
     if args.warm:
         for name in args.mixers:
             warm(name, args.shapes, device, args.warm)
@@ -168,7 +211,9 @@ def main():
     result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
               "commit": os.environ.get("COMMIT", "unknown"), "torch": torch.__version__,
               "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"), "scale": SCALE,
-              "fla_kernels": {name: MIXERS[name][3] for name in args.mixers}, "parity": {}, "timings_ms": {}}
+              "fla_kernels": {name: MIXERS[name][3] for name in args.mixers},
+              "fla_gated_bwd_forced_for": [m for m in args.mixers if m in FLA_GATED_BWD and args.fla_gated_bwd_anyway],
+              "parity": {}, "timings_ms": {}}
     os.makedirs(args.out, exist_ok=True)
     for name in args.mixers:
         if not args.no_parity:

@@ -7,7 +7,10 @@ Protocol (HDLA paper appendix D, Zoology defaults where the paper is silent):
     [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2] at 1024 and 2048; the best accuracy over the sweep
     is reported (mean over seeds at each learning rate, then the best learning rate);
   * accuracy = fraction of queries whose argmax prediction is the right value, on a fixed test set;
-  * the number of key-value pairs is not given in the paper: default L / 8 (``--kv-divisor``).
+  * the number of key-value pairs and the batch size are not given in the paper: Zoology's MQAR
+    configurations pair L = 256 with 16 pairs and L = 1024 with 64 (default L / 16, ``--kv-divisor``)
+    and shrink the batch as L grows (64 at 256, 32 at 512, 16 at 1024): default 16384 tokens per
+    batch (``--batch-size`` overrides, one value or one per length).
 Optimisation follows Zoology's trainer: AdamW with torch defaults (weight decay 0.01), cosine
 decay to 0, no warm-up, no clipping (flags change these); training batches are drawn fresh every
 step (seeded) instead of Zoology's fixed training set; bf16 autocast on CUDA. Results go to ``$OUT/mqar`` when ``OUT`` is set, else
@@ -52,7 +55,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
     p.add_argument("--mixers", nargs="+", default=list(MIXER_SETTINGS), choices=list(MIXER_SETTINGS))
-    p.add_argument("--kv-divisor", type=int, default=8, help="num_kv_pairs = length // kv-divisor")
+    p.add_argument("--kv-divisor", type=int, default=16, help="num_kv_pairs = length // kv-divisor")
     p.add_argument("--num-kv-pairs", type=int, nargs="+", default=None, help="one per length (overrides divisor)")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--d-model", type=int, default=128)
@@ -61,7 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--intermediate-size", type=int, default=512)
     p.add_argument("--short-conv-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=3000, help="training steps per run")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, nargs="+", default=None,
+                   help="one value, or one per length (default: --batch-tokens // length)")
+    p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per training batch without --batch-size")
     p.add_argument("--test-examples", type=int, default=1000)
     p.add_argument("--eval-batch-size", type=int, default=125)
     p.add_argument("--lrs", type=float, nargs="+", default=None, help="one sweep for all lengths (default: paper's)")
@@ -86,11 +91,18 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.tiny:
         args.lengths, args.vocab_size, args.d_model, args.num_heads, args.head_dim = [16, 32], 64, 16, 2, 8
-        args.intermediate_size, args.steps, args.batch_size, args.test_examples = 32, 3, 8, 16
+        args.intermediate_size, args.steps, args.batch_size, args.test_examples = 32, 3, [8], 16
         args.eval_batch_size, args.lrs, args.kv_divisor = 8, [1e-3, 1e-2], 4
-    if args.num_kv_pairs is not None and len(args.num_kv_pairs) != len(args.lengths):
-        raise ValueError(f"--num-kv-pairs needs one value per length ({len(args.lengths)}), got {args.num_kv_pairs}")
-    args.lengths = sorted(args.lengths)
+    if args.batch_size is not None and len(args.batch_size) == 1:
+        args.batch_size = args.batch_size * len(args.lengths)
+    for name in ("num_kv_pairs", "batch_size"):
+        given = getattr(args, name)
+        if given is not None and len(given) != len(args.lengths):
+            raise ValueError(f"--{name.replace('_', '-')} needs one value per length ({len(args.lengths)}), got {given}")
+    order = sorted(range(len(args.lengths)), key=args.lengths.__getitem__)  # per-length lists follow the sort
+    for name in ("lengths", "num_kv_pairs", "batch_size"):
+        if getattr(args, name) is not None:
+            setattr(args, name, [getattr(args, name)[i] for i in order])
     if args.out_dir is None:
         args.out_dir = os.path.join(os.environ["OUT"], "mqar") if os.environ.get("OUT") else "benchmarks/results"
     return args
@@ -100,6 +112,12 @@ def kv_pairs_for(args, length: int) -> int:
     if args.num_kv_pairs is not None:
         return args.num_kv_pairs[args.lengths.index(length)]
     return max(1, length // args.kv_divisor)
+
+
+def batch_size_for(args, length: int) -> int:
+    if args.batch_size is None:
+        return max(1, args.batch_tokens // length)
+    return args.batch_size[args.lengths.index(length)]
 
 
 def build_model(args, mixer_name: str, seed: int) -> HDLAForCausalLM:
@@ -134,28 +152,38 @@ def autocast(args):
 TIMING_STEPS = 5
 
 
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
 def train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_set, time_limit=None):
     """Train one model; with a time limit, the step count (and the lr schedule) shrinks to fit it,
-    measured on the first few steps."""
+    measured on the first few steps. The loss is read back only when logged, so the next batch
+    is drawn on the CPU while the GPU still works on this one."""
     model = build_model(args, mixer_name, seed)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
-    start, steps_done, loss_value, total = time.time(), 0, float("nan"), args.steps
+    batch_size = batch_size_for(args, length)
+    start, loss, total = time.time(), None, args.steps
     model.train()
     step = 0
     while step < total:
         if step == 1:
+            synchronize(args.device)
             after_first = time.time()  # the first step pays for compilation; time the next ones
         if step == 1 + TIMING_STEPS and time_limit is not None:
+            synchronize(args.device)
             per_step = (time.time() - after_first) / TIMING_STEPS
             budget_left = time_limit - (time.time() - start)
             total = max(step + 1, min(args.steps, step + int(budget_left / per_step)))
-        inputs, labels = multiquery_ar(args.vocab_size, args.batch_size, length, num_kv,
+        inputs, labels = multiquery_ar(args.vocab_size, batch_size, length, num_kv,
                                        seed=1_000_003 * (seed + 1) + step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, total, lr, args.warmup_frac)
         with autocast(args):
-            logits, targets = query_logits(model, inputs.to(args.device), labels.to(args.device))
+            logits, targets = query_logits(model, inputs.to(args.device, non_blocking=True),
+                                           labels.to(args.device, non_blocking=True))
         loss = F.cross_entropy(logits, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -163,14 +191,15 @@ def train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_set, time_li
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
         opt.step()
         step += 1
-        steps_done, loss_value = step, loss.item()
         if args.log_every and step % args.log_every == 0:
-            print(f"    step {step}/{total} loss {loss_value:.3f}", flush=True)
+            print(f"    step {step}/{total} loss {loss.item():.3f}", flush=True)
+    synchronize(args.device)
     train_s = time.time() - start
     accuracy = evaluate(args, model, test_set)
-    return dict(mixer=mixer_name, length=length, num_kv_pairs=num_kv, lr=lr, seed=seed, steps=steps_done,
-                batch_size=args.batch_size, device=args.device,
-                final_train_loss=loss_value, accuracy=accuracy, params=params, train_seconds=round(train_s, 1))
+    return dict(mixer=mixer_name, length=length, num_kv_pairs=num_kv, lr=lr, seed=seed, steps=step,
+                batch_size=batch_size, device=args.device,
+                final_train_loss=float("nan") if loss is None else loss.item(), accuracy=accuracy, params=params,
+                train_seconds=round(train_s, 1), ms_per_step=round(1000 * train_s / max(step, 1), 2))
 
 
 @torch.no_grad()
@@ -210,7 +239,7 @@ def summarize(records):
         if key not in best or mean > best[key]["accuracy"]:
             best[key] = dict(mixer=mixer, length=length, accuracy=mean, lr=lr, seeds=[r["seed"] for r in rs],
                              num_kv_pairs=rs[0]["num_kv_pairs"], steps=min(r["steps"] for r in rs),
-                             batch_size=rs[0].get("batch_size", "?"),
+                             batch_size=rs[0].get("batch_size", "?"), ms_per_step=rs[0].get("ms_per_step", "?"),
                              params=rs[0]["params"], lrs_tried=sorted({
                                  x["lr"] for x in records if (x["mixer"], x["length"], x["num_kv_pairs"]) == key}))
     return best
@@ -218,13 +247,13 @@ def summarize(records):
 
 def markdown_table(args, best) -> str:
     lines = [
-        "| mixer | length | kv pairs | best acc. | best lr | lrs tried | steps | batch | seeds | params |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| mixer | length | kv pairs | best acc. | best lr | lrs tried | steps | batch | ms/step | seeds | params |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (mixer, length, _), b in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         lrs = ", ".join(f"{x:.1e}" for x in b["lrs_tried"])
         lines.append(f"| {mixer} | {length} | {b['num_kv_pairs']} | {100 * b['accuracy']:.2f}% | {b['lr']:.1e} | {lrs} "
-                     f"| {b['steps']} | {b['batch_size']} | {','.join(map(str, b['seeds']))} | {b['params'] / 1e6:.3f}M |")
+                     f"| {b['steps']} | {b['batch_size']} | {b['ms_per_step']} | {','.join(map(str, b['seeds']))} | {b['params'] / 1e6:.3f}M |")
     return "\n".join(lines)
 
 
@@ -289,7 +318,7 @@ def merge(args, out_dir: Path):
         records += data["runs"]
         skipped += data["skipped"]
         sources.append(f"{folder}: {data['args'].get('device')} steps<={data['args']['steps']} "
-                       f"batch={data['args']['batch_size']}")
+                       f"batch={data['args']['batch_size'] or 'tokens/' + str(data['args'].get('batch_tokens'))}")
     print("merged:", *sources, sep="\n  ")
     (out_dir / "mqar_runs.json").write_text(json.dumps(dict(sources=sources, runs=records, skipped=skipped), indent=1))
     return write_report(args, out_dir, records, skipped, note=", merged from " + "; ".join(sources))
@@ -309,7 +338,8 @@ def main(argv=None):
     print(f"  device={args.device} chunk_backend={args.chunk_backend} torch={torch.__version__}")
     print(f"  model: 2 layers, d_model={args.d_model}, heads={args.num_heads}x{args.head_dim}, "
           f"mlp={args.intermediate_size}, short_conv={args.short_conv_size}, vocab={args.vocab_size}")
-    print(f"  train: steps={args.steps} batch={args.batch_size} AdamW wd={args.weight_decay} "
+    batches = [batch_size_for(args, length) for length in args.lengths]
+    print(f"  train: steps={args.steps} batch={batches} AdamW wd={args.weight_decay} "
           f"warmup={args.warmup_frac} cosine clip={args.clip_grad}; test examples={args.test_examples}; seeds={args.seeds}")
     print(f"  {len(runs)} runs: " + "; ".join(
         f"L={length} kv={kv_pairs_for(args, length)} lrs={[f'{x:.1e}' for x in (args.lrs or paper_lr_sweep(length))]}"

@@ -7,6 +7,7 @@ every cache entry that is not one of ours into one archive, and ``unpack`` resto
 call. Our kernels stay out, so their time to first result is still measured from a cold cache.
 
     python benchmarks/triton_cache.py pack $OUT/fla_triton_cache.tar.xz
+    python benchmarks/triton_cache.py pack /tmp/c.tar && xz -T0 /tmp/c.tar   # uncompressed, then xz on all cores
     python benchmarks/triton_cache.py unpack fla_cache/fla_triton_cache.tar.xz
     python benchmarks/triton_cache.py drop-autotune     # forget autotune choices, keep binaries
 """
@@ -39,7 +40,8 @@ def is_ours(entry: Path, ours: set) -> bool:
 def pack(archive: Path) -> None:
     ours = our_kernel_names()
     entries = [d for d in cache_dir().iterdir() if d.is_dir() and not is_ours(d, ours)]
-    with tarfile.open(archive, "w:xz") as tar:
+    mode = "w" if archive.suffix == ".tar" else "w:xz"
+    with tarfile.open(archive, mode) as tar:
         for entry in entries:
             tar.add(entry, arcname=entry.name)
     print(f"packed {len(entries)} cache entries into {archive} ({archive.stat().st_size / 2**20:.1f} MiB)")

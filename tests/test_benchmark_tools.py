@@ -1,7 +1,11 @@
 """The device-call helpers of benchmarks/: carrying fla's Triton cache, and the seed-mixer pairing."""
+import json
+import tarfile
+
+import pytest
 import torch
 
-from benchmarks import triton_cache
+from benchmarks import fla_seed, triton_cache
 from benchmarks.fla_ops import MIXERS, as_float64
 from hdla_vision.kernels import naive_generalized
 
@@ -31,6 +35,35 @@ def test_pack_keeps_foreign_kernels_and_leaves_ours_out(tmp_path, monkeypatch):
     assert (restored / "AAA" / "chunk_kda_fwd_kernel.cubin").read_bytes() == b"\x00binary"
     triton_cache.drop_autotune()
     assert not list(restored.rglob("*.autotune.json"))
+
+
+def test_pack_to_plain_tar_for_external_compression(tmp_path, monkeypatch):
+    _fake_entry(tmp_path / "cache", "AAA", "chunk_kda_fwd_kernel")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    triton_cache.pack(tmp_path / "fla.tar")
+    with tarfile.open(tmp_path / "fla.tar", "r:") as tar:  # "r:" refuses compressed archives
+        assert "AAA/chunk_kda_fwd_kernel.cubin" in tar.getnames()
+
+
+def _seed_result(folder, mixer, device="NVIDIA H200", forced=()):
+    folder.mkdir()
+    result = {"device": device, "torch": "2.11", "triton": "3.6.0", "fla": "0.6.0", "scale": 0.125, "commit": "abc",
+              "fla_kernels": {mixer: "chunk_x"}, "fla_gated_bwd_forced_for": list(forced),
+              "parity": {mixer: {"bfloat16": {}}}, "timings_ms": {f"vision/{mixer}": {"ours": {"fwd": 1.0}}}}
+    (folder / "fla_seed.json").write_text(json.dumps(result))
+
+
+def test_fla_seed_merges_one_json_per_gpu(tmp_path):
+    _seed_result(tmp_path / "a", "gla")
+    _seed_result(tmp_path / "b", "gated_deltanet", forced=["gated_deltanet"])
+    fla_seed.merge([tmp_path / "a", tmp_path / "b"], tmp_path)
+    merged = json.loads((tmp_path / "fla_seed.json").read_text())
+    assert set(merged["parity"]) == {"gla", "gated_deltanet"}
+    assert set(merged["timings_ms"]) == {"vision/gla", "vision/gated_deltanet"}
+    assert merged["fla_gated_bwd_forced_for"] == ["gated_deltanet"]
+    _seed_result(tmp_path / "c", "kda", device="NVIDIA H100")
+    with pytest.raises(ValueError, match="device"):
+        fla_seed.merge([tmp_path / "a", tmp_path / "c"], tmp_path)
 
 
 def test_each_mixer_runs_our_op_like_its_float64_loop():

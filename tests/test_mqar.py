@@ -71,6 +71,21 @@ def test_benchmark_paper_sweeps():
     assert bench.paper_lr_sweep(2048) == [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2]
 
 
+def test_benchmark_batch_and_pairs_follow_each_length():
+    bench = load_benchmark()
+    args = bench.parse_args(["--lengths", "1024", "256", "--out-dir", "unused"])
+    assert args.lengths == [256, 1024]
+    assert [bench.batch_size_for(args, n) for n in args.lengths] == [64, 16]  # Zoology: 16384 tokens a batch
+    assert [bench.kv_pairs_for(args, n) for n in args.lengths] == [16, 64]  # Zoology: L / 16 pairs
+    args = bench.parse_args(["--lengths", "1024", "256", "--batch-size", "8", "32", "--num-kv-pairs", "40", "10",
+                             "--out-dir", "unused"])
+    assert (bench.batch_size_for(args, 256), bench.kv_pairs_for(args, 256)) == (32, 10)
+    assert (bench.batch_size_for(args, 1024), bench.kv_pairs_for(args, 1024)) == (8, 40)
+    assert bench.batch_size_for(bench.parse_args(["--lengths", "512", "256", "--batch-size", "4"]), 512) == 4
+    with pytest.raises(ValueError, match="batch-size"):
+        bench.parse_args(["--lengths", "256", "512", "--batch-size", "1", "2", "3"])
+
+
 def test_benchmark_smoke_run(tmp_path, capsys):
     bench = load_benchmark()
     best = bench.main(["--lengths", "16", "--vocab-size", "64", "--d-model", "16", "--num-heads", "2",
