@@ -2,7 +2,8 @@
 # The seed-mixer comparison with fla for some mixers on one GPU of a several-GPU machine, with a
 # Triton cache of its own (so no other GPU's processes see its shards' autotune choices):
 # unpack the carried fla cache, compile fla's kernels in parallel shards (and ours), forget the
-# shards' autotune choices, then measure (benchmarks/fla_seed.py). Called by multi_gpu.sh.
+# shards' autotune choices, then measure (benchmarks/fla_seed.py). If $GPU_FREE_FLAG names a file,
+# the measuring waits until it exists (other work may use the GPU while fla compiles).
 #   bash benchmarks/runs/seed_on_gpu.sh GPU OUT_DIR SHARDS MIXER... [-- FLA_SEED_ARGS...]
 gpu=$1 out=$2 shards=$3; shift 3
 mixers=() extra=()
@@ -24,6 +25,8 @@ done
 wait
 echo "gpu $gpu (${mixers[*]}): compiled in $((SECONDS - t0)) s" | tee -a "$out/warm.log"
 python benchmarks/triton_cache.py drop-autotune >> "$out/warm.log"
+while [ -n "$GPU_FREE_FLAG" ] && [ ! -e "$GPU_FREE_FLAG" ]; do sleep 1; done
+echo "gpu $gpu: measuring from $((SECONDS - t0)) s" >> "$out/warm.log"
 timeout "${SEED_S:-300}" python -m benchmarks.fla_seed --autotune-rep-ms 20 --mixers "${mixers[@]}" --out "$out" \
   "${extra[@]}" 2>&1 | grep -v -i "warn\|If you want\|return fn" > "$out/fla_seed.txt"
 echo "gpu $gpu (${mixers[*]}): measured at $((SECONDS - t0)) s" | tee -a "$out/warm.log"
