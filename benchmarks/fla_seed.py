@@ -212,10 +212,12 @@ def main():
               "commit": os.environ.get("COMMIT", "unknown"), "torch": torch.__version__,
               "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"), "scale": SCALE,
               "fla_kernels": {name: MIXERS[name][3] for name in args.mixers},
-              "fla_gated_bwd_forced_for": [m for m in args.mixers if m in FLA_GATED_BWD and args.fla_gated_bwd_anyway],
+              "fla_gated_bwd_forced_for": [],
               "parity": {}, "timings_ms": {}}
     os.makedirs(args.out, exist_ok=True)
     for name in args.mixers:
+        if args.fla_gated_bwd_anyway and name in FLA_GATED_BWD:
+            result["fla_gated_bwd_forced_for"].append(name)
         if not args.no_parity:
             result["parity"][name] = {"bfloat16": parity(name, torch.bfloat16, device)}
             print(name, json.dumps(result["parity"][name]), flush=True)

@@ -81,6 +81,9 @@ def parse_args(argv=None):
                         "fit), and runs are skipped once it is spent")
     p.add_argument("--log-every", type=int, default=0, help="print the training loss every N steps (0: off)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--cpu-threads", type=int, default=2,
+                   help="torch CPU threads (batches are drawn on the CPU; more threads only contend when several "
+                        "runs share a machine)")
     p.add_argument("--chunk-backend", default="auto", choices=lm_mixers.CHUNK_BACKENDS,
                    help="'torch': vectorised PyTorch chunk form also on CUDA (no Triton backward needed)")
     p.add_argument("--out-dir", default=None)
@@ -331,6 +334,7 @@ def main(argv=None):
     if args.merge_from:
         return merge(args, out_dir)
     lm_mixers.set_chunk_backend(args.chunk_backend)
+    torch.set_num_threads(args.cpu_threads)
     for length in args.lengths:
         check_mqar_args(args.vocab_size, length, kv_pairs_for(args, length))
     runs = plan(args)
