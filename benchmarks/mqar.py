@@ -16,8 +16,12 @@ decay to 0, no warm-up, no clipping (flags change these); training batches are d
 step (seeded) instead of Zoology's fixed training set; bf16 autocast on CUDA. Results go to ``$OUT/mqar`` when ``OUT`` is set, else
 ``benchmarks/results``: ``mqar_runs.json`` (every run), ``mqar_results.md`` (table), ``mqar_accuracy.png``.
 
-Example (one GPU, ~1 h):  python benchmarks/mqar.py --lengths 256 512 1024 2048 --steps 3000 --time-budget 55
-CPU smoke run:            python benchmarks/mqar.py --tiny
+One run (H200, ~22 ms a step; 4000 steps stay on MQAR's plateau, 13000 solved L=256 for one mixer):
+    python benchmarks/mqar.py --mixers hdla --lengths 256 --lrs 2.2e-3 --steps 13000
+The sweep, one line per run, spread over GPUs (results: benchmarks/results/README.md):
+    bash benchmarks/runs/mqar_queue.sh benchmarks/runs/mqar_queue_2.txt /tmp/mqar 3000 0 0 1 1
+CPU smoke run:
+    python benchmarks/mqar.py --tiny
 """
 import argparse
 import json

@@ -45,9 +45,9 @@ def test_pack_to_plain_tar_for_external_compression(tmp_path, monkeypatch):
         assert "AAA/chunk_kda_fwd_kernel.cubin" in tar.getnames()
 
 
-def _seed_result(folder, mixer, device="NVIDIA H200", forced=()):
+def _seed_result(folder, mixer, device="NVIDIA H200", forced=(), commit="abc"):
     folder.mkdir()
-    result = {"device": device, "torch": "2.11", "triton": "3.6.0", "fla": "0.6.0", "scale": 0.125, "commit": "abc",
+    result = {"device": device, "torch": "2.11", "triton": "3.6.0", "fla": "0.6.0", "scale": 0.125, "commit": commit,
               "fla_kernels": {mixer: "chunk_x"}, "fla_gated_bwd_forced_for": list(forced),
               "parity": {mixer: {"bfloat16": {}}}, "timings_ms": {f"vision/{mixer}": {"ours": {"fwd": 1.0}}}}
     (folder / "fla_seed.json").write_text(json.dumps(result))
@@ -55,12 +55,13 @@ def _seed_result(folder, mixer, device="NVIDIA H200", forced=()):
 
 def test_fla_seed_merges_one_json_per_gpu(tmp_path):
     _seed_result(tmp_path / "a", "gla")
-    _seed_result(tmp_path / "b", "gated_deltanet", forced=["gated_deltanet"])
+    _seed_result(tmp_path / "b", "gated_deltanet", forced=["gated_deltanet"], commit="def")
     fla_seed.merge([tmp_path / "a", tmp_path / "b"], tmp_path)
     merged = json.loads((tmp_path / "fla_seed.json").read_text())
     assert set(merged["parity"]) == {"gla", "gated_deltanet"}
     assert set(merged["timings_ms"]) == {"vision/gla", "vision/gated_deltanet"}
     assert merged["fla_gated_bwd_forced_for"] == ["gated_deltanet"]
+    assert merged["commits"] == {"gla": "abc", "gated_deltanet": "def"} and "commit" not in merged
     _seed_result(tmp_path / "c", "kda", device="NVIDIA H100")
     with pytest.raises(ValueError, match="device"):
         fla_seed.merge([tmp_path / "a", tmp_path / "c"], tmp_path)
