@@ -41,9 +41,11 @@ def pack(archive: Path) -> None:
     ours = our_kernel_names()
     entries = [d for d in cache_dir().iterdir() if d.is_dir() and not is_ours(d, ours)]
     mode = "w" if archive.suffix == ".tar" else "w:xz"
-    with tarfile.open(archive, mode) as tar:
+    partial = archive.with_name(archive.name + ".partial")  # a pack cut off by a time limit leaves no archive
+    with tarfile.open(partial, mode) as tar:
         for entry in entries:
             tar.add(entry, arcname=entry.name)
+    os.replace(partial, archive)
     print(f"packed {len(entries)} cache entries into {archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
 
 

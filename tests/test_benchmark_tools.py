@@ -45,6 +45,19 @@ def test_pack_to_plain_tar_for_external_compression(tmp_path, monkeypatch):
         assert "AAA/chunk_kda_fwd_kernel.cubin" in tar.getnames()
 
 
+def test_pack_cut_short_leaves_no_archive(tmp_path, monkeypatch):
+    _fake_entry(tmp_path / "cache", "AAA", "chunk_kda_fwd_kernel")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # what a time limit's signal looks like halfway through
+
+    monkeypatch.setattr(tarfile.TarFile, "add", killed)
+    with pytest.raises(KeyboardInterrupt):
+        triton_cache.pack(tmp_path / "fla.tar.xz")
+    assert not (tmp_path / "fla.tar.xz").exists()
+
+
 def _seed_result(folder, mixer, device="NVIDIA H200", forced=(), commit="abc"):
     folder.mkdir()
     result = {"device": device, "torch": "2.11", "triton": "3.6.0", "fla": "0.6.0", "scale": 0.125, "commit": commit,

@@ -14,6 +14,4 @@ bash benchmarks/runs/mqar_queue.sh benchmarks/runs/mqar_queue_3.txt $res/mqar "$
   > $res/mqar_queue.log 2>&1 &
 wait
 echo "all done at $SECONDS s"
-runs=$(for d in $res/mqar/run_*; do [ -f "$d/mqar_runs.json" ] && echo "$d"; done)
-[ -n "$runs" ] && python benchmarks/mqar.py --merge-from $runs --out-dir $res/mqar_merged > $res/mqar_merge.log 2>&1
-tar czf "$OUT/results.tgz" -C $res --exclude='*/run_*/*.png' .
+source benchmarks/runs/collect_results.sh

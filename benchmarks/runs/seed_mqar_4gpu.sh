@@ -3,7 +3,8 @@
 # per GPU (benchmarks/runs/seed_on_gpu.sh). While fla compiles (CPU-bound), the GPUs run the MQAR
 # queue benchmarks/runs/mqar_queue_1.txt (benchmarks/runs/mqar_queue.sh, stopped at its deadline)
 # and the GPU tests; the fla measurements start only once that has stopped. Everything ends inside
-# the 10-minute command limit; results come back as one archive, plus fla's merged Triton cache.
+# the 10-minute command limit; results come back as one archive. (At 6fcc2b3 it also packed the
+# four GPUs' fla caches: 1.3 GB of autotune variants, too large to come back, so that step is gone.)
 #   bash benchmarks/runs/seed_mqar_4gpu.sh      (on the device; $OUT/results.tgz)
 source benchmarks/device_setup.sh
 res=/tmp/res
@@ -27,11 +28,4 @@ bash benchmarks/runs/seed_on_gpu.sh 3 $res/seed_gdp 3 gated_deltaproduct_2 gated
 ) &
 wait
 echo "all done at $SECONDS s"
-python -m benchmarks.fla_seed --merge-from $res/seed_*/ --out $res > $res/seed_merge.log 2>&1
-runs=$(for d in $res/mqar/run_*; do [ -f "$d/mqar_runs.json" ] && echo "$d"; done)
-[ -n "$runs" ] && python benchmarks/mqar.py --merge-from $runs --out-dir $res/mqar_merged > $res/mqar_merge.log 2>&1
-tar czf "$OUT/results.tgz" -C $res --exclude='*/run_*/*.png' . || true
-mkdir -p /tmp/tcache_all && for d in /tmp/tcache_[0-9]*; do cp -rn "$d"/. /tmp/tcache_all/; done
-TRITON_CACHE_DIR=/tmp/tcache_all timeout 30 python benchmarks/triton_cache.py pack /tmp/fla_cache.tar \
-  && timeout 30 xz -T0 -6 /tmp/fla_cache.tar && cp /tmp/fla_cache.tar.xz "$OUT/fla_triton_cache.tar.xz"
-echo "packed at $SECONDS s"
+source benchmarks/runs/collect_results.sh
