@@ -24,6 +24,7 @@ import torch
 import triton
 
 from benchmarks.fla_ops import MIXERS, as_float64
+from benchmarks.kernels import rel_err
 from benchmarks.triton_cache import shorten_autotune
 from hdla_vision.kernels import naive_generalized
 
@@ -32,10 +33,6 @@ PARITY_SHAPE = (2, 300, 2, 64)
 SCALE = 0.125
 # mixers whose fla backward goes through the gated chunk_bwd_dqkwg that fla refuses on Hopper with Triton < 3.7.1
 FLA_GATED_BWD = ("gated_deltanet", "gated_deltaproduct_2", "gated_deltaproduct_3")
-
-
-def rel_err(x, ref):
-    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def outputs_and_grads(fn, x, do):

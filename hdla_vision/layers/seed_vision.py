@@ -46,10 +46,6 @@ def memory_lengths(min_memory: float, max_memory: float, count: int) -> torch.Te
     return torch.logspace(math.log10(min_memory), math.log10(max_memory), count)
 
 
-def _logit(p: torch.Tensor) -> torch.Tensor:
-    return torch.log(p) - torch.log1p(-p)
-
-
 class BetaGate(nn.Module):
     """``x [B, N, C] -> beta [B, N, H, n]`` in ``(0, beta_range)``; starts at ``beta_range / 2``."""
 
@@ -83,7 +79,7 @@ class VectorLogDecay(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         lam = 1.0 - 1.0 / memory_lengths(self.min_memory, self.max_memory, self.head_dim)
-        self.logits.up.bias.copy_(_logit(lam ** self.tau).repeat(self.num_heads))
+        self.logits.up.bias.copy_(torch.logit(lam ** self.tau).repeat(self.num_heads))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = F.logsigmoid(at_least_fp32(self.logits(x))) / self.tau
@@ -276,7 +272,7 @@ class RWKV7Gates(nn.Module):
     def init_weights(self) -> None:
         lam = 1.0 - 1.0 / memory_lengths(self.min_memory, self.max_memory, self.head_dim)
         s = (-torch.log(lam) / self.W_SCALE).clamp(1e-4, 1 - 1e-4)
-        self.decay.up.bias.copy_(_logit(s).repeat(self.num_heads))
+        self.decay.up.bias.copy_(torch.logit(s).repeat(self.num_heads))
         nn.init.zeros_(self.icl_rate.up.bias)
         self.k_k.fill_(0.85)
         self.k_a.fill_(1.0)

@@ -160,10 +160,6 @@ def _mask_time(t: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device))
 
 
-def _logit(p: torch.Tensor) -> torch.Tensor:
-    return torch.log(p) - torch.log1p(-p)
-
-
 class DecayProjection(nn.Linear):
     """Linear map to the decay logits; ``sigmoid(bias)`` starts uniform in ``decay_init`` (near 1: long memory)."""
 
@@ -175,7 +171,7 @@ class DecayProjection(nn.Linear):
     def reset_decay_parameters(self) -> None:
         lo, hi = self.decay_init
         init.normal_(self.weight, std=0.02)
-        init.copy_(self.bias, _logit(torch.empty_like(self.bias).uniform_(lo, hi)))
+        init.copy_(self.bias, torch.logit(torch.empty_like(self.bias).uniform_(lo, hi)))
 
 
 @register_mixer("hdla", kind="causal")
