@@ -1,0 +1,154 @@
+"""GPU sweep of ``chunk_generalized`` over ranks and head dims, one subprocess per case.
+
+Every (r_ab, r_kv, K = V) the op's input checks accept must run forward and backward in bf16
+and match the float64 token loop (relative error < 1e-2 on the output, the final state and
+every gradient, no NaN); every case the checks refuse must raise ValueError before anything
+is launched. Each case runs in its own process because an illegal memory access poisons the
+CUDA context of the process it happens in.
+
+    python -m tests.gpu_rank_sweep                      # the whole sweep, table on stdout
+    python -m tests.gpu_rank_sweep --json r.json --markdown r.md
+    python -m tests.gpu_rank_sweep --case 3 2 128       # one case (what the sweep's workers run)
+
+``tests/test_gpu_rank_sweep.py`` runs the sweep under pytest (``-m gpu``).
+"""
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+R_AB = (0, 1, 2, 3, 4)
+R_KV = (1, 2, 3, 4)
+HEAD_DIMS = (32, 64, 128, 256)
+SHAPE = dict(batch=1, seq_len=83, heads=2)  # T not a multiple of the chunk
+TOL = 1e-2
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def all_cases():
+    return [(r_ab, r_kv, d) for d in HEAD_DIMS for r_ab in R_AB for r_kv in R_KV]
+
+
+def problem(r_ab, r_kv, dim, seed=0):
+    """Random float64 inputs as in the issue report: k, a, b scaled by 1/sqrt(K),
+    g = logsigmoid(randn + 2), an initial state."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(seed)
+    b, t, h = SHAPE["batch"], SHAPE["seq_len"], SHAPE["heads"]
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    return dict(
+        q=rnd(b, t, h, dim),
+        k=rnd(b, t, h, r_kv, dim) / dim**0.5,
+        v=rnd(b, t, h, r_kv, dim),
+        a=rnd(b, t, h, r_ab, dim) / dim**0.5,
+        b=rnd(b, t, h, r_ab, dim) / dim**0.5,
+        g=F.logsigmoid(rnd(b, t, h, dim) + 2),
+        initial_state=rnd(b, h, dim, dim),
+    )
+
+
+def run_case(r_ab, r_kv, dim):
+    """One case in this process: ``{"status": "ok" | "refused" | "failed", ...}``."""
+    import torch
+
+    from hdla_vision.kernels import chunk_generalized
+    from tests.oracle import compare_with_loop
+
+    inputs = {n: x.cuda() for n, x in problem(r_ab, r_kv, dim).items()}
+    for reverse in (False, True):
+        try:
+            errors = compare_with_loop(chunk_generalized, "generalized", inputs, reverse=reverse,
+                                       dtype=torch.bfloat16)
+        except ValueError as exc:
+            torch.cuda.synchronize()  # a refusal must come before any launch: nothing pending fails
+            return {"status": "refused", "message": str(exc)}
+        torch.cuda.synchronize()
+        worst = max(errors.values())
+        if not worst < TOL:  # NaN fails too
+            return {"status": "failed", "reverse": reverse, "errors": errors}
+    return {"status": "ok", "worst": worst, "errors": errors}
+
+
+def _run_in_subprocess(case, timeout):
+    r_ab, r_kv, dim = case
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tests.gpu_rank_sweep", "--case", str(r_ab), str(r_kv), str(dim)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "crashed", "message": f"no result within {timeout} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"status": "crashed", "returncode": proc.returncode, "message": proc.stderr[-2000:]}
+    return json.loads(lines[-1])
+
+
+def sweep(cases, jobs, timeout=900):
+    """Run ``cases`` in parallel subprocesses; return ``{(r_ab, r_kv, dim): result}``."""
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {case: pool.submit(_run_in_subprocess, case, timeout) for case in cases}
+        return {case: fut.result() for case, fut in futures.items()}
+
+
+def markdown_table(results):
+    """One row per (r_ab, r_kv), one column per head dim: worst relative error, or the outcome."""
+    dims = sorted({d for _, _, d in results})
+    lines = ["| r_ab | r_kv | " + " | ".join(f"K=V={d}" for d in dims) + " |",
+             "|---|---|" + "---|" * len(dims)]
+    for r_ab in sorted({c[0] for c in results}):
+        for r_kv in sorted({c[1] for c in results}):
+            cells = []
+            for d in dims:
+                res = results.get((r_ab, r_kv, d))
+                if res is None:
+                    cells.append("")
+                elif res["status"] == "ok":
+                    cells.append(f"{res['worst']:.1e}")
+                else:
+                    cells.append(res["status"])
+            lines.append(f"| {r_ab} | {r_kv} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def bad_cases(results):
+    return {c: r for c, r in results.items() if r["status"] not in ("ok", "refused")}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", nargs=3, type=int, metavar=("R_AB", "R_KV", "DIM"))
+    parser.add_argument("--jobs", type=int, default=8, help="cases compiled and run at once")
+    parser.add_argument("--json", help="write every case's result here")
+    parser.add_argument("--markdown", help="write the table here")
+    args = parser.parse_args(argv)
+    if args.case:
+        print(json.dumps(run_case(*args.case)))
+        return 0
+    results = sweep(all_cases(), args.jobs)
+    table = markdown_table(results)
+    import torch
+
+    header = (f"chunk_generalized fwd+bwd, bf16 vs float64 loop, (B,T,H)=({SHAPE['batch']},{SHAPE['seq_len']},"
+              f"{SHAPE['heads']}), forward and reversed; {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+              f"{datetime.date.today()}, commit {os.environ.get('COMMIT', 'unknown')}")
+    print(header + "\n\n" + table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"header": header, "cases": [dict(r_ab=c[0], r_kv=c[1], dim=c[2], **r) for c, r in results.items()]},
+                      f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(header + "\n\n" + table + "\n")
+    bad = bad_cases(results)
+    for case, res in bad.items():
+        print(case, json.dumps(res)[:1500], file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
