@@ -1,12 +1,14 @@
 """Public ops: validate inputs, then run the Triton kernels (CUDA tensors, or any tensor
-under ``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors)."""
+under ``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors, and the
+rank / head-dim combinations the Triton kernels do not cover: ``utils.triton_supports_ranks``)."""
+import warnings
 from typing import Optional, Tuple
 
 import torch
 
 from .generalized.torch_chunk import torch_chunk_generalized
 from .hdla.naive import hdla_decay_factors
-from .utils import check_generalized_inputs, check_hdla_inputs, check_triton_ranks, use_triton
+from .utils import check_generalized_inputs, check_hdla_inputs, triton_supports_ranks, use_triton
 
 
 def chunk_generalized(
@@ -38,11 +40,13 @@ def chunk_generalized(
         ``(o [B, T, H, V], final_state [B, H, K, V] or None)``; ``o`` has q's dtype.
     """
     r_kv, r_ab = check_generalized_inputs(q, k, v, a, b, g, initial_state, scale)
-    if use_triton(q):
+    if use_triton(q) and triton_supports_ranks(q.shape[-1], r_kv, r_ab):
         from .generalized.chunk import triton_chunk_generalized
 
-        check_triton_ranks(q.shape[-1], r_kv, r_ab)
         return triton_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+    if q.is_cuda:
+        warnings.warn(f"chunk_generalized: r_ab = {r_ab}, r_kv = {r_kv} at K = {q.shape[-1]} is outside what the Triton "
+                      "kernels run correctly (kernels/utils.py: triton_supports_ranks); using the slower PyTorch chunk form")
     return torch_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
 
 

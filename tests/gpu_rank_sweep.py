@@ -1,6 +1,6 @@
 """GPU sweep of ``chunk_generalized`` over ranks and head dims, one subprocess per case.
 
-Every (r_ab, r_kv, K = V) the op's input checks accept must run forward and backward in bf16
+Every (r_ab, r_kv, K, V) the op's input checks accept must run forward and backward in bf16
 and match the float64 token loop (relative error < 1e-2 on the output, the final state and
 every gradient, no NaN); every case the checks refuse must raise ValueError before anything
 is launched. Each case runs in its own process because an illegal memory access poisons the
@@ -8,7 +8,7 @@ CUDA context of the process it happens in.
 
     python -m tests.gpu_rank_sweep                      # the whole sweep, table on stdout
     python -m tests.gpu_rank_sweep --json r.json --markdown r.md
-    python -m tests.gpu_rank_sweep --case 3 2 128       # one case (what the sweep's workers run)
+    python -m tests.gpu_rank_sweep --case 3 2 128 128   # one case: r_ab r_kv K V (what the workers run)
 
 ``tests/test_gpu_rank_sweep.py`` runs the sweep under pytest (``-m gpu``).
 """
@@ -22,17 +22,17 @@ import sys
 
 R_AB = (0, 1, 2, 3, 4)
 R_KV = (1, 2, 3, 4)
-HEAD_DIMS = (32, 64, 128, 256)
+HEAD_DIMS = ((32, 32), (64, 64), (128, 128), (256, 256), (64, 256), (256, 64), (128, 32), (32, 128))  # (K, V)
 SHAPE = dict(batch=1, seq_len=83, heads=2)  # T not a multiple of the chunk
 TOL = 1e-2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def all_cases():
-    return [(r_ab, r_kv, d) for d in HEAD_DIMS for r_ab in R_AB for r_kv in R_KV]
+    return [(r_ab, r_kv, dk, dv) for dk, dv in HEAD_DIMS for r_ab in R_AB for r_kv in R_KV]
 
 
-def problem(r_ab, r_kv, dim, seed=0):
+def problem(r_ab, r_kv, dk, dv, seed=0):
     """Random float64 inputs as in the issue report: k, a, b scaled by 1/sqrt(K),
     g = logsigmoid(randn + 2), an initial state."""
     import torch
@@ -42,24 +42,24 @@ def problem(r_ab, r_kv, dim, seed=0):
     b, t, h = SHAPE["batch"], SHAPE["seq_len"], SHAPE["heads"]
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     return dict(
-        q=rnd(b, t, h, dim),
-        k=rnd(b, t, h, r_kv, dim) / dim**0.5,
-        v=rnd(b, t, h, r_kv, dim),
-        a=rnd(b, t, h, r_ab, dim) / dim**0.5,
-        b=rnd(b, t, h, r_ab, dim) / dim**0.5,
-        g=F.logsigmoid(rnd(b, t, h, dim) + 2),
-        initial_state=rnd(b, h, dim, dim),
+        q=rnd(b, t, h, dk),
+        k=rnd(b, t, h, r_kv, dk) / dk**0.5,
+        v=rnd(b, t, h, r_kv, dv),
+        a=rnd(b, t, h, r_ab, dk) / dk**0.5,
+        b=rnd(b, t, h, r_ab, dk) / dk**0.5,
+        g=F.logsigmoid(rnd(b, t, h, dk) + 2),
+        initial_state=rnd(b, h, dk, dv),
     )
 
 
-def run_case(r_ab, r_kv, dim):
+def run_case(r_ab, r_kv, dk, dv):
     """One case in this process: ``{"status": "ok" | "refused" | "failed", ...}``."""
     import torch
 
     from hdla_vision.kernels import chunk_generalized
     from tests.oracle import compare_with_loop
 
-    inputs = {n: x.cuda() for n, x in problem(r_ab, r_kv, dim).items()}
+    inputs = {n: x.cuda() for n, x in problem(r_ab, r_kv, dk, dv).items()}
     for reverse in (False, True):
         try:
             errors = compare_with_loop(chunk_generalized, "generalized", inputs, reverse=reverse,
@@ -75,10 +75,9 @@ def run_case(r_ab, r_kv, dim):
 
 
 def _run_in_subprocess(case, timeout):
-    r_ab, r_kv, dim = case
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        proc = subprocess.run([sys.executable, "-m", "tests.gpu_rank_sweep", "--case", str(r_ab), str(r_kv), str(dim)],
+        proc = subprocess.run([sys.executable, "-m", "tests.gpu_rank_sweep", "--case", *map(str, case)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"status": "crashed", "message": f"no result within {timeout} s"}
@@ -89,22 +88,22 @@ def _run_in_subprocess(case, timeout):
 
 
 def sweep(cases, jobs, timeout=900):
-    """Run ``cases`` in parallel subprocesses; return ``{(r_ab, r_kv, dim): result}``."""
+    """Run ``cases`` in parallel subprocesses; return ``{(r_ab, r_kv, K, V): result}``."""
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         futures = {case: pool.submit(_run_in_subprocess, case, timeout) for case in cases}
         return {case: fut.result() for case, fut in futures.items()}
 
 
 def markdown_table(results):
-    """One row per (r_ab, r_kv), one column per head dim: worst relative error, or the outcome."""
-    dims = sorted({d for _, _, d in results})
-    lines = ["| r_ab | r_kv | " + " | ".join(f"K=V={d}" for d in dims) + " |",
+    """One row per (r_ab, r_kv), one column per (K, V): worst relative error, or the outcome."""
+    dims = [d for d in HEAD_DIMS if any(c[2:] == d for c in results)]
+    lines = ["| r_ab | r_kv | " + " | ".join(f"K={dk} V={dv}" for dk, dv in dims) + " |",
              "|---|---|" + "---|" * len(dims)]
     for r_ab in sorted({c[0] for c in results}):
         for r_kv in sorted({c[1] for c in results}):
             cells = []
             for d in dims:
-                res = results.get((r_ab, r_kv, d))
+                res = results.get((r_ab, r_kv, *d))
                 if res is None:
                     cells.append("")
                 elif res["status"] == "ok":
@@ -121,7 +120,7 @@ def bad_cases(results):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", nargs=3, type=int, metavar=("R_AB", "R_KV", "DIM"))
+    parser.add_argument("--case", nargs=4, type=int, metavar=("R_AB", "R_KV", "K", "V"))
     parser.add_argument("--jobs", type=int, default=8, help="cases compiled and run at once")
     parser.add_argument("--json", help="write every case's result here")
     parser.add_argument("--markdown", help="write the table here")
@@ -139,7 +138,7 @@ def main(argv=None):
     print(header + "\n\n" + table)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"header": header, "cases": [dict(r_ab=c[0], r_kv=c[1], dim=c[2], **r) for c, r in results.items()]},
+            json.dump({"header": header, "cases": [dict(r_ab=c[0], r_kv=c[1], dk=c[2], dv=c[3], **r) for c, r in results.items()]},
                       f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:

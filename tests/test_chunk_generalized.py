@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hdla_vision.kernels import chunk_generalized, naive_generalized
-from hdla_vision.kernels.utils import check_triton_ranks
+from hdla_vision.kernels.utils import triton_supports_ranks
 from tests.oracle import compare_with_loop, generalized_problem, rel_err
 
 CASES = [  # (batch, T, H, K, V, r_kv, r_ab, g_min, h0, reverse)
@@ -95,12 +95,23 @@ def test_device_mismatch_raises():
         chunk_generalized(**p)
 
 
-@pytest.mark.parametrize("dk,r_kv,r_ab,fits", [(256, 1, 2, True), (256, 1, 3, True), (256, 1, 4, False),
-                                               (256, 3, 2, False), (128, 3, 4, True), (16, 3, 4, True)])
-def test_triton_rank_limit_at_large_head_dims(dk, r_kv, r_ab, fits):
-    """Configurations whose backward would not fit a GPU's shared memory are refused up front."""
-    if fits:
-        check_triton_ranks(dk, r_kv, r_ab)
-        return
-    with pytest.raises(ValueError, match=rf"r_ab \+ r_kv = {r_ab} \+ {r_kv} with K = {dk}"):
-        check_triton_ranks(dk, r_kv, r_ab)
+@pytest.mark.parametrize("dk,r_kv,r_ab,fits", [(256, 1, 2, True), (256, 2, 2, True), (256, 3, 2, False),
+                                               (128, 4, 2, True), (128, 1, 3, False), (64, 4, 4, True),
+                                               (65, 1, 3, False), (16, 3, 4, True)])
+def test_triton_rank_rule(dk, r_kv, r_ab, fits):
+    """The measured region the Triton kernels run correctly (tests/gpu_rank_sweep.py)."""
+    assert triton_supports_ranks(dk, r_kv, r_ab) == fits
+
+
+def test_ranks_outside_the_triton_rule_take_the_chunk_form(monkeypatch):
+    """Under the interpreter a case outside the rule runs the PyTorch chunk form and stays exact."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import hdla_vision.kernels.generalized.chunk as triton_chunk
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Triton path ran a case outside triton_supports_ranks")
+
+    monkeypatch.setattr(triton_chunk, "triton_chunk_generalized", refuse)
+    p = generalized_problem(1, 20, 1, 128, 8, 1, 3, h0=True)
+    errors = compare_with_loop(chunk_generalized, "generalized", p)
+    assert max(errors.values()) < 1e-4, errors

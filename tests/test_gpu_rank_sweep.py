@@ -1,4 +1,4 @@
-"""Every (r_ab, r_kv, K = V) that chunk_generalized accepts runs fwd+bwd on the GPU and matches the
+"""Every (r_ab, r_kv, K, V) that chunk_generalized accepts runs fwd+bwd on the GPU and matches the
 float64 loop in bf16; every one it refuses raises ValueError. One subprocess per case (an illegal
 memory access would poison this process's CUDA context). See tests/gpu_rank_sweep.py."""
 import pytest
