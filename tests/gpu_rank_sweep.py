@@ -22,14 +22,15 @@ import sys
 
 R_AB = (0, 1, 2, 3, 4)
 R_KV = (1, 2, 3, 4)
-HEAD_DIMS = ((32, 32), (64, 64), (128, 128), (256, 256), (64, 256), (256, 64), (128, 32), (32, 128))  # (K, V)
+HEAD_DIMS = ((32, 32), (64, 64), (128, 128), (256, 256), (64, 256), (256, 64), (128, 32), (32, 128),
+             (16, 256), (32, 256), (128, 256), (64, 128), (16, 128))  # (K, V)
 SHAPE = dict(batch=1, seq_len=83, heads=2)  # T not a multiple of the chunk
 TOL = 1e-2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def all_cases():
-    return [(r_ab, r_kv, dk, dv) for dk, dv in HEAD_DIMS for r_ab in R_AB for r_kv in R_KV]
+def all_cases(dims=HEAD_DIMS):
+    return [(r_ab, r_kv, dk, dv) for dk, dv in dims for r_ab in R_AB for r_kv in R_KV]
 
 
 def problem(r_ab, r_kv, dk, dv, seed=0):
@@ -121,6 +122,7 @@ def bad_cases(results):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", nargs=4, type=int, metavar=("R_AB", "R_KV", "K", "V"))
+    parser.add_argument("--dims", nargs="+", metavar="KxV", help="only these head dims, e.g. 64x256")
     parser.add_argument("--jobs", type=int, default=8, help="cases compiled and run at once")
     parser.add_argument("--json", help="write every case's result here")
     parser.add_argument("--markdown", help="write the table here")
@@ -128,7 +130,8 @@ def main(argv=None):
     if args.case:
         print(json.dumps(run_case(*args.case)))
         return 0
-    results = sweep(all_cases(), args.jobs)
+    dims = [tuple(int(n) for n in d.split("x")) for d in args.dims] if args.dims else HEAD_DIMS
+    results = sweep(all_cases(dims), args.jobs)
     table = markdown_table(results)
     import torch
 
