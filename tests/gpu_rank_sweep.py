@@ -29,13 +29,18 @@ TOL = 1e-2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+HDLA = -1  # r_ab of a chunk_hdla case (rank 2 built in-kernel from k, beta, g; r_kv = 1)
+
+
 def all_cases(dims=HEAD_DIMS):
-    return [(r_ab, r_kv, dk, dv) for dk, dv in dims for r_ab in R_AB for r_kv in R_KV]
+    """(r_ab, r_kv, K, V) for chunk_generalized, and (HDLA, 1, K, V) for chunk_hdla."""
+    return [(r_ab, r_kv, dk, dv) for dk, dv in dims for r_ab in (*R_AB, HDLA) for r_kv in R_KV
+            if r_ab != HDLA or r_kv == 1]
 
 
 def problem(r_ab, r_kv, dk, dv, seed=0):
     """Random float64 inputs as in the issue report: k, a, b scaled by 1/sqrt(K),
-    g = logsigmoid(randn + 2), an initial state."""
+    g = logsigmoid(randn + 2), an initial state; for HDLA unit k and beta in [0, 2]."""
     import torch
     import torch.nn.functional as F
 
@@ -50,6 +55,13 @@ def problem(r_ab, r_kv, dk, dv, seed=0):
         b=rnd(b, t, h, r_ab, dk) / dk**0.5,
         g=F.logsigmoid(rnd(b, t, h, dk) + 2),
         initial_state=rnd(b, h, dk, dv),
+    ) if r_ab != HDLA else dict(
+        q=rnd(b, t, h, dk),
+        k=F.normalize(rnd(b, t, h, dk), dim=-1),
+        v=rnd(b, t, h, dv),
+        beta=2 * torch.rand(b, t, h, generator=gen, dtype=torch.float64),
+        g=F.logsigmoid(rnd(b, t, h, dk) + 2),
+        initial_state=rnd(b, h, dk, dv),
     )
 
 
@@ -57,14 +69,17 @@ def run_case(r_ab, r_kv, dk, dv):
     """One case in this process: ``{"status": "ok" | "refused" | "failed", ...}``."""
     import torch
 
-    from hdla_vision.kernels import chunk_generalized
+    from hdla_vision.kernels import chunk_generalized, chunk_hdla
     from tests.oracle import compare_with_loop
 
     inputs = {n: x.cuda() for n, x in problem(r_ab, r_kv, dk, dv).items()}
+    op, kind = (chunk_hdla, "hdla") if r_ab == HDLA else (chunk_generalized, "generalized")
+    unrounded = 0.0
     for reverse in (False, True):
         try:
-            errors = compare_with_loop(chunk_generalized, "generalized", inputs, reverse=reverse,
-                                       dtype=torch.bfloat16)
+            errors = compare_with_loop(op, kind, inputs, reverse=reverse, dtype=torch.bfloat16, round_reference=True)
+            unrounded = max(unrounded, *compare_with_loop(op, kind, inputs, reverse=reverse,
+                                                          dtype=torch.bfloat16).values())
         except ValueError as exc:
             torch.cuda.synchronize()  # a refusal must come before any launch: nothing pending fails
             return {"status": "refused", "message": str(exc)}
@@ -72,7 +87,7 @@ def run_case(r_ab, r_kv, dk, dv):
         worst = max(errors.values())
         if not worst < TOL:  # NaN fails too
             return {"status": "failed", "reverse": reverse, "errors": errors}
-    return {"status": "ok", "worst": worst, "errors": errors}
+    return {"status": "ok", "worst": worst, "errors": errors, "worst_unrounded_inputs": unrounded}
 
 
 def _run_in_subprocess(case, timeout):
@@ -100,8 +115,8 @@ def markdown_table(results):
     dims = [d for d in HEAD_DIMS if any(c[2:] == d for c in results)]
     lines = ["| r_ab | r_kv | " + " | ".join(f"K={dk} V={dv}" for dk, dv in dims) + " |",
              "|---|---|" + "---|" * len(dims)]
-    for r_ab in sorted({c[0] for c in results}):
-        for r_kv in sorted({c[1] for c in results}):
+    for r_ab in sorted({c[0] for c in results}, key=lambda r: (r == HDLA, r)):
+        for r_kv in sorted({c[1] for c in results if c[0] == r_ab}):
             cells = []
             for d in dims:
                 res = results.get((r_ab, r_kv, *d))
@@ -111,7 +126,8 @@ def markdown_table(results):
                     cells.append(f"{res['worst']:.1e}")
                 else:
                     cells.append(res["status"])
-            lines.append(f"| {r_ab} | {r_kv} | " + " | ".join(cells) + " |")
+            name = "HDLA" if r_ab == HDLA else r_ab
+            lines.append(f"| {name} | {r_kv} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -135,7 +151,8 @@ def main(argv=None):
     table = markdown_table(results)
     import torch
 
-    header = (f"chunk_generalized fwd+bwd, bf16 vs float64 loop, (B,T,H)=({SHAPE['batch']},{SHAPE['seq_len']},"
+    header = (f"chunk_generalized and chunk_hdla fwd+bwd, bf16, worst relative error over o, final state and every "
+              f"gradient against the float64 loop on the bf16-rounded inputs, (B,T,H)=({SHAPE['batch']},{SHAPE['seq_len']},"
               f"{SHAPE['heads']}), forward and reversed; {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"{datetime.date.today()}, commit {os.environ.get('COMMIT', 'unknown')}")
     print(header + "\n\n" + table)

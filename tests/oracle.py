@@ -46,9 +46,16 @@ GRAD_NAMES = {"generalized": ("q", "k", "v", "a", "b", "g", "initial_state"),
               "hdla": ("q", "k", "v", "beta", "g", "initial_state")}
 
 
-def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.float32, seed=1):
+def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.float32, seed=1,
+                      round_reference=False):
     """Run ``op`` in ``dtype`` and the float64 token loop on the same inputs; return the relative
-    errors of the output, the final state and every gradient (random output cotangents)."""
+    errors of the output, the final state and every gradient (random output cotangents).
+
+    ``round_reference``: the loop runs on the inputs rounded to ``dtype`` (then float64), i.e. on
+    exactly what the op received, so the errors measure the op and not the rounding of its inputs
+    (which an expansive transition, e.g. rank 4 at K = 16, amplifies past 1e-2 in bf16)."""
+    if round_reference:
+        inputs = {n: None if x is None else x.to(dtype).double() for n, x in inputs.items()}
     names = [n for n in GRAD_NAMES[kind] if inputs[n] is not None and inputs[n].numel() > 0]
     loop = naive_generalized if kind == "generalized" else naive_hdla
 
