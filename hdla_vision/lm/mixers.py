@@ -181,7 +181,8 @@ class HDLAMixer(CausalLinearMixer):
 
     q, k, v = SiLU(linear(x)) (optionally after a short conv), k L2-normalised,
     beta = beta_range * sigmoid(linear(x)) (paper: beta in (0, 2)),
-    lambda = sigmoid(linear(x)) per key channel with g = logsigmoid(.) computed in fp32,
+    lambda = sigmoid(linear(x)) per key channel with g = logsigmoid(.) <= 0 computed in fp32 (the op's
+    domain by construction; the op takes fp32 g and beta with bf16 q, k, v),
     S_t = (I - beta k k^T) Diag(lambda) (I - beta k k^T) S_{t-1} + k v^T, y_t = S_t^T q_t (no scale),
     o_t = W_o (RMSNorm(y_t) * act(W_g x_t)).
     """
@@ -251,6 +252,7 @@ class ScalarGateMixin:
         init.copy_(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
 
     def log_alpha(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, H]``, ``<= 0`` by construction (-exp(.) * softplus(.)): inside the ops' domain."""
         dt = F.softplus(self.alpha_proj(x).float() + self.dt_bias.float())
         return -self.A_log.float().exp() * dt
 
