@@ -34,7 +34,10 @@ def _leaf(tensors, dtype):
 
 
 def _ours(q, step, scale, op):
-    return op(q, step.k, step.v, step.a, step.b, step.g, scale=scale)[0]
+    """The op on a factor function's step: k, v, a, b in q's dtype, g as given (fp32), as the mixers
+    do (the op refuses other mixes; a factor function may return fp32 a, b from an fp32 gate)."""
+    k, v, a, b = (t.to(q.dtype) for t in (step.k, step.v, step.a, step.b))
+    return op(q, k, v, a, b, step.g, scale=scale)[0]
 
 
 # ---- GLA: S = Diag(alpha) S + k v^T --------------------------------------------------------

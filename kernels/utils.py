@@ -13,6 +13,40 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 MAX_HEAD_DIM = 256
 MIN_HEAD_DIM = 1
 
+# The log-decay floor. exp(x) is exactly 0 in fp32 for x <= -110 (the smallest fp32 denormal is
+# e^-103.3; with flush-to-zero on GPUs, e^-87.3), and in float64 for x <= -750 (e^-744.4). The chunk
+# forms take differences of cumulative sums of g, and -inf - (-inf) is NaN, so they clamp g at the
+# floor of their compute dtype: g = -inf (lambda = 0, a full reset) gives exactly the reset, and
+# dL/dg is 0 there (and wherever g < floor, where exp(g) underflows to 0 anyway). The floor is as
+# high as it can be: the sums after a reset carry it, and their rounding grows with it.
+LOG_ZERO_FP32 = -110.0
+LOG_ZERO_FP64 = -750.0
+
+
+def log_zero(compute_dtype: torch.dtype) -> float:
+    """The log-decay floor of a compute dtype (float64, else fp32)."""
+    return LOG_ZERO_FP64 if compute_dtype == torch.float64 else LOG_ZERO_FP32
+
+
+def check_log_decay(g: torch.Tensor) -> None:
+    """Refuse ``g > 0`` (outside the op's domain: d = exp(g) <= 1) for CPU tensors, where the check
+    costs no device synchronisation. CUDA inputs are not checked (a host sync per call)."""
+    if g.device.type == "cpu" and bool((g > 0).any()):
+        raise ValueError(f"g is a log-decay and must be <= 0 (lambda = exp(g) in [0, 1]); got max g = {g.max().item():.4g}")
+
+
+def check_dtypes(q: torch.Tensor, same: dict, may_be_fp32: dict) -> None:
+    """The dtype rule: every tensor in ``same`` (k, v, a, b) has q's dtype; the gates in
+    ``may_be_fp32`` (g, beta) have q's dtype or float32 (mixers keep gates in fp32 under bf16)."""
+    for name, x in same.items():
+        if x.dtype != q.dtype:
+            raise ValueError(f"{name} has dtype {x.dtype}; expected q's dtype {q.dtype} "
+                             f"(q, k, v, a, b share one dtype; only g and beta may be float32 instead)")
+    for name, x in may_be_fp32.items():
+        if x.dtype not in (q.dtype, torch.float32):
+            expected = "torch.float32" if q.dtype == torch.float32 else f"q's dtype {q.dtype} or torch.float32"
+            raise ValueError(f"{name} has dtype {x.dtype}; expected {expected}")
+
 
 def _shape(x: torch.Tensor) -> str:
     return "[" + ", ".join(str(d) for d in x.shape) + "]"
@@ -78,21 +112,28 @@ def check_generalized_inputs(q, k, v, a, b, g, initial_state, scale) -> Tuple[in
     r_ab = a.shape[-2]
     check_tensor("a", a, (batch, seq_len, heads, r_ab, dk), q, "[B, T, H, r_ab, K]")
     check_tensor("b", b, (batch, seq_len, heads, r_ab, dk), q, "[B, T, H, r_ab, K] (same r_ab as a)")
+    check_dtypes(q, dict(k=k, v=v, a=a, b=b), dict(g=g))
+    check_log_decay(g)
     return r_kv, r_ab
 
 
 def triton_supports_ranks(dk: int, r_kv: int, r_ab: int) -> bool:
     """Whether the Triton kernels run ``(r_ab, r_kv)`` at key head dim ``dk`` correctly.
 
-    Measured, not derived (``tests/gpu_rank_sweep.py`` on an H100, Triton 3.6, results in
-    ``benchmarks/results/rank_sweep_h100.md``): with r_ab >= 3 (4 padded rank slots) and a padded
-    key block of 128 or more, the chunk-local kernels compile into code that returns wrong values
-    (r_ab = 3, r_kv = 1, K = 128: 9% output error) or makes illegal memory accesses; and with
-    K > 128 the backward's adjoint pass, which reads ``r_ab + r_kv`` query vectors per token, needs
-    more shared memory than the GPU has once that sum passes 4. Everything else passed, forward
-    and backward, at K = V in {32, 64, 128, 256}. The ops send the other cases to the PyTorch chunk
-    form, which has no such limit, so every input the checks accept runs correctly."""
+    Measured, not derived (``tests/gpu_rank_sweep.py`` on an H100, Triton 3.6; the table is
+    ``benchmarks/results/rank_sweep_h100.md``). Outside this region:
+    - r_ab >= 3 (4 padded rank slots) with a padded key block of 128 or more: the chunk-local
+      kernels compile into code that returns wrong values (r_ab = 3, r_kv = 1, K = 128: 9% output
+      error) or makes illegal memory accesses;
+    - r_ab >= 4 at K <= 16: the tf32 products lose too much in the 64-row triangular solve
+      (1.0e-2 to 2.0e-2 relative error in bf16 against the loop on the same rounded inputs);
+    - r_ab + r_kv > 4 at K > 128: the backward's adjoint pass reads that many query vectors per
+      token and needs more shared memory than the GPU has.
+    The ops send these cases to the PyTorch chunk form, which has no such limit, so every input
+    the checks accept runs correctly."""
     if r_ab >= 3 and dk > 64:
+        return False
+    if r_ab >= 4 and dk <= 16:
         return False
     return dk <= 128 or r_ab + r_kv <= 4
 
@@ -106,3 +147,5 @@ def check_hdla_inputs(q, k, v, beta, g, initial_state, scale) -> None:
     check_tensor("k", k, (batch, seq_len, heads, dk), q, "[B, T, H, K]")
     check_tensor("g", g, (batch, seq_len, heads, dk), q, "[B, T, H, K]")
     check_tensor("beta", beta, (batch, seq_len, heads), q, "[B, T, H]")
+    check_dtypes(q, dict(k=k, v=v), dict(beta=beta, g=g))
+    check_log_decay(g)

@@ -23,7 +23,7 @@ import sys
 R_AB = (0, 1, 2, 3, 4)
 R_KV = (1, 2, 3, 4)
 HEAD_DIMS = ((32, 32), (64, 64), (128, 128), (256, 256), (64, 256), (256, 64), (128, 32), (32, 128),
-             (16, 256), (32, 256), (128, 256), (64, 128), (16, 128))  # (K, V)
+             (16, 256), (32, 256), (128, 256), (64, 128), (16, 128), (16, 16), (16, 64))  # (K, V)
 SHAPE = dict(batch=1, seq_len=83, heads=2)  # T not a multiple of the chunk
 TOL = 1e-2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

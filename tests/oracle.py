@@ -13,11 +13,22 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x - ref).norm() / (scale if scale > 0 else 1.0)).item()
 
 
-def generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=-3.0, h0=True, seed=0):
-    """Random inputs (float64) of the generalized op; g uniform in [g_min, 0]."""
+def with_resets(g: torch.Tensor, fraction: float, gen: torch.Generator) -> torch.Tensor:
+    """g with full resets (g = -inf, lambda = 0): about ``fraction`` of the tokens in every channel
+    and, elsewhere, about ``fraction`` of the single channels."""
+    if not fraction:
+        return g
+    tokens = torch.rand(g.shape[:3], generator=gen) < fraction
+    channels = torch.rand(g.shape, generator=gen) < fraction
+    return g.masked_fill(tokens[..., None] | channels, float("-inf"))
+
+
+def generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=-3.0, h0=True, seed=0, resets=0.0):
+    """Random inputs (float64) of the generalized op; g uniform in [g_min, 0], with a fraction
+    ``resets`` of g = -inf (see :func:`with_resets`)."""
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    return dict(
+    problem = dict(
         q=rnd(batch, seq_len, heads, dk),
         k=rnd(batch, seq_len, heads, r_kv, dk) / dk**0.5,
         v=rnd(batch, seq_len, heads, r_kv, dv),
@@ -26,13 +37,16 @@ def generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=-3.0, h
         g=torch.rand(batch, seq_len, heads, dk, generator=gen, dtype=torch.float64) * g_min,
         initial_state=rnd(batch, heads, dk, dv) if h0 else None,
     )
+    problem["g"] = with_resets(problem["g"], resets, gen)
+    return problem
 
 
-def hdla_problem(batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, seed=0):
-    """Random HDLA inputs (float64): unit k, beta in [0, 2], g uniform in [g_min, 0]."""
+def hdla_problem(batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, seed=0, resets=0.0):
+    """Random HDLA inputs (float64): unit k, beta in [0, 2], g uniform in [g_min, 0] (and a
+    fraction ``resets`` of g = -inf)."""
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    return dict(
+    problem = dict(
         q=rnd(batch, seq_len, heads, dk),
         k=F.normalize(rnd(batch, seq_len, heads, dk), dim=-1),
         v=rnd(batch, seq_len, heads, dv),
@@ -40,6 +54,8 @@ def hdla_problem(batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, seed=0):
         g=torch.rand(batch, seq_len, heads, dk, generator=gen, dtype=torch.float64) * g_min,
         initial_state=rnd(batch, heads, dk, dv) if h0 else None,
     )
+    problem["g"] = with_resets(problem["g"], resets, gen)
+    return problem
 
 
 GRAD_NAMES = {"generalized": ("q", "k", "v", "a", "b", "g", "initial_state"),
@@ -53,14 +69,19 @@ def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.f
 
     ``round_reference``: the loop runs on the inputs rounded to ``dtype`` (then float64), i.e. on
     exactly what the op received, so the errors measure the op and not the rounding of its inputs
-    (which an expansive transition, e.g. rank 4 at K = 16, amplifies past 1e-2 in bf16)."""
+    (which an expansive transition, e.g. rank 4 at K = 16, amplifies past 1e-2 in bf16).
+
+    Zero-size inputs (a, b at r_ab = 0) must get zero-size gradients like any other input: their
+    entry is 0.0 if the op's gradient is a tensor of the input's shape, inf if it is None.
+    g = -inf is allowed: the loop resets there (exp(-inf) = 0) and its gradient is 0."""
     if round_reference:
         inputs = {n: None if x is None else x.to(dtype).double() for n, x in inputs.items()}
     names = [n for n in GRAD_NAMES[kind] if inputs[n] is not None and inputs[n].numel() > 0]
+    empty = [n for n in GRAD_NAMES[kind] if inputs[n] is not None and inputs[n].numel() == 0]
     loop = naive_generalized if kind == "generalized" else naive_hdla
 
     def run(fn, cast):
-        leaves = {n: (cast(x).requires_grad_() if n in names else (None if x is None else cast(x)))
+        leaves = {n: (cast(x).requires_grad_() if n in names + empty else (None if x is None else cast(x)))
                   for n, x in inputs.items()}
         o, final = fn(**leaves, scale=scale, output_final_state=True, reverse=reverse)
         return leaves, o, final
@@ -71,7 +92,10 @@ def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.f
     ds = torch.randn(ref_s.shape, generator=gen, dtype=torch.float64).to(ref_o.device)
     ref_grads = torch.autograd.grad((ref_o * do).sum() + (ref_s * ds).sum(), [ref_leaves[n] for n in names])
     leaves, o, s = run(op, lambda x: x.detach().to(dtype))
-    grads = torch.autograd.grad((o.double() * do).sum() + (s.double() * ds).sum(), [leaves[n] for n in names])
+    grads = torch.autograd.grad((o.double() * do).sum() + (s.double() * ds).sum(),
+                                [leaves[n] for n in names + empty], allow_unused=True)
     errors = {"o": rel_err(o, ref_o), "final_state": rel_err(s, ref_s)}
     errors.update({f"d{n}": rel_err(g, r) for n, g, r in zip(names, grads, ref_grads)})
+    for n, g in zip(empty, grads[len(names):]):
+        errors[f"d{n}"] = 0.0 if g is not None and g.shape == leaves[n].shape else float("inf")
     return errors

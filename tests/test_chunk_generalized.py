@@ -68,7 +68,8 @@ def _good(**over):
         (dict(v=torch.randn(2, 5, 3, 4)), "v must have shape [B, T, H, r_kv, V]"),
         (dict(v=torch.randn(2, 5, 3, 2, 4)), "k must have shape"),
         (dict(b=torch.randn(2, 5, 3, 1, 8)), "b must have shape"),
-        (dict(g=torch.randn(2, 5, 3, 8, dtype=torch.float64)), None),
+        (dict(g=-torch.rand(2, 5, 3, 8, dtype=torch.float64)), "g has dtype torch.float64; expected torch.float32"),
+        (dict(g=torch.rand(2, 5, 3, 8)), "g is a log-decay and must be <= 0"),
         (dict(g=torch.randn(2, 5, 3, 8).int()), "g has dtype"),
         (dict(initial_state=torch.randn(2, 3, 8, 5)), "initial_state must have shape [B, H, K, V]"),
         (dict(q=torch.randn(2, 5, 3, 300), k=torch.randn(2, 5, 3, 1, 300), a=torch.randn(2, 5, 3, 2, 300),
@@ -79,9 +80,6 @@ def _good(**over):
 )
 def test_bad_input_raises_naming_the_argument(over, needle):
     p = _good(**over)
-    if needle is None:  # mixed float dtypes are accepted (computed in fp32)
-        chunk_generalized(**p)
-        return
     with pytest.raises(ValueError) as info:
         chunk_generalized(**p)
     assert needle in str(info.value)
@@ -97,7 +95,8 @@ def test_device_mismatch_raises():
 
 @pytest.mark.parametrize("dk,r_kv,r_ab,fits", [(256, 1, 2, True), (256, 2, 2, True), (256, 3, 2, False),
                                                (128, 4, 2, True), (128, 1, 3, False), (64, 4, 4, True),
-                                               (65, 1, 3, False), (16, 3, 4, True)])
+                                               (65, 1, 3, False), (16, 3, 4, False), (16, 4, 3, True),
+                                               (32, 1, 4, True)])
 def test_triton_rank_rule(dk, r_kv, r_ab, fits):
     """The measured region the Triton kernels run correctly (tests/gpu_rank_sweep.py)."""
     assert triton_supports_ranks(dk, r_kv, r_ab) == fits

@@ -92,6 +92,19 @@ TRITON_SCRIPT = textwrap.dedent(
         ref0, ref_s0 = naive_hdla(q.double(), k.double(), v.double(), beta.double(), g.double(), output_final_state=True)
         torch.testing.assert_close(o0.double(), ref0, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(s_no_init.double(), ref_s0, rtol=1e-5, atol=1e-5)
+        g_reset = g.clone()  # lambda = 0: the exact reset of those channels
+        g_reset[:, 0, :, : K // 2] = float("-inf")
+        o_r, s_r = fused_recurrent_hdla(q, k, v, beta, g_reset, 0.5, s0)
+        ref_or, ref_sr = naive_hdla(*(x.double() for x in (q, k, v, beta, g_reset)), scale=0.5,
+                                    initial_state=s0.double(), output_final_state=True)
+        assert torch.isfinite(o_r).all() and torch.isfinite(s_r).all()
+        torch.testing.assert_close(o_r.double(), ref_or, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(s_r.double(), ref_sr, rtol=1e-5, atol=1e-5)
+        try:
+            fused_recurrent_hdla(q, k, v, beta, g.abs() + 1e-3, 0.5, s0)
+            raise AssertionError("g > 0 was accepted")
+        except ValueError as err:
+            assert "g is a log-decay" in str(err)
     print("TRITON-INTERPRET-OK")
     """
 )

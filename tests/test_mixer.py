@@ -114,10 +114,11 @@ def test_bidirectional_gradients():
     mixer = make_mixer(dtype=torch.float32)
     x = torch.randn(1, 12, 32, requires_grad=True)
     i = 5
-    mixer(x)[:, i].sum().backward()
+    mixer(x)[:, i].sum().backward()  # the output projection's channel sum: a real function of x
     per_token = x.grad[0].abs().sum(-1)
-    assert (per_token[:i] > 0).all(), "no dependence on earlier tokens"
-    assert (per_token[i + 1:] > 0).all(), "no dependence on later tokens"
+    floor = 1e-3 * per_token[i]  # far above rounding noise (~1e-7 of it)
+    assert (per_token[:i] > floor).all(), "no dependence on earlier tokens"
+    assert (per_token[i + 1:] > floor).all(), "no dependence on later tokens"
 
 
 def test_backward_scan_reaches_first_token():

@@ -147,13 +147,16 @@ class BidirectionalHDLA(GatedOutputMixer):
         nn.init.zeros_(self.beta.bias)  # beta = 1 at the start: each write replaces its key's direction
 
     def projections(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """q, k, v ``[B, N, H, D]`` after SiLU (k L2-normalised); g_fwd, g_bwd ``[B, N, H, D]``
-        log-decays; beta_fwd, beta_bwd ``[B, N, H]`` in (0, 2); gates in fp32 or wider."""
+        """q, k, v ``[B, N, H, D]`` after SiLU (k L2-normalised), all in one dtype; g_fwd, g_bwd
+        ``[B, N, H, D]`` log-decays; beta_fwd, beta_bwd ``[B, N, H]`` in (0, 2); gates in fp32 or
+        wider (the ops accept fp32 gates with bf16 q, k, v). ``g = logsigmoid(.) <= 0`` always, so
+        the gates are inside the ops' domain by construction (exp(g) = 0, a reset, is allowed)."""
         batch, seq_len, _ = x.shape
         heads, hd = self.num_heads, self.head_dim
         # SiLU per slice: each result is a fresh contiguous [B, N, H, D] tensor (the kernels' layout)
         q, k, v = (F.silu(t) for t in self.qkv(x).view(batch, seq_len, 3, heads, hd).unbind(2))
-        k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps)
+        # cast back: under CUDA autocast the norm runs in fp32, and the op wants k in q's dtype
+        k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(q.dtype)
         g_fwd = F.logsigmoid(at_least_fp32(self.decay_fwd(x))).view(batch, seq_len, heads, hd)
         g_bwd = F.logsigmoid(at_least_fp32(self.decay_bwd(x))).view(batch, seq_len, heads, hd)
         beta_fwd, beta_bwd = (2.0 * torch.sigmoid(at_least_fp32(self.beta(x)))).split(heads, dim=-1)

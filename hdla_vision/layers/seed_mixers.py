@@ -5,8 +5,9 @@ Every function maps one mixer's per-token quantities to the inputs of
 
     S_t = (Diag(exp g_t) - A_t B_t^T) S_{t-1} + K_t V_t^T,      o_t = scale * S_t^T q_t
 
-with the state ``S_t`` of shape K x V (keys index rows). All functions return a
-:class:`GeneralizedStep` whose fields have the kernel's layout:
+with the state ``S_t`` of shape K x V (keys index rows). The ``*_factors`` functions
+return a :class:`GeneralizedStep` (except :func:`gated_deltaproduct_factors`, the shared merge of
+Householder sub-steps, which the LM's Gated DeltaProduct mixer also uses) whose fields have the kernel's layout:
 ``k [B, T, H, r_kv, K]``, ``v [B, T, H, r_kv, V]``, ``a, b [B, T, H, r_ab, K]``, ``g [B, T, H, K]``.
 Inputs are ``[B, T, H, K]`` per-token vectors and ``[B, T, H]`` per-head scalars unless stated.
 """
@@ -74,17 +75,60 @@ def gated_deltaproduct_factors_5d(k: torch.Tensor, v: torch.Tensor, beta: torch.
     """Gated DeltaProduct with n_h steps: ``S <- alpha S``, then ``S <- (I - b_j k_j k_j^T) S + b_j k_j v_j^T``.
 
     Args: k ``[B, T, H, n_h, K]`` (unit rows), v ``[B, T, H, n_h, V]``, beta ``[B, T, H, n_h]``,
-    log_alpha ``[B, T, H]``. The sub-steps merge into one rank-n_h step (the LM's
-    :func:`~hdla_vision.lm.mixers.gated_deltaproduct_factors`).
+    log_alpha ``[B, T, H]``. The sub-steps merge into one rank-n_h step
+    (:func:`gated_deltaproduct_factors`).
     """
     if k.dim() != 5 or beta.shape != k.shape[:-1]:
         raise ValueError(f"expected k [B, T, H, n_h, K] and beta [B, T, H, n_h], got {list(k.shape)}, {list(beta.shape)}")
-    # imported here: hdla_vision.lm needs transformers (the "lm" extra), the vision mixers do not
-    from hdla_vision.lm.mixers import gated_deltaproduct_factors
-
     g = _scalar_log_decay(log_alpha, k[..., 0, :])
     a, b, kw, vw = gated_deltaproduct_factors(k, v, beta, g)
     return GeneralizedStep(kw, vw, a, b, g)
+
+
+def gated_deltaproduct_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor):
+    """Merge a gate and n_h delta-rule sub-steps into one generalized step.
+
+    The token update is ``S <- alpha S`` then, for j = 1..n_h,
+    ``S <- (I - b_j k_j k_j^T) S + b_j k_j v_j^T``. Unrolled,
+    ``S_t = (alpha I - A B^T) S_{t-1} + K V^T`` with (n_h = 1: Gated DeltaNet; n_h = 2 written out)
+
+        A = [alpha b_1 k_1,  alpha b_2 k_2]
+        B = [k_1,  k_2 - b_1 (k_1 . k_2) k_1]
+        K = [b_1 (k_1 - b_2 (k_2 . k_1) k_2),  b_2 k_2],  V = [v_1, v_2]
+
+    In general, with the later sub-steps' product ``Q_j = prod_{i>j} (I - b_i k_i k_i^T)``, the
+    write of sub-step j is ``Q_j b_j k_j v_j^T``, and the decay part follows from the recursion
+    ``M_j = (I - b_j k_j k_j^T) M_{j-1}``, ``M_0 = I``, kept as ``I - A B^T``.
+
+    Args:
+        k: ``[B, T, H, n, K]`` (unit rows); v: ``[B, T, H, n, V]``; beta: ``[B, T, H, n]``;
+        g: ``[B, T, H, K]`` the log gate broadcast over K (constant along K).
+    Returns:
+        a, b: ``[B, T, H, n, K]``; k_write: ``[B, T, H, n, K]``; v_write = v.
+    """
+    n = k.shape[-2]
+    alpha = g[..., :1].exp()  # [B, T, H, 1]
+    # decay part: M_j = M_{j-1} - b_j k_j (k_j^T M_{j-1}); with M = I - sum a_i b_i^T,
+    # k_j^T M_{j-1} = k_j^T - sum_i (k_j . a_i) b_i^T, so b_new = k_j - sum_i (k_j . a_i) b_i, a_new = b_j k_j.
+    a_cols, b_cols = [], []
+    for j in range(n):
+        kj, bj = k[..., j, :], beta[..., j : j + 1]
+        b_new = kj
+        for a_i, b_i in zip(a_cols, b_cols):
+            b_new = b_new - (kj * a_i).sum(-1, keepdim=True) * b_i
+        a_cols.append(bj * kj)
+        b_cols.append(b_new)
+    a = torch.stack(a_cols, dim=-2) * alpha.unsqueeze(-1)
+    b = torch.stack(b_cols, dim=-2)
+    # writes: apply the later sub-steps' Householder factors to b_j k_j
+    k_cols = []
+    for j in range(n):
+        w = beta[..., j : j + 1] * k[..., j, :]
+        for i in range(j + 1, n):
+            ki, bi = k[..., i, :], beta[..., i : i + 1]
+            w = w - bi * (ki * w).sum(-1, keepdim=True) * ki
+        k_cols.append(w)
+    return a, b, torch.stack(k_cols, dim=-2), v
 
 
 def kda_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor) -> GeneralizedStep:

@@ -82,6 +82,7 @@ class VectorLogDecay(nn.Module):
         self.logits.up.bias.copy_(torch.logit(lam ** self.tau).repeat(self.num_heads))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``g <= 0`` by construction (logsigmoid): inside the ops' domain; -inf (a reset) is allowed."""
         g = F.logsigmoid(at_least_fp32(self.logits(x))) / self.tau
         return g.view(*x.shape[:2], self.num_heads, self.head_dim)
 
@@ -105,6 +106,7 @@ class ScalarLogDecay(nn.Module):
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``log alpha <= 0`` by construction (-exp(.) * softplus(.)): inside the ops' domain."""
         dt = F.softplus(at_least_fp32(self.proj(x)) + self.dt_bias)
         return -self.A_log.exp() * dt
 
@@ -278,7 +280,8 @@ class RWKV7Gates(nn.Module):
         self.k_a.fill_(1.0)
 
     def forward(self, x: torch.Tensor, k: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """x ``[B, N, C]``, k ``[B, N, H, D]`` -> log_w, a, kappa_hat, replacement key (all ``[B, N, H, D]``)."""
+        """x ``[B, N, C]``, k ``[B, N, H, D]`` -> log_w, a, kappa_hat, replacement key (all ``[B, N, H, D]``);
+        ``log_w = -e^{-1/2} sigmoid(.)`` lies in [-0.61, 0] by construction (the ops' domain is g <= 0)."""
         shape = k.shape
         log_w = (-self.W_SCALE * torch.sigmoid(at_least_fp32(self.decay(x)))).view(shape)
         a = torch.sigmoid(self.icl_rate(x)).view(shape)

@@ -20,7 +20,8 @@ Packed batches: ``model(packed_ids [1, total], cu_seqlens=...)``; padding: ``att
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_hdla import HDLAConfig
-from .mixers import GatedDeltaNetMixer, GatedDeltaProductMixer, HDLAMixer, gated_deltaproduct_factors
+from ..layers.seed_mixers import gated_deltaproduct_factors  # defined with the vision mixers (no transformers)
+from .mixers import GatedDeltaNetMixer, GatedDeltaProductMixer, HDLAMixer
 from .seed_mixers import (DeltaNetMixer, GLAMixer, HeadInHeadDeltaNetMixer, HeadInHeadGatedDeltaNetMixer, KDAMixer,
                           RWKV7Mixer)
 from .cache import HDLACache

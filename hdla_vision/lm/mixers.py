@@ -23,6 +23,7 @@ from transformers import initialization as init
 from ..kernels import (chunk_generalized, chunk_hdla, fused_recurrent_hdla, hdla_decay_factors, naive_generalized,
                        torch_chunk_generalized)
 from ..layers.registry import register_mixer
+from ..layers.seed_mixers import gated_deltaproduct_factors
 from .cache import read_conv_window, read_recurrent_state, write_recurrent_state
 from .configuration_hdla import GATE_ACTIVATIONS
 
@@ -180,7 +181,8 @@ class HDLAMixer(CausalLinearMixer):
 
     q, k, v = SiLU(linear(x)) (optionally after a short conv), k L2-normalised,
     beta = beta_range * sigmoid(linear(x)) (paper: beta in (0, 2)),
-    lambda = sigmoid(linear(x)) per key channel with g = logsigmoid(.) computed in fp32,
+    lambda = sigmoid(linear(x)) per key channel with g = logsigmoid(.) <= 0 computed in fp32 (the op's
+    domain by construction; the op takes fp32 g and beta with bf16 q, k, v),
     S_t = (I - beta k k^T) Diag(lambda) (I - beta k k^T) S_{t-1} + k v^T, y_t = S_t^T q_t (no scale),
     o_t = W_o (RMSNorm(y_t) * act(W_g x_t)).
     """
@@ -250,6 +252,7 @@ class ScalarGateMixin:
         init.copy_(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
 
     def log_alpha(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, H]``, ``<= 0`` by construction (-exp(.) * softplus(.)): inside the ops' domain."""
         dt = F.softplus(self.alpha_proj(x).float() + self.dt_bias.float())
         return -self.A_log.float().exp() * dt
 
@@ -286,52 +289,6 @@ class GatedDeltaMixer(ScalarGateMixin, GeneralizedCausalMixer):
         v = proj["v"].float().reshape(batch, seq_len, heads, n, self.head_dim_v)
         a, b, kw, vw = gated_deltaproduct_factors(k, v, beta, g)
         return {"q": q, "k": kw, "v": vw, "a": a, "b": b, "g": g}
-
-
-def gated_deltaproduct_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor):
-    """Merge a gate and n_h delta-rule sub-steps into one generalized step.
-
-    The token update is ``S <- alpha S`` then, for j = 1..n_h,
-    ``S <- (I - b_j k_j k_j^T) S + b_j k_j v_j^T``. Unrolled,
-    ``S_t = (alpha I - A B^T) S_{t-1} + K V^T`` with (n_h = 1: Gated DeltaNet; n_h = 2 written out)
-
-        A = [alpha b_1 k_1,  alpha b_2 k_2]
-        B = [k_1,  k_2 - b_1 (k_1 . k_2) k_1]
-        K = [b_1 (k_1 - b_2 (k_2 . k_1) k_2),  b_2 k_2],  V = [v_1, v_2]
-
-    In general, with the later sub-steps' product ``Q_j = prod_{i>j} (I - b_i k_i k_i^T)``, the
-    write of sub-step j is ``Q_j b_j k_j v_j^T``, and the decay part follows from the recursion
-    ``M_j = (I - b_j k_j k_j^T) M_{j-1}``, ``M_0 = I``, kept as ``I - A B^T``.
-
-    Args:
-        k: ``[B, T, H, n, K]`` (unit rows); v: ``[B, T, H, n, V]``; beta: ``[B, T, H, n]``;
-        g: ``[B, T, H, K]`` the log gate broadcast over K (constant along K).
-    Returns:
-        a, b: ``[B, T, H, n, K]``; k_write: ``[B, T, H, n, K]``; v_write = v.
-    """
-    n = k.shape[-2]
-    alpha = g[..., :1].exp()  # [B, T, H, 1]
-    # decay part: M_j = M_{j-1} - b_j k_j (k_j^T M_{j-1}); with M = I - sum a_i b_i^T,
-    # k_j^T M_{j-1} = k_j^T - sum_i (k_j . a_i) b_i^T, so b_new = k_j - sum_i (k_j . a_i) b_i, a_new = b_j k_j.
-    a_cols, b_cols = [], []
-    for j in range(n):
-        kj, bj = k[..., j, :], beta[..., j : j + 1]
-        b_new = kj
-        for a_i, b_i in zip(a_cols, b_cols):
-            b_new = b_new - (kj * a_i).sum(-1, keepdim=True) * b_i
-        a_cols.append(bj * kj)
-        b_cols.append(b_new)
-    a = torch.stack(a_cols, dim=-2) * alpha.unsqueeze(-1)
-    b = torch.stack(b_cols, dim=-2)
-    # writes: apply the later sub-steps' Householder factors to b_j k_j
-    k_cols = []
-    for j in range(n):
-        w = beta[..., j : j + 1] * k[..., j, :]
-        for i in range(j + 1, n):
-            ki, bi = k[..., i, :], beta[..., i : i + 1]
-            w = w - bi * (ki * w).sum(-1, keepdim=True) * ki
-        k_cols.append(w)
-    return a, b, torch.stack(k_cols, dim=-2), v
 
 
 @register_mixer("gated_deltanet", kind="causal")

@@ -15,6 +15,9 @@ Activations follow the bidirectional versions (:mod:`hdla_vision.layers.seed_vis
   ``kappa_hat = normalize(k * k_k)``, replacement key ``k * (1 + (a - 1) k_a)``. Token shift, the
   bonus term and the group norm are replaced by the shared short conv, output norm and gate.
 The decay projections are full-rank linears (fla's GLA and RWKV-7 use a rank-16 bottleneck).
+Every log-decay above (logsigmoid, ``-e^{-1/2} sigmoid``, Mamba-2's ``-exp(.) softplus(.)``) is
+``<= 0`` by construction, inside the ops' domain, and is kept in fp32 (the ops accept fp32 g with
+q, k, v, a, b in the model's dtype).
 """
 import math
 from typing import Tuple

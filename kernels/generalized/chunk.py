@@ -16,6 +16,9 @@ are readouts of the two scans, and the log-decay gradient follows from a gauge a
     dg_s = sum_{t >= s} (q.dq - K.dK - A.dA)_t + sum_{t > s} (B.dB)_t + rowsum(S_T * dS_T),
 
 a reverse cumulative sum over per-token terms; no per-token state is ever stored.
+
+The kernels clamp g at ``LOG_ZERO_FP32`` (-110, where exp is 0 in fp32) as they load it, so g = -inf
+(a full reset) is the exact limit; dg is then 0 wherever g is below the floor.
 """
 from typing import Optional
 
@@ -23,6 +26,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
+from ..utils import LOG_ZERO_FP32
 from .scan import BT, LOG2_BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_scan_kernel
 
 
@@ -235,6 +239,7 @@ def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True
     dg = _scan_cumsum(own + later, reverse) - later
     if dht is not None:
         dg = dg + (ht * dht.float()).sum(-1).unsqueeze(1)
+    dg = torch.where(g < LOG_ZERO_FP32, 0.0, dg)  # the kernels clamp g there (g = -inf: a reset), so dL/dg = 0
     return dq, dk, dv, da, db, dg, dh0
 
 

@@ -24,7 +24,8 @@ def naive_generalized(
     """Reference loop over time.
 
     Args:
-        q, g: ``[B, T, H, K]`` query and log-decay (``g <= 0``).
+        q, g: ``[B, T, H, K]`` query and log-decay (``g <= 0``; ``g = -inf`` is the reset:
+            exp(-inf) = 0 multiplies the state, and autograd's gradient w.r.t. g is 0 there).
         k: ``[B, T, H, r_kv, K]``; v: ``[B, T, H, r_kv, V]`` (columns of K_t, V_t).
         a, b: ``[B, T, H, r_ab, K]`` (columns of A_t, B_t); ``r_ab`` may be 0.
         initial_state: ``[B, H, K, V]`` or None (zeros).

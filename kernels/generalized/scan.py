@@ -26,9 +26,14 @@ the adjoint recurrence (transposed transition taken from the previous scan step)
 import triton
 import triton.language as tl
 
+from ..utils import LOG_ZERO_FP32
+
 BT = 16
 LOG2_BT = 4
 THRESH = 60.0  # |G| bound under which e^{G} and e^{-G} are both finite in fp32
+# Every kernel clamps g at this floor where it loads it: exp is exactly 0 there in fp32, so g = -inf
+# (a full reset) gives the exact limit, never -inf - (-inf) = NaN (kernels/utils.py)
+LOG_ZERO = tl.constexpr(LOG_ZERO_FP32)
 
 
 @triton.jit
@@ -95,7 +100,7 @@ def _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p0, T, H, cols, cmask, K,
     """HDLA's A and B (rank 2) built from (k, beta, g): ``A = [b u, k]``, ``B = [k, b u - b^2 s k]``
     with ``u = lambda * k`` and ``s = k^T Diag(lambda) k`` (ALGORITHM.md). Returns two ``[2*BT, BK]`` tiles."""
     kh = _load_token_rows(kh_ptr, i_b, i_h, p0, T, H, cols, cmask, K, 2, BT, SHIFT, REVERSE)
-    gh = _load_token_rows(g_ptr, i_b, i_h, p0, T, H, cols, cmask, K, 2, BT, SHIFT, REVERSE)
+    gh = tl.maximum(_load_token_rows(g_ptr, i_b, i_h, p0, T, H, cols, cmask, K, 2, BT, SHIFT, REVERSE), LOG_ZERO)
     beta = _load_token_scalar(beta_ptr, i_b, i_h, p0, T, H, 2, BT, SHIFT, REVERSE)[:, None]
     first = ((tl.arange(0, 2 * BT) % 2) == 0)[:, None]
     u = tl.exp(gh) * kh
@@ -219,7 +224,7 @@ def chunk_local_kernel(
     p0 = i_c * BT
     ck = tl.arange(0, BK)
     mk = ck < K
-    g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
+    g_tok = tl.maximum(_load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE), LOG_ZERO)
     g_cum = tl.cumsum(g_tok, 0)
     g_exc = g_cum - g_tok
     g_last = _row_of(g_cum, tl.arange(0, BT), BT - 1)
@@ -369,7 +374,7 @@ def chunk_kread_kernel(
     mk = ck < K
     cv = tl.arange(0, BV)
     mv = cv < V
-    g_tok = _load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE)
+    g_tok = tl.maximum(_load_rows(g_ptr, i_b, i_h, p0, T, H, ck, mk, K, 1, 1, BT, SHIFT, REVERSE), LOG_ZERO)
     g_cum = tl.cumsum(g_tok, 0)
     fast = tl.max(tl.abs(g_cum)) <= thresh
     if STRICT:

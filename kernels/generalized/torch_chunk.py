@@ -10,11 +10,18 @@ G' = G - g the exclusive one and X_t = S_{t-1}^T B_t the read of the previous st
 
 where every decay factor is exp of a difference G_t - G_i with t >= i, computed pairwise
 (never exp(-G), which overflows; ALGORITHM.md).
+
+``g = -inf`` (a full reset): g is clamped at the floor of the compute dtype (``utils.log_zero``),
+where exp is exactly 0, so every decay across the reset is exactly 0 and no ``-inf - (-inf)``
+appears; the gradient w.r.t. g is 0 there (clamp's). With ``r_ab = 0`` the empty a, b still get
+(empty) gradients.
 """
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from ..utils import log_zero
 
 CHUNK = 16
 
@@ -52,6 +59,8 @@ def torch_chunk_generalized(
         return o.flip(1), s
     out_dtype = q.dtype
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    empty_ab = (a, b) if a.shape[-2] == 0 else None
+    g = g.to(compute).clamp(min=log_zero(compute))  # g = -inf: exactly the reset, no NaN (module docstring)
     batch, seq_len, heads, dk = q.shape
     r_kv, dv, r_ab = v.shape[-2], v.shape[-1], a.shape[-2]
     scale = 1.0 if scale is None else scale
@@ -110,4 +119,13 @@ def torch_chunk_generalized(
     starts = torch.stack(states, dim=2)  # state entering each chunk
     o = q_eff @ starts + o_local  # [B, H, N, C, V]
     o = o.reshape(batch, heads, n * c, dv)[:, :, :seq_len].transpose(1, 2).to(out_dtype)
+    if empty_ab is not None:
+        o, state = _attach_empty(empty_ab, o, state)
     return o, (state.to(out_dtype) if output_final_state else None)
+
+
+def _attach_empty(empty, *outputs):
+    """Add an exact 0 that depends on the zero-size tensors ``empty`` (a, b at rank r_ab = 0) to
+    each output, so that autograd gives them (empty) gradients instead of None."""
+    zero = sum(t.sum() for t in empty)
+    return tuple(x + zero.to(x.dtype) for x in outputs)

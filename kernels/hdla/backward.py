@@ -5,13 +5,16 @@ Per token, with A = [beta u, k], B = [k, beta u - beta^2 s k], u = lambda * k, s
 * the gauge identity (kernels/generalized/chunk.py) gives the diagonal part of dg as a
   cumulative sum over later scan steps of ``q dq - k dK - A . dA`` (at or after s) and
   ``B . dB`` (strictly after s), plus ``rowsum(S_T * dS_T)``;
-* the chain rule through A, B adds to dk, dbeta and dg.
+* the chain rule through A, B adds to dk, dbeta and dg;
+* g is clamped at ``LOG_ZERO`` as in the scans, so dg is 0 where g is below it (g = -inf included).
 
 One program per (batch, head) walks its sequence from the last scanned token to the first in
 blocks of BT tokens, carrying the running sum.
 """
 import triton
 import triton.language as tl
+
+from ..generalized.scan import LOG_ZERO
 
 
 @triton.jit
@@ -45,7 +48,8 @@ def hdla_backward_epilogue_kernel(
         off2 = tok[:, None] * (2 * K) + ck[None, :]
         q = tl.load(q_ptr + off, mask=m2, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + off, mask=m2, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + off, mask=m2, other=0.0).to(tl.float32)
+        g_in = tl.load(g_ptr + off, mask=m2, other=0.0).to(tl.float32)
+        g = tl.maximum(g_in, LOG_ZERO)  # as the scans do: g = -inf is the exact reset
         beta_t = tl.load(beta_ptr + tok, mask=valid, other=0.0).to(tl.float32)
         beta = beta_t[:, None]
         dq = tl.load(dq_ptr + off, mask=m2, other=0.0)
@@ -72,5 +76,5 @@ def hdla_backward_epilogue_kernel(
         dg = dg_diag + beta * u * da0 + beta * u * db1 + ds * u * k
         dbeta = tl.sum(u * da0 + u * db1, 1) - 2.0 * beta_t * s_t * tl.sum(db1 * k, 1)
         tl.store(dk_ptr + off, dk, mask=m2)
-        tl.store(dg_ptr + off, dg, mask=m2)
+        tl.store(dg_ptr + off, tl.where(g_in < LOG_ZERO, 0.0, dg), mask=m2)  # clamped: dL/dg = 0
         tl.store(dbeta_ptr + tok, dbeta, mask=valid)

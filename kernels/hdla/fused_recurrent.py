@@ -135,7 +135,12 @@ def fused_recurrent_hdla(
         q, k, g: ``[B, T, H, K]`` (k L2-normalised by the caller, ``g = log lambda <= 0``).
         v: ``[B, T, H, V]``; beta: ``[B, T, H]`` in [0, 2].
         scale: output scale, None means 1.
-        initial_state: ``[B, H, K, V]`` (kept in fp32 by decoders) or None for zeros.
+        initial_state: ``[B, H, K, V]`` (kept in fp32 by decoders, any float dtype) or None for zeros.
+
+    Dtypes and the log-decay's domain as :func:`~hdla_vision.kernels.chunk_hdla`: k, v have q's
+    dtype, beta and g q's dtype or float32; ``g = -inf`` resets the state's channel exactly
+    (exp(-inf) = 0; the PyTorch loop's gradient there is 0); ``g > 0`` raises ValueError for CPU
+    tensors and is unchecked on CUDA.
 
     Returns:
         ``(o [B, T, H, V] in v's dtype, new_state [B, H, K, V] fp32)``. Triton runs CUDA tensors

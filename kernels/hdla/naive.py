@@ -37,6 +37,7 @@ def naive_hdla(
     """Token loop of paper eq. 27 with explicit Householder products (no A/B factorisation).
 
     q, k, g: ``[B, T, H, K]``; v: ``[B, T, H, V]``; beta: ``[B, T, H]``; state ``[B, H, K, V]``.
+    ``g <= 0``; ``g = -inf`` (lambda = 0) is the exact reset of that channel (gradient 0 there).
     """
     batch, seq_len, heads, dk = q.shape
     scale = 1.0 if scale is None else scale

@@ -1,0 +1,131 @@
+"""The vision side works on the base install, without transformers (the "lm" extra).
+
+Two checks: every timm model this package registers runs forward in a fresh process in which
+``import transformers`` fails, and no module under ``hdla_vision/layers``, ``backbones`` or
+``training`` imports ``hdla_vision.lm`` (read from the source, lazy imports inside functions too).
+"""
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "hdla_vision"
+VISION_PARTS = ("layers", "backbones", "training")
+
+NO_TRANSFORMERS = textwrap.dedent(
+    """
+    import json, sys
+
+    class RefuseTransformers:
+        '''A meta-path finder that makes transformers (and its submodules) unimportable.'''
+        def find_spec(self, name, path=None, target=None):
+            if name == "transformers" or name.startswith("transformers."):
+                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
+            return None
+
+    sys.meta_path.insert(0, RefuseTransformers())
+    try:
+        import transformers  # noqa: F401
+        raise SystemExit("the finder did not refuse transformers")
+    except ImportError:
+        pass
+
+    import timm, torch
+    import hdla_vision  # noqa: F401  registers the models
+    from timm.models import model_entrypoint
+
+    ours = sorted(n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("hdla_vision."))
+    ran = []
+    for name in ours:
+        torch.manual_seed(0)
+        model = timm.create_model(name, img_size=32, depth=1, num_classes=3).eval()
+        with torch.no_grad():
+            out = model(torch.randn(1, 3, 32, 32))
+        assert out.shape == (1, 3) and torch.isfinite(out).all(), name
+        ran.append(name)
+    loaded = sorted(m for m in sys.modules if m == "transformers" or m.startswith(("transformers.", "hdla_vision.lm")))
+    print(json.dumps({"ran": ran, "loaded": loaded}))
+    """
+)
+
+
+def test_every_timm_model_runs_without_transformers():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", NO_TRANSFORMERS], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    expected = {"hdla_tiny", "hdla_small", "hdla_base", "gla_tiny", "deltanet_tiny", "gdn_tiny", "kda_tiny",
+                "rwkv7_tiny", "gdp2_tiny", "gdp3_tiny", "hihdn_tiny", "hihgdn_tiny"}
+    assert expected <= set(result["ran"]), result["ran"]
+    assert result["loaded"] == [], f"modules loaded without being needed: {result['loaded']}"
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> List[Tuple[int, str]]:
+    """Absolute names of every module ``source`` imports (``(line, name)``), wherever the import
+    statement sits; ``from X import y`` also yields ``X.y`` (y may be a submodule). ``module`` is
+    the dotted name of the file, for relative imports. Calls ``importlib.import_module("...")`` /
+    ``__import__("...")`` with a literal name count too."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[: len(parts) - (node.level - 1)])
+                base = f"{parent}.{base}" if base else parent
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def imports_of_lm(source: str, module: str, is_package: bool = False) -> List[str]:
+    """``module:line name`` for each import of ``hdla_vision.lm`` or one of its submodules."""
+    hits = {}
+    for line, name in imported_modules(source, module, is_package):
+        if (name == "hdla_vision.lm" or name.startswith("hdla_vision.lm.")) and line not in hits:
+            hits[line] = f"{module}:{line} {name}"  # one per statement
+    return list(hits.values())
+
+
+@pytest.mark.parametrize("source,module,expected", [
+    ("from ..lm.mixers import f", "hdla_vision.layers.x", 1),
+    ("def f():\n    from hdla_vision.lm import mixers", "hdla_vision.training.y", 1),
+    ("from .. import lm", "hdla_vision.backbones.z", 1),
+    ("import hdla_vision.lm.cache as c", "hdla_vision.layers.x", 1),
+    ("importlib.import_module('hdla_vision.lm')", "hdla_vision.layers.x", 1),
+    ("from . import lm_helpers\nfrom ..layers import lm", "hdla_vision.layers.x", 0),  # hdla_vision.layers.lm
+    ("from ..kernels import chunk_hdla", "hdla_vision.layers.x", 0),
+])
+def test_import_walker_finds_lm_imports(source, module, expected):
+    """The walker below can fail: it finds each way of writing the import."""
+    assert len(imports_of_lm(source, module)) == expected
+
+
+def test_vision_modules_never_import_the_lm():
+    checked, offenders = 0, []
+    for part in VISION_PARTS:
+        for path in sorted((PACKAGE / part).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            is_package = rel.name == "__init__"
+            module = ".".join(rel.parent.parts if is_package else rel.parts)
+            offenders += imports_of_lm(path.read_text(), module, is_package)
+            checked += 1
+    assert checked >= 15, f"only {checked} modules found under {VISION_PARTS}"
+    assert not offenders, f"hdla_vision.lm needs transformers; these vision modules import it: {offenders}"
