@@ -21,6 +21,7 @@ from timm.data import Mixup, create_dataset, create_transform, resolve_data_conf
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from hdla_vision.training.augment import use_exact_posterize
 from hdla_vision.training.config import Config
 from hdla_vision.training.quickstart import ensure_quickstart_dataset
 
@@ -207,7 +208,11 @@ def data_settings(config: Config, model: torch.nn.Module) -> dict:
 
 
 def build_transforms(config: Config, settings: dict):
-    """(train transform, eval transform) from timm's transform factory."""
+    """(train transform, eval transform) from timm's transform factory.
+
+    The train transform's posterize ops are swapped for ``augment.exact_posterize``, which
+    gives Pillow 12's result for 0 bits on every Pillow (Pillow 13 raises instead).
+    """
     d = config.data
     train = create_transform(
         d.img_size, is_training=True, scale=tuple(d.scale), hflip=d.hflip,
@@ -215,6 +220,7 @@ def build_transforms(config: Config, settings: dict):
         interpolation=d.interpolation, mean=settings["mean"], std=settings["std"],
         re_prob=d.reprob, re_mode="pixel", re_count=1,
     )
+    use_exact_posterize(train)
     evaluation = create_transform(
         d.img_size, is_training=False, interpolation=settings["interpolation"],
         mean=settings["mean"], std=settings["std"], crop_pct=settings["crop_pct"],
