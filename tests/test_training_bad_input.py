@@ -10,7 +10,7 @@ from hdla_vision.training import runner
 from hdla_vision.training.config import load_config
 from hdla_vision.training.models import create_model, export_metadata, export_weights
 from tests.training_helpers import (  # noqa: F401  (fixtures)
-    REPO, data_dir, fresh_accelerate_state, reset_accelerate_state, tiny_config, tiny_config_dict, tiny_dataset,
+    cli_module, data_dir, fresh_accelerate_state, reset_accelerate_state, tiny_config, tiny_config_dict, tiny_dataset,
     write_config)
 
 
@@ -27,13 +27,8 @@ def one_epoch_run(tmp_path_factory, data_dir):
 
 def run_cli(tmp_path, capsys, values: dict, *extra: str) -> str:
     """Run train_imagenet.main with a config written from ``values``; return stderr (exit code must be 2)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_imagenet", REPO / "train_imagenet.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
     config = write_config(tmp_path / "config.yaml", values)
-    code = cli.main(["--config", str(config), "--output-dir", str(tmp_path / "out"), *extra])
+    code = cli_module().main(["--config", str(config), "--output-dir", str(tmp_path / "out"), *extra])
     assert code == 2
     return capsys.readouterr().err
 

@@ -128,6 +128,8 @@ def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
         parts.scheduler.step_update(num_updates=state.global_step)
         acc.print(f"resumed from {resume_dir}: epoch {state.epoch}, batch {state.batches_done}, "
                   f"step {state.global_step}")
+    elif resume:
+        acc.print(f"--resume {resume}: no checkpoint in {ckpt.checkpoint_root(output_dir)}, starting a new run")
     if acc.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
@@ -142,6 +144,7 @@ def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
     for epoch in range(state.epoch, config.sched.epochs):
         row = _run_epoch(config, s, state, output_dir)
         recorder.log_epoch(row)
+        acc.print(epoch_line(row, config.sched.epochs))
         ckpt.save_checkpoint(acc, output_dir, state, ema_module, identity, config.train.keep_checkpoints)
     row["param_checksum_per_process"] = _agreeing_checksums(acc, parts.model)
     if acc.is_main_process:
@@ -220,16 +223,37 @@ def _agreeing_checksums(acc: Accelerator, model: torch.nn.Module) -> list:
     return sums
 
 
+def epoch_line(row: dict, epochs: int) -> str:
+    """One line per epoch: train loss, validation of the raw and (if any) EMA weights, best so far."""
+    parts = [f"epoch {row['epoch'] + 1}/{epochs}", f"train loss {row['train_loss']:.4f}"]
+    for prefix, label in (("val", "raw"), ("val_ema", "EMA")):
+        if row.get(f"{prefix}_top1") is not None:
+            parts.append(f"val {label} top-1 {row[f'{prefix}_top1']:.2f} top-5 {row[f'{prefix}_top5']:.2f} "
+                         f"loss {row[f'{prefix}_loss']:.4f}")
+    if "val_top1" not in row:
+        parts.append("no validation this epoch")
+    elif row.get("best_epoch", -1) >= 0:
+        parts.append(f"best top-1 {row['best_top1']:.2f} ({row['best_source']}, epoch {row['best_epoch'] + 1})")
+    parts.append(f"{row['images_per_second']:.1f} img/s")
+    return " | ".join(parts)
+
+
+def summary_lines(row: dict, output_dir: Path, plot: Optional[Path]) -> list[str]:
+    """The end-of-run summary; entries that do not apply (EMA off, no plot) are left out, never 'None'."""
+    entries = [("epochs trained", row.get("epoch", -1) + 1), ("final train loss", row.get("train_loss")),
+               ("val top-1 (raw)", row.get("val_top1")), ("val top-1 (EMA)", row.get("val_ema_top1")),
+               ("val top-5 (raw)", row.get("val_top5")), ("val top-5 (EMA)", row.get("val_ema_top5")),
+               ("best top-1", row.get("best_top1")), ("train img/s (last epoch)", row.get("images_per_second")),
+               ("outputs", str(output_dir)), ("curves", str(plot) if plot is not None else None)]
+    entries = [(k, v) for k, v in entries if v is not None]
+    width = max(len(k) for k, _ in entries)
+    return [f"{k:<{width}}  {f'{v:.4f}' if k == 'final train loss' else f'{v:.2f}' if isinstance(v, float) else v}"
+            for k, v in entries]
+
+
 def _print_summary(acc: Accelerator, row: dict, output_dir: Path, plot: Optional[Path]) -> None:
-    if not acc.is_main_process or not row:
-        return
-    lines = [("epochs trained", row.get("epoch", -1) + 1), ("final train loss", f"{row.get('train_loss', 0):.4f}"),
-             ("val top-1 (raw)", row.get("val_top1")), ("val top-1 (EMA)", row.get("val_ema_top1")),
-             ("val top-5 (raw)", row.get("val_top5")), ("best top-1", row.get("best_top1")),
-             ("train img/s (last epoch)", f"{row.get('images_per_second', 0):.1f}"),
-             ("outputs", str(output_dir)), ("curves", str(plot))]
-    width = max(len(k) for k, _ in lines)
-    print("\n".join(f"{k:<{width}}  {v if not isinstance(v, float) else f'{v:.2f}'}" for k, v in lines))
+    if acc.is_main_process and row:
+        print("\n".join(summary_lines(row, output_dir, plot)))
 
 
 def evaluate_checkpoint(config: Config, checkpoint: str, data_dir: Optional[str] = None,
