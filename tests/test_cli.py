@@ -38,7 +38,7 @@ def test_word_values_in_a_config_file(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("train.mixed_precision=on", "config key 'train.mixed_precision' must be 'no', 'bf16' or 'fp16', got 'on'"),
     ("train.ema=maybe", "config key 'train.ema': expected bool, got str 'maybe'"),
-    ("model.name=true", "config key 'model.name': expected str, got bool True"),
+    ("model.name=true", "config key 'model.name': expected str or null, got bool True"),
     ("train.seed=[1", "override 'train.seed=[1': the value is not valid YAML"),
 ])
 def test_wrong_words_name_the_key(override, message):

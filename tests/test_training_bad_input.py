@@ -86,9 +86,15 @@ def test_checkpoint_of_another_architecture(tmp_path, capsys, data_dir):
     weights = tmp_path / "wide.safetensors"
     export_weights(create_model(config), weights, export_metadata(config.model.name, 10, 32, config.model.kwargs))
     err = run_cli(tmp_path, capsys, tiny_config_dict(data_dir), "--eval-only", "--checkpoint", str(weights))
-    assert "does not match the model" in err and "size mismatch" in err
-    with pytest.raises(ValueError, match="does not match model"):
+    assert "does not match the model: model.kwargs differ from the checkpoint's model_kwargs " \
+           "(embed_dim: checkpoint 48, config 32)" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ValueError, match=r"does not match model 'deit_tiny_patch16_224': .*\(embed_dim: checkpoint 48"):
         create_model(tiny_config(data_dir, model={"init_checkpoint": str(weights)}))
+    bare = tmp_path / "bare.safetensors"  # no model_kwargs recorded: the tensors are compared, in one line
+    export_weights(create_model(config), bare, {"format": "pt", "model_name": config.model.name})
+    err = run_cli(tmp_path, capsys, tiny_config_dict(data_dir), "--eval-only", "--checkpoint", str(bare))
+    assert "size mismatch for 31 tensors (first 'blocks.0.attn.proj.bias': checkpoint [48], model [32])" in err
+    assert "records no model_kwargs" in err and len(err.strip().splitlines()) == 1
 
 
 def test_truncated_export_is_refused(tmp_path, capsys, data_dir, one_epoch_run):

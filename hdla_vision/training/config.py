@@ -25,8 +25,9 @@ import yaml
 
 @dataclass
 class ModelConfig:
-    name: str = "hdla_tiny"
-    kwargs: dict = field(default_factory=dict)  # extra timm.create_model kwargs (depth, embed_dim, ...)
+    name: Optional[str] = None  # timm model name; None: init_checkpoint's model, else hdla_tiny
+    kwargs: dict = field(default_factory=dict)  # extra timm.create_model kwargs (depth, embed_dim, ...),
+    # merged over those recorded in init_checkpoint's metadata
     drop_path_rate: float = 0.1
     init_checkpoint: Optional[str] = None  # weights to start from (fine-tuning): .safetensors or a run dir
     linear_probe: bool = False  # freeze everything but the classifier

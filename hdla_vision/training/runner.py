@@ -19,7 +19,8 @@ from hdla_vision.training import checkpoint as ckpt
 from hdla_vision.training.config import Config
 from hdla_vision.training.data import build_data, resolve_data_root
 from hdla_vision.training.engine import TrainParts, evaluate, train_one_epoch
-from hdla_vision.training.models import create_model, export_metadata, export_weights, load_weights
+from hdla_vision.training.models import (create_model, export_metadata, export_weights, load_weights,
+                                         resolve_model_config)
 from hdla_vision.training.records import RunRecorder
 
 _MAX_GATHERED_INDICES = 20_000_000
@@ -42,16 +43,6 @@ def make_accelerator(config: Config) -> Accelerator:
                        step_scheduler_with_optimizer=False)
 
 
-def batch_per_process(config: Config, num_processes: int) -> int:
-    """``global_batch_size / (num_processes * grad_accum_steps)``; must divide exactly."""
-    t = config.train
-    divisor = num_processes * t.grad_accum_steps
-    if t.global_batch_size % divisor:
-        raise ValueError(f"train.global_batch_size ({t.global_batch_size}) must be divisible by "
-                         f"num_processes x train.grad_accum_steps = {num_processes} x {t.grad_accum_steps}")
-    return t.global_batch_size // divisor
-
-
 def peak_learning_rate(config: Config) -> float:
     """The linear scaling rule: ``base_lr * global_batch_size / lr_base_size``."""
     return config.optim.base_lr * config.train.global_batch_size / config.optim.lr_base_size
@@ -69,10 +60,10 @@ def setup(config: Config, data_dir: Optional[str] = None) -> Setup:
     """Build everything a run needs; the same on every process (seeded by ``train.seed``)."""
     accelerator = make_accelerator(config)
     set_seed(config.train.seed)
-    per_process = batch_per_process(config, accelerator.num_processes)
     model = create_model(config)
     root = resolve_data_root(config, data_dir)
-    data = build_data(config, root, model, per_process, accelerator.num_processes)
+    data = build_data(config, root, model, accelerator.num_processes)  # may cap train.global_batch_size
+    per_process = data.batch_per_process
     if data.mixup is not None and per_process % 2:
         raise ValueError(f"mixup/cutmix need an even batch per process, got {per_process}")
     peak_lr = peak_learning_rate(config)
@@ -258,11 +249,16 @@ def _print_summary(acc: Accelerator, row: dict, output_dir: Path, plot: Optional
 
 def evaluate_checkpoint(config: Config, checkpoint: str, data_dir: Optional[str] = None,
                         output_dir: Optional[str | Path] = None) -> dict:
-    """Eval-only mode: load exported weights strictly and report validation top-1 / top-5."""
+    """Eval-only mode: load exported weights strictly and report validation top-1 / top-5.
+
+    The model's name and kwargs come from the file's metadata where the config leaves them unset.
+    """
+    resolve_model_config(config, checkpoint)
     config.model.init_checkpoint = None
     s = setup(config, data_dir)
     acc = s.accelerator
-    meta = load_weights(acc.unwrap_model(s.parts.model), checkpoint, expected_name=config.model.name)
+    meta = load_weights(acc.unwrap_model(s.parts.model), checkpoint, expected_name=config.model.name,
+                        model_kwargs=config.model.kwargs)
     metrics = evaluate(s.parts.model, s.val_loader, acc, s.num_classes)
     metrics["checkpoint"] = str(checkpoint)
     metrics["checkpoint_epoch"] = meta.get("epoch")
