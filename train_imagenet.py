@@ -7,7 +7,8 @@
     python train_imagenet.py --config configs/hdla_tiny.yaml --data-dir /data/imagenet \
         --eval-only --checkpoint runs/hdla_tiny/best.safetensors
 
-Trailing ``section.key=value`` arguments override the config (values are parsed as YAML).
+``section.key=value`` arguments anywhere on the command line override the config (values are
+parsed as YAML; ``no`` / ``off`` stay words, e.g. ``train.mixed_precision=no``).
 """
 import argparse
 import sys
@@ -28,7 +29,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval-only", action="store_true", help="only evaluate --checkpoint on the val split")
     parser.add_argument("--checkpoint", default=None, help="weights (.safetensors or run dir) for --eval-only")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides may come before, between or after the options
 
 
 def main(argv=None) -> int:

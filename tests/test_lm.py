@@ -78,6 +78,56 @@ def test_save_and_from_pretrained_safetensors(tmp_path, tie):
     torch.testing.assert_close(model(x).logits, loaded(x).logits, rtol=0, atol=0)
 
 
+FRESH_PROCESS_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+path = Path(sys.argv[1])
+try:
+    AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False)
+    raise SystemExit("loaded without the remote-code entry point")
+except ValueError as err:
+    assert "trust_remote_code=True" in str(err), err
+model = AutoModelForCausalLM.from_pretrained(path).eval()  # stdin answers transformers' remote-code prompt: y
+assert type(model).__module__ == "hdla_vision.lm.modeling_hdla", type(model)
+again = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+expected = load_file(str(path.parent / "expected.safetensors"))
+for loaded in (model, again):
+    assert torch.equal(loaded(expected["input_ids"]).logits, expected["logits"])
+model.save_pretrained(path.parent / "resaved")
+print("RESAVED", json.dumps(sorted(p.name for p in (path.parent / "resaved").iterdir())))
+"""
+
+
+def test_saved_model_reloads_in_a_fresh_process_without_importing_hdla_vision(tmp_path):
+    """Only transformers is imported; the saved auto_map finds the classes in the installed package."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    from hdla_vision.lm.configuration_hdla import AUTO_MAP
+
+    model = tiny_model(short_conv_size=3)
+    model.save_pretrained(tmp_path / "saved")
+    x = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        save_file({"input_ids": x, "logits": model(x).logits}, str(tmp_path / "expected.safetensors"))
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["auto_map"] == AUTO_MAP
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", FRESH_PROCESS_SCRIPT, str(tmp_path / "saved")], input="y\n",
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    resaved = json.loads(result.stdout.split("RESAVED ")[-1])  # the remote-code prompt shares stdout
+    assert resaved == ["config.json", "generation_config.json", "hdla_vision_auto.py", "model.safetensors"]
+    assert json.loads((tmp_path / "resaved" / "config.json").read_text())["auto_map"] == AUTO_MAP
+
+
 @pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("short_conv_size", [0, 4])
 def test_cached_greedy_generate_equals_full_forward_argmax(mixer, short_conv_size):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import hdla_vision  # noqa: F401  (registers the timm models)
 import pytest
@@ -155,3 +156,51 @@ def test_shipped_configs_load_and_scale_the_learning_rate():
     paper = load_config(REPO / "configs" / "hdla_tiny.yaml")
     assert runner.peak_learning_rate(paper) == pytest.approx(2.4e-3)
     assert paper.optim.betas == [0.9, 0.98] and paper.sched.warmup_epochs == 20 and paper.data.mixup == 0.0
+
+
+def test_finetune_config_takes_the_model_from_the_export(trained_run, data_dir):
+    """configs/finetune.yaml names no model: the export's metadata supplies name and kwargs."""
+    from hdla_vision.training.config import load_config
+    from tests.training_helpers import REPO, TINY_MODEL
+
+    source = trained_run[0] / "model.safetensors"
+
+    def finetune(*overrides):
+        return load_config(REPO / "configs" / "finetune.yaml", [f"model.init_checkpoint={source}", "data.num_classes=5",
+                                                                 "data.img_size=48", *overrides])
+
+    config = finetune("model.kwargs={drop_rate: 0.2}")
+    model = create_model(config)
+    assert config.model.name == TINY_MODEL["name"]
+    assert config.model.kwargs == {**TINY_MODEL["kwargs"], "drop_rate": 0.2}  # explicit values merged over saved
+    assert model.state_dict()["head.weight"].shape == (5, 32) and model.head_drop.p == 0.2
+    with pytest.raises(ValueError) as err:
+        create_model(finetune("model.kwargs={embed_dim: 48, depth: 3}"))
+    assert str(err.value).endswith("does not match model 'deit_tiny_patch16_224': model.kwargs differ from the "
+                                   "checkpoint's model_kwargs (depth: checkpoint 2, config 3; embed_dim: checkpoint 32, "
+                                   "config 48)")
+    with pytest.raises(ValueError, match="holds a 'deit_tiny_patch16_224' model, the config asks for 'hdla_tiny'"):
+        create_model(finetune("model.name=hdla_tiny"))
+
+
+def test_global_batch_is_capped_by_the_training_set():
+    from hdla_vision.training.config import config_from_dict
+    from hdla_vision.training.data import cap_global_batch
+
+    def capped(samples, processes=1, **sections):
+        config = config_from_dict({"train": {"global_batch_size": 512}, **sections})
+        cap_global_batch(config, samples, processes)
+        return config.train.global_batch_size
+
+    with pytest.warns(UserWarning, match=r"global_batch_size 512 is larger than the training set \(57 images"):
+        assert capped(57, data={"mixup": 0.8}) == 56  # mixup pairs images: an even batch
+    with pytest.warns(UserWarning):
+        assert capped(57, processes=2, train={"global_batch_size": 512, "grad_accum_steps": 3}) == 54
+    with pytest.warns(UserWarning, match=r"\(255 images per epoch\): using 255"):
+        assert capped(300, processes=3, data={"repeated_aug": True}) == 255  # RepeatAugSampler: 256 // 3 per rank
+    with pytest.warns(UserWarning, match="using 1,"):
+        assert capped(1) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert capped(512) == 512  # fits: no warning
+        assert capped(1, processes=2) == 512  # cannot fill one batch: EpochOrder's error says so

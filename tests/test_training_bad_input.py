@@ -10,7 +10,7 @@ from hdla_vision.training import runner
 from hdla_vision.training.config import load_config
 from hdla_vision.training.models import create_model, export_metadata, export_weights
 from tests.training_helpers import (  # noqa: F401  (fixtures)
-    REPO, data_dir, fresh_accelerate_state, reset_accelerate_state, tiny_config, tiny_config_dict, tiny_dataset,
+    cli_module, data_dir, fresh_accelerate_state, reset_accelerate_state, tiny_config, tiny_config_dict, tiny_dataset,
     write_config)
 
 
@@ -27,13 +27,8 @@ def one_epoch_run(tmp_path_factory, data_dir):
 
 def run_cli(tmp_path, capsys, values: dict, *extra: str) -> str:
     """Run train_imagenet.main with a config written from ``values``; return stderr (exit code must be 2)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_imagenet", REPO / "train_imagenet.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
     config = write_config(tmp_path / "config.yaml", values)
-    code = cli.main(["--config", str(config), "--output-dir", str(tmp_path / "out"), *extra])
+    code = cli_module().main(["--config", str(config), "--output-dir", str(tmp_path / "out"), *extra])
     assert code == 2
     return capsys.readouterr().err
 
@@ -91,9 +86,15 @@ def test_checkpoint_of_another_architecture(tmp_path, capsys, data_dir):
     weights = tmp_path / "wide.safetensors"
     export_weights(create_model(config), weights, export_metadata(config.model.name, 10, 32, config.model.kwargs))
     err = run_cli(tmp_path, capsys, tiny_config_dict(data_dir), "--eval-only", "--checkpoint", str(weights))
-    assert "does not match the model" in err and "size mismatch" in err
-    with pytest.raises(ValueError, match="does not match model"):
+    assert "does not match the model: model.kwargs differ from the checkpoint's model_kwargs " \
+           "(embed_dim: checkpoint 48, config 32)" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ValueError, match=r"does not match model 'deit_tiny_patch16_224': .*\(embed_dim: checkpoint 48"):
         create_model(tiny_config(data_dir, model={"init_checkpoint": str(weights)}))
+    bare = tmp_path / "bare.safetensors"  # no model_kwargs recorded: the tensors are compared, in one line
+    export_weights(create_model(config), bare, {"format": "pt", "model_name": config.model.name})
+    err = run_cli(tmp_path, capsys, tiny_config_dict(data_dir), "--eval-only", "--checkpoint", str(bare))
+    assert "size mismatch for 31 tensors (first 'blocks.0.attn.proj.bias': checkpoint [48], model [32])" in err
+    assert "records no model_kwargs" in err and len(err.strip().splitlines()) == 1
 
 
 def test_truncated_export_is_refused(tmp_path, capsys, data_dir, one_epoch_run):

@@ -71,6 +71,16 @@ def tiny_config(data_dir: Path, **section_overrides):
     return config_from_dict(tiny_config_dict(data_dir, **section_overrides))
 
 
+def cli_module():
+    """``train_imagenet.py`` imported as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_imagenet", REPO / "train_imagenet.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli
+
+
 def write_config(path: Path, values: dict) -> Path:
     path.write_text(yaml.safe_dump(values))
     return path

@@ -16,6 +16,10 @@ Importing this package registers ``HDLAConfig`` with ``AutoConfig`` and the mode
 Prefill runs the chunk kernels; decoding keeps one fp32 state ``[B, H, K, V]`` per layer (plus
 a short-conv window) in an :class:`HDLACache` and advances it with ``fused_recurrent_hdla``.
 Packed batches: ``model(packed_ids [1, total], cu_seqlens=...)``; padding: ``attention_mask``.
+
+``save_pretrained`` writes an ``auto_map`` and ``hdla_vision_auto.py`` (imports from this
+package), so ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`` reloads a
+saved model in a process that never imported ``hdla_vision.lm``.
 """
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 

@@ -1,9 +1,29 @@
-"""Configuration of the HDLA causal language model (transformers ``model_type = "hdla"``)."""
+"""Configuration of the HDLA causal language model (transformers ``model_type = "hdla"``).
+
+``save_pretrained`` also writes ``hdla_vision_auto.py`` (three imports from the installed
+package) and an ``auto_map`` naming it, so a fresh process reloads a saved model with
+``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`` (or answering the
+prompt) without ``import hdla_vision.lm``; after ``import hdla_vision.lm`` no remote code is
+needed. transformers 5 resolves ``auto_map`` only through module files inside the saved
+directory, loaded as remote code, hence the small file.
+"""
+import os
 from typing import Any, Dict, Optional
 
 from transformers import PreTrainedConfig
 
 GATE_ACTIVATIONS = ("silu", "sigmoid", "identity")
+AUTO_MODULE = "hdla_vision_auto"
+AUTO_MAP = {"AutoConfig": f"{AUTO_MODULE}.HDLAConfig", "AutoModel": f"{AUTO_MODULE}.HDLAModel",
+            "AutoModelForCausalLM": f"{AUTO_MODULE}.HDLAForCausalLM"}
+AUTO_MODULE_SOURCE = '''"""The classes of this saved hdla_vision causal LM, from the installed hdla-vision package.
+
+transformers loads this file for the config's auto_map (trust_remote_code=True). Without it:
+    import hdla_vision.lm  # registers model_type "hdla" with transformers' Auto classes
+    AutoModelForCausalLM.from_pretrained(path)
+"""
+from hdla_vision.lm import HDLAConfig, HDLAForCausalLM, HDLAModel  # noqa: F401
+'''
 
 
 class HDLAConfig(PreTrainedConfig):
@@ -91,3 +111,16 @@ class HDLAConfig(PreTrainedConfig):
             raise ValueError(f"HDLAConfig.mixer_kwargs must be a dict, got {type(self.mixer_kwargs).__name__}")
         if not (isinstance(self.rms_norm_eps, float) and self.rms_norm_eps > 0):
             raise ValueError(f"HDLAConfig.rms_norm_eps must be a float > 0, got {self.rms_norm_eps!r}")
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """transformers' save, plus the ``auto_map`` and the module file it names (see the module docstring)."""
+        os.makedirs(save_directory, exist_ok=True)
+        with open(os.path.join(save_directory, f"{AUTO_MODULE}.py"), "w") as handle:
+            handle.write(AUTO_MODULE_SOURCE)
+        self.auto_map = dict(AUTO_MAP)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoConfig"):
+        """No-op: loading through ``auto_map`` calls this, and transformers would then copy this
+        file into later saves instead of writing ``hdla_vision_auto.py``."""

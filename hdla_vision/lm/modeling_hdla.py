@@ -78,6 +78,10 @@ class HDLAPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["HDLABlock"]
     _supports_cache_class = True
 
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoModel"):
+        """No-op, as ``HDLAConfig.register_for_auto_class``: saves keep the ``hdla_vision_auto.py`` entry point."""
+
     def _init_weights(self, module: nn.Module) -> None:
         """transformers' defaults (normal(0, initializer_range) linears and embeddings, unit norms),
         except the mixers' decay parameters, which start with long memory, and the depthwise short

@@ -4,10 +4,16 @@ A config file is a mapping of sections (``model``, ``data``, ``optim``, ``sched`
 ``train``) to keys. Every key must exist in the schema below: an unknown key, a missing
 section name or a value of the wrong type raises ``ValueError`` naming the dotted key.
 Command-line overrides use the same dotted names: ``optim.base_lr=1e-3``.
+
+Values are read as YAML with one change: only ``true`` / ``false`` are booleans (YAML 1.2),
+so ``train.mixed_precision=no`` stays the string ``"no"``. Boolean keys also take
+``yes`` / ``no`` / ``on`` / ``off``, and string keys with an "off" setting
+(``train.mixed_precision``, ``data.auto_augment``) take ``no`` / ``off`` / ``false`` / ``none``.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,8 +25,9 @@ import yaml
 
 @dataclass
 class ModelConfig:
-    name: str = "hdla_tiny"
-    kwargs: dict = field(default_factory=dict)  # extra timm.create_model kwargs (depth, embed_dim, ...)
+    name: Optional[str] = None  # timm model name; None: init_checkpoint's model, else hdla_tiny
+    kwargs: dict = field(default_factory=dict)  # extra timm.create_model kwargs (depth, embed_dim, ...),
+    # merged over those recorded in init_checkpoint's metadata
     drop_path_rate: float = 0.1
     init_checkpoint: Optional[str] = None  # weights to start from (fine-tuning): .safetensors or a run dir
     linear_probe: bool = False  # freeze everything but the classifier
@@ -104,6 +111,28 @@ class Config:
         return dataclasses.asdict(self)
 
 
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader whose only booleans are true/false (yes/no/on/off stay strings)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+
+
+def parse_yaml(text: str) -> Any:
+    """Safe YAML parsing with YAML 1.2 booleans (see the module docstring)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+_BOOL_WORDS = {"yes": True, "on": True, "true": True, "no": False, "off": False, "false": False}
+_OFF_WORDS = ("no", "off", "false", "none")
+_OFF_SETTING = {"train.mixed_precision": "no", "data.auto_augment": None}  # string keys that can be switched off
+
+
 def _allowed_types(annotation: str, owner: type) -> tuple:
     hint = typing.get_type_hints(owner)[annotation]
     args = typing.get_args(hint)
@@ -113,6 +142,10 @@ def _allowed_types(annotation: str, owner: type) -> tuple:
 
 
 def _coerce(value: Any, allowed: tuple, dotted: str) -> Any:
+    if dotted in _OFF_SETTING and (value is False or (isinstance(value, str) and value.lower() in _OFF_WORDS)):
+        return _OFF_SETTING[dotted]
+    if isinstance(value, str) and bool in allowed and value.lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[value.lower()]
     if isinstance(value, bool) and bool not in allowed:
         raise ValueError(f"config key '{dotted}': expected {_names(allowed)}, got bool {value!r}")
     if isinstance(value, int) and not isinstance(value, bool) and float in allowed and int not in allowed:
@@ -161,12 +194,12 @@ def config_from_dict(values: dict) -> Config:
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
-    """Read a YAML config with yaml.safe_load and apply ``section.key=value`` overrides."""
+    """Read a YAML config (safe loader) and apply ``section.key=value`` overrides."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file '{path}' does not exist")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = parse_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ValueError(f"config file '{path}' is not valid YAML: {err}") from err
     for override in overrides:
@@ -184,7 +217,11 @@ def _merge_override(values: dict, override: str) -> None:
     section, key = parts
     if not isinstance(values.setdefault(section, {}), dict):
         raise ValueError(f"override '{override}': section '{section}' is not a mapping")
-    values[section][key] = yaml.safe_load(raw) if raw.strip() else None
+    try:
+        values[section][key] = parse_yaml(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        reason = getattr(err, "problem", None) or err
+        raise ValueError(f"override '{override}': the value is not valid YAML ({reason})") from err
 
 
 def validate(config: Config) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -21,6 +22,7 @@ from timm.data import Mixup, create_dataset, create_transform, resolve_data_conf
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from hdla_vision.training.augment import use_exact_posterize
 from hdla_vision.training.config import Config
 from hdla_vision.training.quickstart import ensure_quickstart_dataset
 
@@ -154,6 +156,16 @@ class EpochOrder(Sampler):
                 f"({batch_per_process} per process x {num_processes} processes): lower train.global_batch_size"
             )
 
+    @staticmethod
+    def samples_per_epoch(num_samples: int, num_processes: int, repeated_aug: bool = False,
+                          num_repeats: int = 3) -> int:
+        """How many samples one epoch hands out over all processes (before rounding to whole batches)."""
+        if not repeated_aug:
+            return num_samples
+        per_rank = len(RepeatAugSampler(range(num_samples), num_replicas=num_processes, rank=0,
+                                        num_repeats=num_repeats))
+        return per_rank * num_processes
+
     def use_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
@@ -179,15 +191,41 @@ class EpochOrder(Sampler):
 
     def __len__(self) -> int:
         global_batch = self.batch_per_process * self.num_processes
-        if self.repeated_aug:
-            per_rank = len(RepeatAugSampler(range(self.num_samples), num_replicas=self.num_processes, rank=0,
-                                            num_repeats=self.num_repeats))
-            return per_rank // self.batch_per_process * global_batch
-        return self.num_samples // global_batch * global_batch
+        total = self.samples_per_epoch(self.num_samples, self.num_processes, self.repeated_aug, self.num_repeats)
+        return total // global_batch * global_batch
+
+
+def batch_per_process(config: Config, num_processes: int) -> int:
+    """``global_batch_size / (num_processes * grad_accum_steps)``; must divide exactly."""
+    t = config.train
+    divisor = num_processes * t.grad_accum_steps
+    if t.global_batch_size % divisor:
+        raise ValueError(f"train.global_batch_size ({t.global_batch_size}) must be divisible by "
+                         f"num_processes x train.grad_accum_steps = {num_processes} x {t.grad_accum_steps}")
+    return t.global_batch_size // divisor
+
+
+def cap_global_batch(config: Config, num_samples: int, num_processes: int) -> None:
+    """Lower ``train.global_batch_size`` to what one epoch of the training set can fill, with a warning.
+
+    The capped batch is the largest multiple of ``num_processes * grad_accum_steps`` (times 2
+    with mixup / cutmix, which pair images within a batch) not above the epoch's sample count.
+    """
+    t, d = config.train, config.data
+    available = EpochOrder.samples_per_epoch(num_samples, num_processes, d.repeated_aug, d.num_repeats)
+    unit = num_processes * t.grad_accum_steps * (2 if d.mixup > 0 or d.cutmix > 0 else 1)
+    capped = available // unit * unit
+    if t.global_batch_size <= available or capped == 0:
+        return
+    warnings.warn(f"train.global_batch_size {t.global_batch_size} is larger than the training set "
+                  f"({available} images per epoch): using {capped}, one optimizer step per epoch "
+                  f"(the peak lr scales with it)", stacklevel=2)
+    t.global_batch_size = capped
 
 
 @dataclass
 class DataBundle:
+    batch_per_process: int
     train_loader: DataLoader
     val_loader: DataLoader
     train_order: EpochOrder
@@ -207,7 +245,11 @@ def data_settings(config: Config, model: torch.nn.Module) -> dict:
 
 
 def build_transforms(config: Config, settings: dict):
-    """(train transform, eval transform) from timm's transform factory."""
+    """(train transform, eval transform) from timm's transform factory.
+
+    The train transform's posterize ops are swapped for ``augment.exact_posterize``, which
+    gives Pillow 12's result for 0 bits on every Pillow (Pillow 13 raises instead).
+    """
     d = config.data
     train = create_transform(
         d.img_size, is_training=True, scale=tuple(d.scale), hflip=d.hflip,
@@ -215,6 +257,7 @@ def build_transforms(config: Config, settings: dict):
         interpolation=d.interpolation, mean=settings["mean"], std=settings["std"],
         re_prob=d.reprob, re_mode="pixel", re_count=1,
     )
+    use_exact_posterize(train)
     evaluation = create_transform(
         d.img_size, is_training=False, interpolation=settings["interpolation"],
         mean=settings["mean"], std=settings["std"], crop_pct=settings["crop_pct"],
@@ -250,12 +293,16 @@ def build_mixup(config: Config) -> Optional[Mixup]:
                  mode="batch", label_smoothing=d.label_smoothing, num_classes=d.num_classes)
 
 
-def build_data(config: Config, root: Optional[Path], model: torch.nn.Module, batch_per_process: int,
-               num_processes: int) -> DataBundle:
-    """Training and validation loaders (not yet passed through ``accelerator.prepare``)."""
+def build_data(config: Config, root: Optional[Path], model: torch.nn.Module, num_processes: int) -> DataBundle:
+    """Training and validation loaders (not yet passed through ``accelerator.prepare``).
+
+    A ``train.global_batch_size`` larger than the training set is capped (``cap_global_batch``).
+    """
     train_tf, eval_tf = build_transforms(config, data_settings(config, model))
     train_set = _create_split(config, root, config.data.train_split, True, train_tf)
     val_set = _create_split(config, root, config.data.val_split, False, eval_tf)
+    cap_global_batch(config, len(train_set), num_processes)
+    per_process = batch_per_process(config, num_processes)
     names = _class_names(train_set)
     if names is not None:
         if len(names) != config.data.num_classes:
@@ -265,13 +312,14 @@ def build_data(config: Config, root: Optional[Path], model: torch.nn.Module, bat
         if val_names is not None and val_names != names:
             raise ValueError(f"class folders differ between '{config.data.train_split}' and "
                              f"'{config.data.val_split}' under '{root}'")
-    order = EpochOrder(len(train_set), batch_per_process, num_processes, config.train.seed,
+    order = EpochOrder(len(train_set), per_process, num_processes, config.train.seed,
                        config.data.repeated_aug, config.data.num_repeats)
     workers = config.data.num_workers
     common = dict(num_workers=workers, pin_memory=config.data.pin_memory and torch.cuda.is_available(),
                   persistent_workers=workers > 0)
-    train_loader = DataLoader(SeededSamples(train_set), batch_size=batch_per_process, sampler=order,
+    train_loader = DataLoader(SeededSamples(train_set), batch_size=per_process, sampler=order,
                               drop_last=True, generator=torch.Generator().manual_seed(config.train.seed), **common)
-    val_loader = DataLoader(SeededSamples(val_set), batch_size=batch_per_process, shuffle=False,
+    val_loader = DataLoader(SeededSamples(val_set), batch_size=per_process, shuffle=False,
                             generator=torch.Generator().manual_seed(config.train.seed), **common)
-    return DataBundle(train_loader, val_loader, order, build_mixup(config), config.data.num_classes, names)
+    return DataBundle(per_process, train_loader, val_loader, order, build_mixup(config), config.data.num_classes,
+                      names)

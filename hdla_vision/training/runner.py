@@ -19,7 +19,8 @@ from hdla_vision.training import checkpoint as ckpt
 from hdla_vision.training.config import Config
 from hdla_vision.training.data import build_data, resolve_data_root
 from hdla_vision.training.engine import TrainParts, evaluate, train_one_epoch
-from hdla_vision.training.models import create_model, export_metadata, export_weights, load_weights
+from hdla_vision.training.models import (create_model, export_metadata, export_weights, load_weights,
+                                         resolve_model_config)
 from hdla_vision.training.records import RunRecorder
 
 _MAX_GATHERED_INDICES = 20_000_000
@@ -42,16 +43,6 @@ def make_accelerator(config: Config) -> Accelerator:
                        step_scheduler_with_optimizer=False)
 
 
-def batch_per_process(config: Config, num_processes: int) -> int:
-    """``global_batch_size / (num_processes * grad_accum_steps)``; must divide exactly."""
-    t = config.train
-    divisor = num_processes * t.grad_accum_steps
-    if t.global_batch_size % divisor:
-        raise ValueError(f"train.global_batch_size ({t.global_batch_size}) must be divisible by "
-                         f"num_processes x train.grad_accum_steps = {num_processes} x {t.grad_accum_steps}")
-    return t.global_batch_size // divisor
-
-
 def peak_learning_rate(config: Config) -> float:
     """The linear scaling rule: ``base_lr * global_batch_size / lr_base_size``."""
     return config.optim.base_lr * config.train.global_batch_size / config.optim.lr_base_size
@@ -69,10 +60,10 @@ def setup(config: Config, data_dir: Optional[str] = None) -> Setup:
     """Build everything a run needs; the same on every process (seeded by ``train.seed``)."""
     accelerator = make_accelerator(config)
     set_seed(config.train.seed)
-    per_process = batch_per_process(config, accelerator.num_processes)
     model = create_model(config)
     root = resolve_data_root(config, data_dir)
-    data = build_data(config, root, model, per_process, accelerator.num_processes)
+    data = build_data(config, root, model, accelerator.num_processes)  # may cap train.global_batch_size
+    per_process = data.batch_per_process
     if data.mixup is not None and per_process % 2:
         raise ValueError(f"mixup/cutmix need an even batch per process, got {per_process}")
     peak_lr = peak_learning_rate(config)
@@ -128,6 +119,8 @@ def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
         parts.scheduler.step_update(num_updates=state.global_step)
         acc.print(f"resumed from {resume_dir}: epoch {state.epoch}, batch {state.batches_done}, "
                   f"step {state.global_step}")
+    elif resume:
+        acc.print(f"--resume {resume}: no checkpoint in {ckpt.checkpoint_root(output_dir)}, starting a new run")
     if acc.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
@@ -142,6 +135,7 @@ def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
     for epoch in range(state.epoch, config.sched.epochs):
         row = _run_epoch(config, s, state, output_dir)
         recorder.log_epoch(row)
+        acc.print(epoch_line(row, config.sched.epochs))
         ckpt.save_checkpoint(acc, output_dir, state, ema_module, identity, config.train.keep_checkpoints)
     row["param_checksum_per_process"] = _agreeing_checksums(acc, parts.model)
     if acc.is_main_process:
@@ -220,25 +214,51 @@ def _agreeing_checksums(acc: Accelerator, model: torch.nn.Module) -> list:
     return sums
 
 
+def epoch_line(row: dict, epochs: int) -> str:
+    """One line per epoch: train loss, validation of the raw and (if any) EMA weights, best so far."""
+    parts = [f"epoch {row['epoch'] + 1}/{epochs}", f"train loss {row['train_loss']:.4f}"]
+    for prefix, label in (("val", "raw"), ("val_ema", "EMA")):
+        if row.get(f"{prefix}_top1") is not None:
+            parts.append(f"val {label} top-1 {row[f'{prefix}_top1']:.2f} top-5 {row[f'{prefix}_top5']:.2f} "
+                         f"loss {row[f'{prefix}_loss']:.4f}")
+    if "val_top1" not in row:
+        parts.append("no validation this epoch")
+    elif row.get("best_epoch", -1) >= 0:
+        parts.append(f"best top-1 {row['best_top1']:.2f} ({row['best_source']}, epoch {row['best_epoch'] + 1})")
+    parts.append(f"{row['images_per_second']:.1f} img/s")
+    return " | ".join(parts)
+
+
+def summary_lines(row: dict, output_dir: Path, plot: Optional[Path]) -> list[str]:
+    """The end-of-run summary; entries that do not apply (EMA off, no plot) are left out, never 'None'."""
+    entries = [("epochs trained", row.get("epoch", -1) + 1), ("final train loss", row.get("train_loss")),
+               ("val top-1 (raw)", row.get("val_top1")), ("val top-1 (EMA)", row.get("val_ema_top1")),
+               ("val top-5 (raw)", row.get("val_top5")), ("val top-5 (EMA)", row.get("val_ema_top5")),
+               ("best top-1", row.get("best_top1")), ("train img/s (last epoch)", row.get("images_per_second")),
+               ("outputs", str(output_dir)), ("curves", str(plot) if plot is not None else None)]
+    entries = [(k, v) for k, v in entries if v is not None]
+    width = max(len(k) for k, _ in entries)
+    return [f"{k:<{width}}  {f'{v:.4f}' if k == 'final train loss' else f'{v:.2f}' if isinstance(v, float) else v}"
+            for k, v in entries]
+
+
 def _print_summary(acc: Accelerator, row: dict, output_dir: Path, plot: Optional[Path]) -> None:
-    if not acc.is_main_process or not row:
-        return
-    lines = [("epochs trained", row.get("epoch", -1) + 1), ("final train loss", f"{row.get('train_loss', 0):.4f}"),
-             ("val top-1 (raw)", row.get("val_top1")), ("val top-1 (EMA)", row.get("val_ema_top1")),
-             ("val top-5 (raw)", row.get("val_top5")), ("best top-1", row.get("best_top1")),
-             ("train img/s (last epoch)", f"{row.get('images_per_second', 0):.1f}"),
-             ("outputs", str(output_dir)), ("curves", str(plot))]
-    width = max(len(k) for k, _ in lines)
-    print("\n".join(f"{k:<{width}}  {v if not isinstance(v, float) else f'{v:.2f}'}" for k, v in lines))
+    if acc.is_main_process and row:
+        print("\n".join(summary_lines(row, output_dir, plot)))
 
 
 def evaluate_checkpoint(config: Config, checkpoint: str, data_dir: Optional[str] = None,
                         output_dir: Optional[str | Path] = None) -> dict:
-    """Eval-only mode: load exported weights strictly and report validation top-1 / top-5."""
+    """Eval-only mode: load exported weights strictly and report validation top-1 / top-5.
+
+    The model's name and kwargs come from the file's metadata where the config leaves them unset.
+    """
+    resolve_model_config(config, checkpoint)
     config.model.init_checkpoint = None
     s = setup(config, data_dir)
     acc = s.accelerator
-    meta = load_weights(acc.unwrap_model(s.parts.model), checkpoint, expected_name=config.model.name)
+    meta = load_weights(acc.unwrap_model(s.parts.model), checkpoint, expected_name=config.model.name,
+                        model_kwargs=config.model.kwargs)
     metrics = evaluate(s.parts.model, s.val_loader, acc, s.num_classes)
     metrics["checkpoint"] = str(checkpoint)
     metrics["checkpoint_epoch"] = meta.get("epoch")
