@@ -131,6 +131,34 @@ def markdown_table(results):
     return "\n".join(lines)
 
 
+def merge_runs(paths):
+    """Combine sweep JSONs (an earlier file wins for a case in several): ``(headers, results)``,
+    each result with ``run``, the index of the header of the run it came from."""
+    headers, results = [], {}
+    for path in paths:
+        with open(path) as f:
+            run = json.load(f)
+        headers.append(run["header"])
+        for case in run["cases"]:
+            key = (case["r_ab"], case["r_kv"], case["dk"], case["dv"])
+            fields = {k: v for k, v in case.items() if k not in ("r_ab", "r_kv", "dk", "dv")}
+            results.setdefault(key, dict(fields, run=len(headers) - 1))
+    return headers, results
+
+
+def write_results(header, results, json_path=None, markdown_path=None):
+    """Write the JSON and the markdown table where asked; return the table."""
+    table = markdown_table(results)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"header": header, "cases": [dict(r_ab=c[0], r_kv=c[1], dk=c[2], dv=c[3], **r)
+                                                   for c, r in results.items()]}, f, indent=1)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(header + "\n\n" + table + "\n")
+    return table
+
+
 def bad_cases(results):
     return {c: r for c, r in results.items() if r["status"] not in ("ok", "refused")}
 
@@ -139,6 +167,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", nargs=4, type=int, metavar=("R_AB", "R_KV", "K", "V"))
     parser.add_argument("--dims", nargs="+", metavar="KxV", help="only these head dims, e.g. 64x256")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier runs' JSONs instead of running")
     parser.add_argument("--jobs", type=int, default=8, help="cases compiled and run at once")
     parser.add_argument("--json", help="write every case's result here")
     parser.add_argument("--markdown", help="write the table here")
@@ -146,23 +175,21 @@ def main(argv=None):
     if args.case:
         print(json.dumps(run_case(*args.case)))
         return 0
+    if args.merge:
+        headers, results = merge_runs(args.merge)
+        header = "Merged runs (each case's `run` in the JSON indexes this list):\n" + "\n".join(
+            f"{i}. {h}" for i, h in enumerate(headers))
+        print(write_results(header, results, args.json, args.markdown))
+        return 1 if bad_cases(results) else 0
     dims = [tuple(int(n) for n in d.split("x")) for d in args.dims] if args.dims else HEAD_DIMS
     results = sweep(all_cases(dims), args.jobs)
-    table = markdown_table(results)
     import torch
 
     header = (f"chunk_generalized and chunk_hdla fwd+bwd, bf16, worst relative error over o, final state and every "
               f"gradient against the float64 loop on the bf16-rounded inputs, (B,T,H)=({SHAPE['batch']},{SHAPE['seq_len']},"
               f"{SHAPE['heads']}), forward and reversed; {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"{datetime.date.today()}, commit {os.environ.get('COMMIT', 'unknown')}")
-    print(header + "\n\n" + table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"header": header, "cases": [dict(r_ab=c[0], r_kv=c[1], dk=c[2], dv=c[3], **r) for c, r in results.items()]},
-                      f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(header + "\n\n" + table + "\n")
+    print(header + "\n\n" + write_results(header, results, args.json, args.markdown))
     bad = bad_cases(results)
     for case, res in bad.items():
         print(case, json.dumps(res)[:1500], file=sys.stderr)

@@ -95,7 +95,7 @@ def test_device_mismatch_raises():
 
 @pytest.mark.parametrize("dk,r_kv,r_ab,fits", [(256, 1, 2, True), (256, 2, 2, True), (256, 3, 2, False),
                                                (128, 4, 2, True), (128, 1, 3, False), (64, 4, 4, True),
-                                               (65, 1, 3, False), (16, 3, 4, False), (16, 4, 3, True),
+                                               (65, 1, 3, False), (16, 3, 4, False), (16, 4, 3, False), (16, 4, 2, True),
                                                (32, 1, 4, True)])
 def test_triton_rank_rule(dk, r_kv, r_ab, fits):
     """The measured region the Triton kernels run correctly (tests/gpu_rank_sweep.py)."""
