@@ -142,6 +142,7 @@ def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
         (output_dir / "final.json").write_text(json.dumps(row, indent=2))
     plot = recorder.close()
     _print_summary(acc, row, output_dir, plot)
+    acc.end_training()  # destroys the process group: gloo's threads outliving it abort the process at exit
     return row
 
 
