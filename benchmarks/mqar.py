@@ -117,10 +117,10 @@ def parse_args(argv=None):
     p.add_argument("--chunk-backend", default="auto", choices=lm_mixers.CHUNK_BACKENDS)
     p.add_argument("--write-queue", default=None, metavar="FILE",
                    help="no training: write the planned runs to FILE, one '<run id> <arguments>' line each")
-    p.add_argument("--tiny", action="store_true", help="CPU smoke settings (overrides sizes, epochs, sweep)")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke sizes for the settings not given")
     args = p.parse_args(argv)
     if args.tiny:
-        apply_tiny(args)
+        apply_tiny(args, p)
     check_args(args)
     if args.state_dir is None:
         args.state_dir = os.path.join(os.environ["OUT"], "mqar") if os.environ.get("OUT") else ".mqar"
@@ -129,12 +129,15 @@ def parse_args(argv=None):
     return args
 
 
-def apply_tiny(args) -> None:
-    """Sizes for a CPU smoke run of every preset (seconds)."""
-    args.lengths, args.kv_pairs, args.batch_size, args.lrs, args.seeds = [16], [4], [16], [3e-3], [0]
-    args.vocab_size, args.d_model, args.num_heads, args.head_dim = 64, 16, 2, 8
-    args.num_train, args.num_test, args.epochs, args.eval_batch_size = 64, 32, 2, 32
-    args.intermediate_size = 32
+TINY = dict(lengths=[16], kv_pairs=[4], batch_size=[16], lrs=[3e-3], seeds=[0], vocab_size=64, d_model=16,
+            num_heads=2, head_dim=8, num_train=64, num_test=32, epochs=2, eval_batch_size=32, intermediate_size=32)
+
+
+def apply_tiny(args, parser) -> None:
+    """CPU smoke sizes (``TINY``) for every setting left at its default (seconds for all presets)."""
+    for name, value in TINY.items():
+        if getattr(args, name) == parser.get_default(name):
+            setattr(args, name, value)
 
 
 def check_args(args) -> None:
@@ -331,7 +334,7 @@ def protocol(args, preset, length, lr, seed, intermediate_size, params: int) -> 
         optimizer="AdamW(betas=(0.9, 0.999), eps=1e-8)", schedule="cosine per epoch, T_max=epochs, eta_min=0, no warm-up",
         grad_clip=None, precision="bf16 autocast" if args.device.startswith("cuda") else "fp32",
         device=torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else args.device,
-        chunk_backend=args.chunk_backend, torch=torch.__version__, commit=git_commit(),
+        chunk_backend=args.chunk_backend, torch=str(torch.__version__), commit=git_commit(),
         runs_per_gpu=int(os.environ.get("MQAR_RUNS_PER_GPU", "1")),
     )
 
