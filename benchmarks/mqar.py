@@ -33,6 +33,7 @@ deleted). ``--deadline-s`` stops a run cleanly before an epoch that would not fi
     python benchmarks/mqar.py --tiny                                               # CPU smoke run
 """
 import argparse
+import fcntl
 import json
 import math
 import os
@@ -119,6 +120,7 @@ def parse_args(argv=None):
                    help="no training: write the planned runs to FILE, one '<run id> <arguments>' line each")
     p.add_argument("--tiny", action="store_true", help="CPU smoke sizes for the settings not given")
     args = p.parse_args(argv)
+    args.defaults = {action.dest: action.default for action in p._actions}
     if args.tiny:
         apply_tiny(args, p)
     check_args(args)
@@ -217,17 +219,18 @@ def write_json_atomic(obj, path: Path) -> None:
 
 
 def load_split(args, length: int, num_kv: int, seed: int):
-    """The fixed (train, test) sets of one (length, pairs, seed), cached in ``--data-dir``."""
+    """The fixed (train, test) sets of one (length, pairs, seed), cached in ``--data-dir``; a file
+    lock lets one of several concurrent runs draw them while the others wait and read the file."""
     name = f"mqar_v{args.vocab_size}_L{length}_kv{num_kv}_s{seed}_{args.filler}_n{args.num_train}_{args.num_test}.pt"
     path = Path(args.data_dir) / name
-    if path.exists():
-        data = torch.load(path, weights_only=True)
-        return (data["train_x"], data["train_y"]), (data["test_x"], data["test_y"])
-    (tx, ty), (sx, sy) = mqar_split(args.vocab_size, length, num_kv, seed, args.num_train, args.num_test,
-                                    random_non_queries=args.filler == "random")
-    data = dict(train_x=compact(tx), train_y=compact(ty), test_x=compact(sx), test_y=compact(sy))
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_atomic(data, path)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            (tx, ty), (sx, sy) = mqar_split(args.vocab_size, length, num_kv, seed, args.num_train, args.num_test,
+                                            random_non_queries=args.filler == "random")
+            save_atomic(dict(train_x=compact(tx), train_y=compact(ty), test_x=compact(sx), test_y=compact(sy)), path)
+    data = torch.load(path, weights_only=True)
     return (data["train_x"], data["train_y"]), (data["test_x"], data["test_y"])
 
 
@@ -386,10 +389,11 @@ def stop_reason(curve: list, proto: dict):
 
 
 def time_left_for_epoch(curve: list, deadline) -> bool:
-    """True without a deadline or when the last epoch (train + test) fits 1.2 times before it."""
+    """True without a deadline or when an epoch (train + test; the faster of the last two, since the
+    first after a start also compiles the kernels) fits 1.2 times before it."""
     if deadline is None or not curve:
         return True
-    last = curve[-1]["train_seconds"] + curve[-1]["eval_seconds"]
+    last = min(c["train_seconds"] + c["eval_seconds"] for c in curve[-2:])
     return time.time() + 1.2 * last < deadline
 
 
@@ -453,15 +457,21 @@ def plan(args):
     return runs
 
 
+QUEUE_KEPT = ("epochs", "num_train", "num_test", "weight_decay", "embedding_dropout", "early_stop", "vocab_size",
+              "d_model", "num_heads", "head_dim", "target_params", "intermediate_size", "eval_batch_size",
+              "chunk_backend")
+
+
 def queue_line(args, proto: dict) -> str:
-    """'<run id> <arguments>' for one run: the worker of tools/mqar_device.sh skips finished ids."""
+    """'<run id> <arguments>' for one run (settings off their defaults kept): the workers of
+    tools/mqar_device.sh skip ids that are finished."""
     words = [f"--presets {proto['preset']}", f"--lengths {proto['length']}", f"--lrs {proto['lr']!r}",
              f"--seeds {proto['seed']}", f"--filler {proto['filler']}"]
     if args.kv_pairs is not None or args.batch_size is not None:
         words += [f"--kv-pairs {proto['num_kv_pairs']}", f"--batch-size {proto['batch_size']}"]
-    for flag, default in (("epochs", 64), ("num_train", 100_000), ("num_test", 3_000)):
-        if getattr(args, flag) != default:
-            words.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
+    for name in QUEUE_KEPT:
+        if getattr(args, name) != args.defaults[name]:
+            words.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     return run_id(proto) + " " + " ".join(words)
 
 
