@@ -11,11 +11,13 @@
 parsed as YAML; ``no`` / ``off`` stay words, e.g. ``train.mixed_precision=no``).
 """
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
-import hdla_vision  # noqa: F401  (registers hdla models with timm)
-from hdla_vision.training import evaluate_checkpoint, load_config, train
+# Nothing heavy is imported here: ``--help`` and config errors answer before torch, timm and
+# Accelerate are loaded (``import hdla_vision`` imports them to register the timm models).
+_SCHEMA_MODULE = "_hdla_vision_config_schema"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -32,17 +34,48 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)  # overrides may come before, between or after the options
 
 
+def config_schema():
+    """``hdla_vision/training/config.py`` (yaml and dataclasses only), loaded without its package.
+
+    Importing it as ``hdla_vision.training.config`` would first run ``hdla_vision/__init__.py``,
+    which imports torch and timm; this copy only checks a config before training starts.
+    """
+    if _SCHEMA_MODULE in sys.modules:
+        return sys.modules[_SCHEMA_MODULE]
+    package = importlib.util.find_spec("hdla_vision")  # finds the package without importing it
+    path = Path(package.submodule_search_locations[0]) / "training" / "config.py"
+    spec = importlib.util.spec_from_file_location(_SCHEMA_MODULE, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_SCHEMA_MODULE] = module  # typing.get_type_hints resolves annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Raise ValueError for a bad config, override or option combination, before any heavy import."""
+    config_schema().load_config(args.config, args.overrides)
+    if args.eval_only and not args.checkpoint:
+        raise ValueError("--eval-only needs --checkpoint")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Import the training stack and train (or evaluate)."""
+    import hdla_vision  # noqa: F401  (registers hdla models with timm)
+    from hdla_vision.training import evaluate_checkpoint, load_config, train
+
+    config = load_config(args.config, args.overrides)
+    output_dir = Path(args.output_dir or Path("runs") / Path(args.config).stem)
+    if args.eval_only:
+        evaluate_checkpoint(config, args.checkpoint, args.data_dir, output_dir)
+    else:
+        train(config, output_dir, resume=args.resume, data_dir=args.data_dir)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        config = load_config(args.config, args.overrides)
-        output_dir = Path(args.output_dir or Path("runs") / Path(args.config).stem)
-        if args.eval_only:
-            if not args.checkpoint:
-                raise ValueError("--eval-only needs --checkpoint")
-            evaluate_checkpoint(config, args.checkpoint, args.data_dir, output_dir)
-        else:
-            train(config, output_dir, resume=args.resume, data_dir=args.data_dir)
+        check_arguments(args)
+        run(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
