@@ -43,6 +43,14 @@ class TrainerState:
     best_source: str = ""
     epoch_loss_sum: float = 0.0  # this process's summed training loss so far in ``epoch``
     epoch_loss_batches: int = 0
+    epoch_images: int = 0  # images this process trained on so far in ``epoch``
+    epoch_seconds: float = 0.0  # training time spent so far in ``epoch`` (before an interruption)
+
+    def start_next_epoch(self) -> None:
+        """Move to the start of the next epoch (after its evaluation and exports)."""
+        self.epoch, self.batches_done = self.epoch + 1, 0
+        self.epoch_loss_sum, self.epoch_loss_batches = 0.0, 0
+        self.epoch_images, self.epoch_seconds = 0, 0.0
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:

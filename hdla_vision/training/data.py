@@ -189,6 +189,15 @@ class EpochOrder(Sampler):
         seeds = torch.randint(0, 2**62, (len(indices),), generator=generator).tolist()
         return iter(zip(indices, seeds))
 
+    def process_indices(self, process_index: int, batches: int) -> list[int]:
+        """The sample indices of the first ``batches`` batches process ``process_index`` trains on.
+
+        Accelerate hands global batch ``j`` of this order to process ``j % num_processes``.
+        """
+        order = [index for index, _ in self]
+        b, n = self.batch_per_process, self.num_processes
+        return [i for k in range(batches) for i in order[(k * n + process_index) * b:(k * n + process_index + 1) * b]]
+
     def __len__(self) -> int:
         global_batch = self.batch_per_process * self.num_processes
         total = self.samples_per_epoch(self.num_samples, self.num_processes, self.repeated_aug, self.num_repeats)
