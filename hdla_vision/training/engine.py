@@ -78,7 +78,7 @@ def train_one_epoch(parts: TrainParts, state: TrainerState) -> EpochStats:
             window_images = _log_progress(parts, bar, loss, window_images, window_start, state)
             window_start = time.perf_counter()
         if _checkpoint_due(parts, state, total):
-            progress.store(state)
+            progress.store(state, parts.accelerator)
             parts.on_checkpoint(state)
     bar.close()
     return progress.finish(state.epoch)
@@ -98,7 +98,8 @@ class _EpochProgress:
     def resume(cls, state: TrainerState, train_order, acc: Accelerator) -> "_EpochProgress":
         """Totals as saved in ``state``; the sample indices already trained on are recomputed from the order."""
         seen = train_order.process_indices(acc.process_index, state.batches_done) if state.batches_done else []
-        loss_sum = torch.full((), state.epoch_loss_sum, device=acc.device, dtype=torch.float64)
+        own = state.epoch_loss_sums[acc.process_index] if state.epoch_loss_sums else state.epoch_loss_sum
+        loss_sum = torch.full((), own, device=acc.device, dtype=torch.float64)
         return cls(loss_sum, state.epoch_loss_batches, state.epoch_images, state.epoch_seconds,
                    time.perf_counter(), seen)
 
@@ -111,9 +112,11 @@ class _EpochProgress:
     def seconds(self) -> float:
         return self.seconds_before + time.perf_counter() - self.start
 
-    def store(self, state: TrainerState) -> None:
-        """Write the totals into ``state`` so that a checkpoint of it resumes them exactly."""
-        state.epoch_loss_sum, state.epoch_loss_batches = self.loss_sum.item(), self.loss_batches
+    def store(self, state: TrainerState, acc: Accelerator) -> None:
+        """Write the totals into ``state`` so that a checkpoint of it resumes them exactly (all processes call it)."""
+        sums = acc.gather(self.loss_sum[None]).tolist() if acc.num_processes > 1 else [self.loss_sum.item()]
+        state.epoch_loss_sums, state.epoch_loss_sum = sums, sums[0]
+        state.epoch_loss_batches = self.loss_batches
         state.epoch_images, state.epoch_seconds = self.images, self.seconds()
 
     def finish(self, epoch: int) -> EpochStats:
