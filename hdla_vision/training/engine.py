@@ -13,6 +13,7 @@ from timm.data import Mixup
 from tqdm.auto import tqdm
 
 from hdla_vision.training.checkpoint import TrainerState
+from hdla_vision.training.interrupt import TrainingInterrupted
 
 
 @dataclass
@@ -33,6 +34,7 @@ class TrainParts:
     checkpoint_every: int = 0  # optimizer steps between mid-epoch checkpoints (0: none)
     on_checkpoint: Optional[Callable[[TrainerState], Path]] = None  # saves, returns the checkpoint dir
     on_log: Optional[Callable[[int, dict], None]] = None
+    should_stop: Optional[Callable[[], bool]] = None  # asked after each optimizer step (see interrupt.py)
 
 
 @dataclass
@@ -77,9 +79,13 @@ def train_one_epoch(parts: TrainParts, state: TrainerState) -> EpochStats:
         if state.global_step % parts.log_every == 0 or state.batches_done >= total:
             window_images = _log_progress(parts, bar, loss, window_images, window_start, state)
             window_start = time.perf_counter()
+        saved = None
         if _checkpoint_due(parts, state, total):
             progress.store(state, parts.accelerator)
-            parts.on_checkpoint(state)
+            saved = parts.on_checkpoint(state)
+        if state.batches_done < total and parts.should_stop is not None and parts.should_stop():
+            bar.close()
+            _stop_here(parts, state, progress, saved)
     bar.close()
     return progress.finish(state.epoch)
 
@@ -125,6 +131,14 @@ class _EpochProgress:
             raise FloatingPointError(f"training loss is {mean_loss} in epoch {epoch}: lower optim.base_lr "
                                      "or set optim.clip_grad")
         return EpochStats(mean_loss, self.images, self.seconds(), self.seen)
+
+
+def _stop_here(parts: TrainParts, state: TrainerState, progress: "_EpochProgress", saved) -> None:
+    """Checkpoint this step boundary (unless just done) and raise ``TrainingInterrupted``."""
+    if saved is None:
+        progress.store(state, parts.accelerator)
+        saved = parts.on_checkpoint(state)
+    raise TrainingInterrupted(saved, state.epoch, state.batches_done, state.global_step)
 
 
 def _checkpoint_due(parts: TrainParts, state: TrainerState, total_batches: int) -> bool:

@@ -19,6 +19,7 @@ from hdla_vision.training import checkpoint as ckpt
 from hdla_vision.training.config import Config
 from hdla_vision.training.data import build_data, resolve_data_root
 from hdla_vision.training.engine import TrainParts, evaluate, train_one_epoch
+from hdla_vision.training.interrupt import StopOnInterrupt, TrainingInterrupted
 from hdla_vision.training.models import (create_model, export_metadata, export_weights, load_weights,
                                          resolve_model_config)
 from hdla_vision.training.records import RunRecorder
@@ -116,15 +117,22 @@ class Run:
 
 def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
           data_dir: Optional[str] = None) -> dict:
-    """Train for ``sched.epochs`` epochs (continuing a checkpoint if ``resume``); return the last epoch's row."""
+    """Train for ``sched.epochs`` epochs (continuing a checkpoint if ``resume``); return the last epoch's row.
+
+    Ctrl-C (SIGINT) checkpoints at the next step boundary and raises ``TrainingInterrupted``
+    naming the checkpoint (see ``interrupt.py``); a second Ctrl-C raises ``KeyboardInterrupt``.
+    """
     run = start_run(config, Path(output_dir), resume, data_dir)
-    run.setup.accelerator.print(run_line(config, run.setup))
-    try:
-        row = _train_epochs(config, run)
-    except BaseException:
-        run.recorder.close(plot=False)  # what was logged stays on disk; the curves are drawn at the end
-        raise
-    return _finish(run, row)
+    acc = run.setup.accelerator
+    with StopOnInterrupt(announce=acc.is_main_process) as stop:
+        run.setup.parts.should_stop = lambda: stop.agreed(acc)
+        acc.print(run_line(config, run.setup))
+        try:
+            row = _train_epochs(config, run, stop)
+        except BaseException:
+            run.recorder.close(plot=False)  # what was logged stays on disk; the curves are drawn at the end
+            raise
+        return _finish(run, row)
 
 
 def start_run(config: Config, output_dir: Path, resume: Optional[str], data_dir: Optional[str]) -> Run:
@@ -163,14 +171,16 @@ def run_line(config: Config, s: Setup) -> str:
             f"peak lr {s.peak_lr:.3g}, {len(s.parts.train_loader)} batches per process per epoch")
 
 
-def _train_epochs(config: Config, run: Run) -> dict:
-    """The epoch loop: train, log, checkpoint."""
+def _train_epochs(config: Config, run: Run, stop: StopOnInterrupt) -> dict:
+    """The epoch loop; a stop requested during an epoch with no later step boundary is taken at its end."""
     acc, state, row = run.setup.accelerator, run.state, {}
     for _ in range(state.epoch, config.sched.epochs):
         row = _run_epoch(config, run.setup, state, run.output_dir)
         run.recorder.log_epoch(row)
         acc.print(epoch_line(row, config.sched.epochs))
-        run.save(state)
+        path = run.save(state)
+        if state.epoch < config.sched.epochs and stop.agreed(acc):
+            raise TrainingInterrupted(path, state.epoch, state.batches_done, state.global_step)
     return row
 
 
