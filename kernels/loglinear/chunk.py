@@ -69,6 +69,12 @@ def _weighted(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (q * weight.unsqueeze(-1)).to(q.dtype)
 
 
+def _exact_zero(*tensors: torch.Tensor) -> torch.Tensor:
+    """A scalar 0 that depends on ``tensors`` with gradient 0, finite also at g = -inf (clamped
+    first: ``0 * inf`` is NaN), so that autograd returns zeros for them instead of None."""
+    return sum((x.clamp(-1.0, 1.0) * 0).sum() for x in tensors)
+
+
 def _summed_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
@@ -139,6 +145,8 @@ def _chunk_loglinear(
     if initial_state is not None:
         o_cache, final_cache = _read_cache(op, tokens, level_scales, initial_state, offset)
         o, final = o + o_cache.to(compute), final + final_cache.to(compute)
+    elif seq_len == 1:  # no linear-op call ran: the transition's inputs get their (zero) gradients too
+        o = o + _exact_zero(*tokens.values()).to(compute)
     return o.to(tokens["q"].dtype), (final.to(tokens["q"].dtype) if output_final_state else None)
 
 
