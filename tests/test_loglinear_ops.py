@@ -27,14 +27,15 @@ UNBOUNDED = 64  # more levels than any test sequence has: every bucket gets its 
 
 
 def loglinear_problem(kind, seq_len, num_levels, batch=2, heads=2, dk=8, dv=4, r_kv=1, r_ab=1, g_min=-3.0,
-                      h0=False, scalar_decay=False, seed=0):
+                      h0=False, scalar_decay=False, resets=0.0, seed=0):
     """Random float64 inputs: the linear op's (tests/oracle.py), level weights softplus(N(0, 1))
     ``[B, T, H, L]`` and, with ``h0``, a random cache ``[B, H, L, K, V]`` (every level filled,
-    also those a Fenwick cache would keep empty)."""
+    also those a Fenwick cache would keep empty); ``resets``: a fraction of g = -inf."""
     if kind == "hdla":
-        p = hdla_problem(batch, seq_len, heads, dk, dv, g_min=g_min, h0=False, seed=seed)
+        p = hdla_problem(batch, seq_len, heads, dk, dv, g_min=g_min, h0=False, seed=seed, resets=resets)
     else:
-        p = generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=g_min, h0=False, seed=seed)
+        p = generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=g_min, h0=False, seed=seed,
+                                resets=resets)
     if scalar_decay:
         p["g"] = p["g"][..., :1].expand_as(p["g"]).contiguous()
     gen = torch.Generator().manual_seed(seed + 100)
@@ -135,6 +136,14 @@ def test_hdla_chunk_matches_definition(seq_len, num_levels, offset, h0, reverse,
 def test_generalized_chunk_matches_definition(seq_len, num_levels, r_kv, r_ab, scalar_decay, offset, h0, reverse):
     p = loglinear_problem("generalized", seq_len, num_levels, r_kv=r_kv, r_ab=r_ab, scalar_decay=scalar_decay, h0=h0)
     errors = compare_with_definition("generalized", p, reverse=reverse, offset=offset)
+    assert max(errors.values()) < 1e-4, errors
+
+
+@pytest.mark.parametrize("kind", ["hdla", "generalized"])
+def test_resets_match_definition(kind):
+    """g = -inf (a full reset of a channel) inside the blocks and before a cache is read."""
+    p = loglinear_problem(kind, 29, 4, h0=True, resets=0.2, seed=3)
+    errors = compare_with_definition(kind, p, offset=3)
     assert max(errors.values()) < 1e-4, errors
 
 
