@@ -43,7 +43,8 @@ def level_blocks(offset: int, seq_len: int, level: int, device=None) -> Tuple[to
     block = (pos >> level) - (offset >> level)
     start_in_block = offset & ((1 << level) - 1)  # the first block starts at the call's first token
     within = (pos & ((1 << level) - 1)) - torch.where(block == 0, start_in_block, 0)
-    n_blocks, slots = int(block[-1]) + 1, min(1 << level, seq_len)
+    last = offset + seq_len - 1
+    n_blocks, slots = (last >> level) - (offset >> level) + 1, min(1 << level, seq_len)  # host ints: no device sync
     flat = block * slots + within
     gather = torch.full((n_blocks * slots,), seq_len, dtype=torch.long, device=device)
     gather[flat] = torch.arange(seq_len, device=device)
@@ -90,7 +91,8 @@ def _run_level(op: LinearOp, tokens, level_scales, offset: int, level: int):
     o, final = op({n: _fold(x, gather) for n, x in level_tokens.items()}, None)
     o = o.reshape(batch, -1, *o.shape[2:])[:, flat]
     final = final.reshape(batch, gather.shape[0], *final.shape[1:])[:, -1]  # the last block's readers' state
-    return o, (final if bool(later[-1]) else torch.zeros_like(final))
+    last_is_reader = (offset + seq_len - 1) >> (level - 1) & 1
+    return o, (final if last_is_reader else torch.zeros_like(final))
 
 
 def _read_cache(op: LinearOp, tokens, level_scales, initial_state: torch.Tensor, offset: int):
@@ -109,7 +111,8 @@ def _read_cache(op: LinearOp, tokens, level_scales, initial_state: torch.Tensor,
     copies = {n: per_level(x) for n, x in tokens.items()}
     copies["q"] = _weighted(copies["q"], weight.permute(0, 3, 1, 2).reshape(batch * num_levels, seq_len, -1))
     copies["v"] = torch.zeros_like(copies["v"])
-    state = initial_state.transpose(1, 2).reshape(batch * num_levels, *initial_state.shape[1:2], *initial_state.shape[3:])
+    heads, dk, dv = initial_state.shape[1], initial_state.shape[3], initial_state.shape[4]
+    state = initial_state.transpose(1, 2).reshape(batch * num_levels, heads, dk, dv)  # copy j starts from level j
     o, final = op(copies, state)
     o = o.reshape(batch, num_levels, *o.shape[1:]).sum(1)
     moved_to = torch.nn.functional.one_hot(level_of[-1], num_levels).to(final.dtype)  # [L (from), L (to)]
