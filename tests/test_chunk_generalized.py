@@ -110,7 +110,8 @@ def test_ranks_outside_the_triton_rule_take_the_chunk_form(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the Triton path ran a case outside triton_supports_ranks")
 
-    monkeypatch.setattr(triton_chunk, "triton_chunk_generalized", refuse)
+    monkeypatch.setattr(triton_chunk, "triton_generalized_forward", refuse)
+    monkeypatch.setattr(triton_chunk, "triton_generalized_backward", refuse)
     p = generalized_problem(1, 20, 1, 128, 8, 1, 3, h0=True)
     errors = compare_with_loop(chunk_generalized, "generalized", p)
     assert max(errors.values()) < 1e-4, errors

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import check_hdla_inputs, use_triton
+from ..utils import check_hdla_inputs, check_log_decay, use_triton
 
 
 def torch_fused_recurrent_hdla(
@@ -149,6 +149,7 @@ def fused_recurrent_hdla(
         prompts use ``chunk_hdla`` with ``output_final_state=True``.
     """
     check_hdla_inputs(q, k, v, beta, g, initial_state, scale)
+    check_log_decay(g)
     if use_triton(q) and q.dtype != torch.float64:
         return triton_fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state)
     return torch_fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state)
