@@ -118,16 +118,15 @@ def check_generalized_inputs(q, k, v, a, b, g, initial_state, scale) -> Tuple[in
 
 
 def check_log_decay_shape(g, q: torch.Tensor) -> None:
-    """The generalized op's g: ``[B, T, H, K]`` (per key channel) or ``[B, T, H]`` (per head)."""
+    """The generalized op's g: ``[B, T, H, K]`` (a log-decay per key channel) or ``[B, T, H]`` (one
+    per head), on q's device, in a supported dtype."""
     batch, seq_len, heads, dk = q.shape
-    per_head = isinstance(g, torch.Tensor) and g.dim() == 3
-    if per_head:
-        check_tensor("g", g, (batch, seq_len, heads), q, "[B, T, H] (one log-decay per head)")
-        return
-    if isinstance(g, torch.Tensor) and g.dim() != 4:
-        raise ValueError(f"g must have shape [B, T, H, K] = [{batch}, {seq_len}, {heads}, {dk}] (per key channel) "
-                         f"or [B, T, H] = [{batch}, {seq_len}, {heads}] (per head), got {_shape(g)}")
-    check_tensor("g", g, (batch, seq_len, heads, dk), q, "[B, T, H, K] (or [B, T, H], one per head)")
+    per_channel, per_head = (batch, seq_len, heads, dk), (batch, seq_len, heads)
+    if isinstance(g, torch.Tensor) and tuple(g.shape) not in (per_channel, per_head):
+        raise ValueError(f"g must have shape [B, T, H, K] = {list(per_channel)} (a log-decay per key channel) "
+                         f"or [B, T, H] = {list(per_head)} (one per head), got {_shape(g)}")
+    shape = tuple(g.shape) if isinstance(g, torch.Tensor) else per_channel
+    check_tensor("g", g, shape, q, "[B, T, H, K] or [B, T, H]")
 
 
 def triton_supports_ranks(dk: int, r_kv: int, r_ab: int) -> bool:
