@@ -16,9 +16,9 @@ Every output is a tensor (custom ops cannot return None):
 
 The backward is a second pair of custom ops (``*_backward``), so a compiled backward graph holds
 one opaque node too: the Triton backward (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``)
-or, on the PyTorch chunk form, the VJP of the chunk form recomputed from the inputs
-(``torch.func.vjp``): the same autograd graph as differentiating the chunk form directly, so the
-gradients are those of the eager chunk form, at the cost of a second forward in the backward.
+or, on the PyTorch chunk form, autograd through the chunk form recomputed from the inputs: the
+same autograd graph as differentiating the chunk form directly, so the gradients are those of the
+eager chunk form, at the cost of a second forward in the backward.
 
 The path (Triton or chunk form) is chosen inside the ops by the same rule as before
 (``utils.use_triton``, ``utils.triton_supports_ranks``). The shape, dtype and device checks stay in
@@ -32,10 +32,12 @@ for now; the kernels' scalar-decay specialisation comes with the kernel rewrite
 (``design/KERNELS.md``).
 """
 import warnings
+from contextlib import contextmanager
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch._C import DispatchKey
 
 from .generalized.torch_chunk import chunk_form, per_channel
 from .hdla.naive import hdla_decay_factors
@@ -85,20 +87,31 @@ def _fake_grads(q: Tensor, inputs, initial_state: Optional[Tensor]) -> Tuple[Ten
     return (*(t.new_empty(t.shape) for t in inputs), dh0)
 
 
+@contextmanager
+def _autograd_inside_op():
+    """Autograd inside a custom op's implementation. The op's autograd wrapper runs the implementation
+    below autograd (the autograd dispatch keys excluded for the call); re-admit them, and enable grad,
+    for the nested backward of the chunk form. Plain autograd, so it works under any dispatch mode
+    (``torch.func.vjp`` here fails under opcheck's and fake-tensor checks' modes)."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (DispatchKey.AutogradFunctionality, DispatchKey.AutogradOther, DispatchKey.ADInplaceOrView):
+        exclude = exclude.remove(key)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        yield
+
+
 def _chunk_form_vjp(forward, primals, initial_state, do, dht):
-    """Gradients of ``forward(*primals, initial_state) -> (o, state)`` by the VJP of the chunk form:
+    """Gradients of ``forward(*primals, initial_state) -> (o, state)`` for the cotangents ``do`` and
+    ``dht`` (None: the state is not used), by autograd through the recomputed chunk form:
     ``(d primal for each primal..., dh0 or an empty tensor)``."""
-    with_h0 = initial_state is not None
-    leaves = (*primals, initial_state) if with_h0 else primals
-
-    def run(*xs):
-        o, state = forward(*xs[: len(primals)], xs[-1] if with_h0 else None)
-        return (o, state) if dht is not None else (o,)
-
-    _, vjp = torch.func.vjp(run, *leaves)
-    grads = vjp((do, dht) if dht is not None else (do,))
+    inputs = (*primals, initial_state) if initial_state is not None else primals
+    with _autograd_inside_op():
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        o, state = forward(*leaves[: len(primals)], leaves[-1] if initial_state is not None else None)
+        outputs, cotangents = ((o, state), (do, dht)) if dht is not None else ((o,), (do,))
+        grads = torch.autograd.grad(outputs, leaves, cotangents)
     grads = tuple(t.clone() if t.numel() == 0 else t for t in grads)  # empty a, b: expands of one zero
-    return (*grads, *(() if with_h0 else (_empty(do),)))
+    return (*grads, *(() if initial_state is not None else (_empty(do),)))
 
 
 def _setup_context(ctx, inputs, output):
