@@ -124,12 +124,11 @@ def _setup_context(ctx, inputs, output):
     ctx.scale, ctx.output_final_state, ctx.reverse = scale, output_final_state, reverse
 
 
-def _cotangents(ctx, do, dstate):
+def _cotangents(ctx, q, v, do, dstate):
     """``do`` (zeros if the output was unused) and the final state's cotangent (None if not returned
-    or unused)."""
-    q = ctx.saved_tensors[0]
+    or unused). ``ctx.saved_tensors`` is read once, by the caller (activation checkpointing allows no more)."""
     if do is None:
-        do = q.new_zeros(*q.shape[:-1], ctx.saved_tensors[2].shape[-1])
+        do = q.new_zeros(*q.shape[:-1], v.shape[-1])
     return do, (dstate if ctx.output_final_state else None)
 
 
@@ -192,7 +191,7 @@ def _generalized_backward(ctx, do, dstate, dx):
     if do is None and dstate is None:
         return (None,) * 10
     q, k, v, a, b, g, h0, x, state = ctx.saved_tensors
-    do, dht = _cotangents(ctx, do, dstate)
+    do, dht = _cotangents(ctx, q, v, do, dstate)
     *grads, dh0 = chunk_generalized_backward_op(do, dht, q, k, v, a, b, g, h0, x, state, ctx.scale, ctx.reverse)
     return (*grads, None, None if h0 is None else dh0, None, None)
 
@@ -256,7 +255,7 @@ def _hdla_backward(ctx, do, dstate, dx):
     if do is None and dstate is None:
         return (None,) * 9
     q, k, v, beta, g, h0, x, state = ctx.saved_tensors
-    do, dht = _cotangents(ctx, do, dstate)
+    do, dht = _cotangents(ctx, q, v, do, dstate)
     *grads, dh0 = chunk_hdla_backward_op(do, dht, q, k, v, beta, g, h0, x, state, ctx.scale, ctx.reverse)
     return (*grads, None, None if h0 is None else dh0, None, None)
 
