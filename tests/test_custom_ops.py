@@ -1,4 +1,4 @@
-"""The chunk ops as torch.library custom ops (kernels/custom_ops.py), on CPU tensors:
+"""The chunk ops (and fused_recurrent_hdla) as torch.library custom ops (kernels/custom_ops.py), on CPU tensors:
 
 * ``torch.library.opcheck`` (schema, autograd registration, fake implementations, AOT dispatch) on
   the forward and backward ops;
@@ -53,6 +53,17 @@ def test_opcheck_chunk_hdla(final, reverse, h0):
     p = _float_leaves(hdla_problem(1, 20, 2, 8, 8, h0=h0))
     args = (p["q"], p["k"], p["v"], p["beta"], p["g"], 1.0, p["initial_state"], final, reverse)
     torch.library.opcheck(custom_ops.chunk_hdla_op, args)
+
+
+@pytest.mark.parametrize("h0", [True, False])
+def test_opcheck_fused_recurrent_hdla(h0):
+    p = _float_leaves(hdla_problem(2, 3, 2, 8, 4, h0=h0))
+    args = (p["q"], p["k"], p["v"], p["beta"], p["g"], 0.5, p["initial_state"])
+    torch.library.opcheck(custom_ops.fused_recurrent_hdla_op, args)
+    o, state = custom_ops.fused_recurrent_hdla_op(*args)
+    detached = [None if t is None else t.detach() for t in args[:5]]
+    torch.library.opcheck(custom_ops.fused_recurrent_hdla_backward_op,
+                          (torch.randn_like(o), torch.randn_like(state), *detached, 0.5, args[6].detach() if h0 else None))
 
 
 def test_opcheck_backward_ops():
