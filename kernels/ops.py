@@ -1,14 +1,22 @@
-"""Public ops: validate inputs, then run the Triton kernels (CUDA tensors, or any tensor
-under ``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors, and the
-rank / head-dim combinations the Triton kernels do not cover: ``utils.triton_supports_ranks``)."""
-import warnings
+"""Public ops: validate inputs, then call the custom ops of ``custom_ops.py`` (one opaque node
+each under ``torch.compile``), which run the Triton kernels (CUDA tensors, or any tensor under
+``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors, and the rank / head-dim
+combinations the Triton kernels do not cover: ``utils.triton_supports_ranks``)."""
 from typing import Optional, Tuple
 
 import torch
 
-from .generalized.torch_chunk import torch_chunk_generalized
-from .hdla.naive import hdla_decay_factors
-from .utils import check_generalized_inputs, check_hdla_inputs, triton_supports_ranks, use_triton
+from .custom_ops import chunk_generalized_op, chunk_hdla_op
+from .utils import check_generalized_inputs, check_hdla_inputs, use_triton  # noqa: F401 (use_triton: imported from here by callers)
+
+
+def _scale(scale: Optional[float]) -> float:
+    return 1.0 if scale is None else float(scale)
+
+
+def _final(state: torch.Tensor, q: torch.Tensor, output_final_state: bool) -> Optional[torch.Tensor]:
+    """The custom op's state output (accumulation dtype) as the public ops return it: q's dtype or None."""
+    return state.to(q.dtype) if output_final_state else None
 
 
 def chunk_generalized(
@@ -28,7 +36,10 @@ def chunk_generalized(
     ``S_t = (Diag(exp g_t) - A_t B_t^T) S_{t-1} + K_t V_t^T``, ``o_t = scale * S_t^T q_t``.
 
     Args:
-        q, g: ``[B, T, H, K]``; ``g = log d_t`` is a log-decay, see LOG-DECAY below.
+        q: ``[B, T, H, K]``.
+        g: ``[B, T, H, K]`` (a decay per key channel, ``Diag(exp g_t)``) or ``[B, T, H]`` (one per
+            head, ``exp(g_t) I``: Gated DeltaNet, Gated DeltaProduct, Head-in-Head; its gradient is
+            ``[B, T, H]`` too). ``g = log d_t`` is a log-decay, see LOG-DECAY below.
         k: ``[B, T, H, r_kv, K]``; v: ``[B, T, H, r_kv, V]``, ``r_kv >= 1``.
         a, b: ``[B, T, H, r_ab, K]``, ``r_ab >= 0`` (the columns of A_t, B_t). At ``r_ab = 0`` they
             are empty tensors and get empty gradients.
@@ -49,15 +60,9 @@ def chunk_generalized(
     ``g > 0`` is outside the domain: refused with ValueError for CPU tensors; for CUDA tensors it
     is not checked (that would synchronise the device) and the result is undefined.
     """
-    r_kv, r_ab = check_generalized_inputs(q, k, v, a, b, g, initial_state, scale)
-    if use_triton(q) and triton_supports_ranks(q.shape[-1], r_kv, r_ab):
-        from .generalized.chunk import triton_chunk_generalized
-
-        return triton_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
-    if q.is_cuda:
-        warnings.warn(f"chunk_generalized: r_ab = {r_ab}, r_kv = {r_kv} at K = {q.shape[-1]} is outside what the Triton "
-                      "kernels run correctly (kernels/utils.py: triton_supports_ranks); using the slower PyTorch chunk form")
-    return torch_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+    check_generalized_inputs(q, k, v, a, b, g, initial_state, scale)
+    o, state, _ = chunk_generalized_op(q, k, v, a, b, g, _scale(scale), initial_state, output_final_state, reverse)
+    return o, _final(state, q, output_final_state)
 
 
 def chunk_hdla(
@@ -83,11 +88,5 @@ def chunk_hdla(
     the domain (ValueError for CPU tensors, unchecked on CUDA).
     """
     check_hdla_inputs(q, k, v, beta, g, initial_state, scale)
-    if use_triton(q):
-        from .hdla.chunk import triton_chunk_hdla
-
-        return triton_chunk_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
-    a, b = hdla_decay_factors(k, beta, g)
-    return torch_chunk_generalized(
-        q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, scale, initial_state, output_final_state, reverse
-    )
+    o, state, _ = chunk_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse)
+    return o, _final(state, q, output_final_state)

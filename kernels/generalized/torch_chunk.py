@@ -52,11 +52,38 @@ def torch_chunk_generalized(
     reverse: bool = False,
     chunk_size: int = CHUNK,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Chunked generalized op in PyTorch; shapes as in :func:`naive_generalized`."""
+    """Chunked generalized op in PyTorch; shapes as in :func:`naive_generalized` (g ``[B, T, H, K]``
+    or ``[B, T, H]``). Returns ``(o, final state in q's dtype or None)``."""
+    o, state = chunk_form(q, k, v, a, b, g, scale, initial_state, reverse, chunk_size)
+    return o, (state.to(q.dtype) if output_final_state else None)
+
+
+def per_channel(g: torch.Tensor, dk: int) -> torch.Tensor:
+    """A per-head log-decay ``[B, T, H]`` broadcast over the K key channels (a view, ``[B, T, H, K]``);
+    a per-channel ``[B, T, H, K]`` one unchanged."""
+    return g.unsqueeze(-1).expand(*g.shape, dk) if g.dim() == 3 else g
+
+
+def chunk_form(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    reverse: bool = False,
+    chunk_size: int = CHUNK,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The chunk form proper: ``(o [B, T, H, V] in q's dtype, final state [B, H, K, V] in the compute
+    dtype)`` (float64 for float64 q, else fp32). g is ``[B, T, H, K]`` or ``[B, T, H]`` (broadcast
+    over K here, so autograd sums its gradient back to ``[B, T, H]``)."""
     if reverse:
         flip = [x.flip(1) for x in (q, k, v, a, b, g)]
-        o, s = torch_chunk_generalized(*flip, scale, initial_state, output_final_state, False, chunk_size)
+        o, s = chunk_form(*flip, scale, initial_state, False, chunk_size)
         return o.flip(1), s
+    g = per_channel(g, q.shape[-1])
     out_dtype = q.dtype
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     empty_ab = (a, b) if a.shape[-2] == 0 else None
@@ -121,7 +148,7 @@ def torch_chunk_generalized(
     o = o.reshape(batch, heads, n * c, dv)[:, :, :seq_len].transpose(1, 2).to(out_dtype)
     if empty_ab is not None:
         o, state = _attach_empty(empty_ab, o, state)
-    return o, (state.to(out_dtype) if output_final_state else None)
+    return o, state
 
 
 def _attach_empty(empty, *outputs):
