@@ -5,7 +5,7 @@
 
 For each shape (B, T, H, D) it times, with ``triton.testing.do_bench`` medians after warm-up,
 the forward and forward+backward of: our ``chunk_hdla``; fla's exact HDLA as
-``chunk_dplr_delta_rule`` over the doubled sequence (ALGORITHM.md); fla's ``chunk_kda``
+``chunk_dplr_delta_rule`` over the doubled sequence (kernels/README.md §6); fla's ``chunk_kda``
 (diagonal + one Householder); PyTorch SDPA (causal, same B, T, H, D). All in one process,
 bf16 inputs. It also records the wall time of our first call at each new shape (compile),
 checks our output against a float64 token loop, and reports achieved TFLOP/s on the matmul
@@ -64,7 +64,7 @@ def ours(q, k, v, beta, g):
 
 
 def fla_dplr_doubled(q, k, v, beta, g):
-    """HDLA as fla's DPLR over 2T steps (ALGORITHM.md): output at the odd steps."""
+    """HDLA as fla's DPLR over 2T steps (kernels/README.md §6): output at the odd steps."""
     from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
 
     batch, seq_len, heads, dim = q.shape

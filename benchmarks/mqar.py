@@ -1,33 +1,43 @@
-"""MQAR recall benchmark (HDLA paper §4 / fig. 2, appendix D): HDLA vs Gated DeltaNet vs Gated DeltaProduct.
+"""MQAR recall benchmark (HDLA paper §4 / fig. 2, appendix D) under Zoology's protocol.
 
-Protocol (HDLA paper appendix D, Zoology defaults where the paper is silent):
-  * two-layer models of about 1.65M parameters: vocab 8192, d_model 128, 2 heads of dim 64,
-    SwiGLU 512, tied embeddings, short conv 4 on q/k/v (Zoology pairs every mixer with a short conv);
-  * learning-rate sweep per length: logspace(-4, -2, 4) at 256, logspace(-5, -3, 4) at 512,
-    [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2] at 1024 and 2048; the best accuracy over the sweep
-    is reported (mean over seeds at each learning rate, then the best learning rate);
-  * accuracy = fraction of queries whose argmax prediction is the right value, on a fixed test set;
-  * the number of key-value pairs and the batch size are not given in the paper: Zoology's MQAR
-    configurations pair L = 256 with 16 pairs and L = 1024 with 64 (default L / 16, ``--kv-divisor``)
-    and shrink the batch as L grows (64 at 256, 32 at 512, 16 at 1024): default 16384 tokens per
-    batch (``--batch-size`` overrides, one value or one per length).
-Optimisation follows Zoology's trainer: AdamW with torch defaults (weight decay 0.01), cosine
-decay to 0, no warm-up, no clipping (flags change these); training batches are drawn fresh every
-step (seeded) instead of Zoology's fixed training set; bf16 autocast on CUDA. Results go to ``$OUT/mqar`` when ``OUT`` is set, else
-``benchmarks/results``: ``mqar_runs.json`` (every run), ``mqar_results.md`` (table), ``mqar_accuracy.png``.
+Protocol (defaults; Zoology = HazyResearch/zoology ``zoology/train.py``, ``zoology/config.py`` and
+the ICLR'24 figure-2 configs, which the HDLA paper's appendix-D sweeps follow):
+  * data: a fixed training set of 100,000 and a fixed, disjoint test set of 3,000 examples per
+    (length, key-value pairs, seed) (:func:`hdla_vision.lm.mqar.mqar_split`), vocab 8192, power-law
+    query gaps (a = 0.01), filler token 0 (``--filler zero``, Zoology's ``random_non_queries=False``;
+    ``--filler random`` is the ablation that this script's earlier protocol used);
+  * key-value pairs and batch sizes per length: 16 / 64 / 128 / 256 pairs and batches of
+    256 / 128 / 64 / 64 at L = 256 / 512 / 1024 / 2048 (other lengths need ``--kv-pairs`` and
+    ``--batch-size``);
+  * training: 64 epochs over the training set in a fresh shuffled order each epoch (the last
+    batch may be short, as a DataLoader without drop_last); AdamW, weight decay 0.1; cosine
+    schedule stepped once per epoch (T_max = epochs, to 0, no warm-up); embedding dropout 0.1;
+    no gradient clipping; bf16 autocast on CUDA; test accuracy (share of query positions whose
+    argmax is the right value) and loss after every epoch, stop once the accuracy is above 99%;
+  * learning rates: the paper's appendix-D sweeps (logspace(-4, -2, 4) at 256, logspace(-5, -3, 4)
+    at 512, [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2] at 1024 and 2048); seeds are a sweep axis
+    (a seed fixes the datasets, the initialisation, the shuffles and the dropout masks);
+  * models (``PRESETS``): two layers, d_model 128, 2 heads of key dim 64, tied embeddings, SwiGLU
+    whose width balances each preset near the paper's 1.65M parameters (printed and recorded).
 
-One run (H200, ~22 ms a step; 4000 steps stay on MQAR's plateau, 13000 solved L=256 for one mixer):
-    python benchmarks/mqar.py --mixers hdla --lengths 256 --lrs 2.2e-3 --steps 13000
-The sweep, one line per run, spread over GPUs (results: benchmarks/results/README.md):
-    bash benchmarks/runs/mqar_queue.sh benchmarks/runs/mqar_queue_2.txt /tmp/mqar 3000 0 0 1 1
-CPU smoke run:
-    python benchmarks/mqar.py --tiny
+Each run lives in ``<state-dir>/<run id>/``: ``run.json`` (protocol, parameter count, learning
+curve, ms/step, status) rewritten after every epoch, ``ckpt.pt`` (model, optimizer, RNG states and
+curve; written atomically, read with ``weights_only=True``) so a run cut by a time limit resumes at
+its last finished epoch with the same curve, and ``DONE`` once finished (the checkpoint is then
+deleted). ``--deadline-s`` stops a run cleanly before an epoch that would not finish in time.
+
+    python benchmarks/mqar.py --presets hdla --lengths 256 --lrs 1e-3 --seeds 0   # one run
+    python benchmarks/mqar.py --write-queue tools/mqar_queue.txt                   # the sweep, one run a line
+    bash tools/mqar_device.sh                                                      # the queue on a GPU machine
+    python benchmarks/mqar_report.py .mqar --out-dir benchmarks/results/mqar_zoology
+    python benchmarks/mqar.py --tiny                                               # CPU smoke run
 """
 import argparse
+import fcntl
 import json
 import math
 import os
-import sys
+import subprocess
 import time
 from pathlib import Path
 
@@ -37,13 +47,32 @@ import torch.nn.functional as F
 
 from hdla_vision.lm import HDLAConfig, HDLAForCausalLM
 from hdla_vision.lm import mixers as lm_mixers
-from hdla_vision.lm.mqar import check_mqar_args, multiquery_ar
+from hdla_vision.lm.mqar import check_mqar_args, mqar_split
 
-MIXER_SETTINGS = {
-    "hdla": dict(mixer="hdla", mixer_kwargs={}),
-    "gated_deltanet": dict(mixer="gated_deltanet", mixer_kwargs={}),
-    "gated_deltaproduct_2": dict(mixer="gated_deltaproduct", mixer_kwargs={"num_householder": 2}),
+ZOOLOGY_KV_PAIRS = {256: 16, 512: 64, 1024: 128, 2048: 256}
+ZOOLOGY_BATCH = {256: 256, 512: 128, 1024: 64, 2048: 64}
+PAPER_PARAMS = 1.65e6
+
+# Each preset: HDLAConfig settings; "value_expand" multiplies head_dim into head_dim_v.
+PRESETS = {
+    # today's HDLA with its deliberate choices: short conv, full-rank decay with a bias (lambda in
+    # (0.9, 0.999) at init), per-head RMSNorm then a SiLU gate
+    "hdla": dict(mixer="hdla", short_conv_size=4, gate_act="silu", value_expand=1, mixer_kwargs={}),
+    # HDLA as the authors' layer builds it: no short conv, bias-free rank-16 decay (lambda ~ 0.5),
+    # rank-16 sigmoid gate before one RMSNorm over all heads
+    "hdla_authors": dict(mixer="hdla_authors", short_conv_size=0, gate_act="sigmoid", value_expand=1,
+                         mixer_kwargs={"decay_rank": 16, "gate_rank": 16}),
+    # fla's / Zoology's Gated DeltaNet: expand_v = 2, beta in (0, 1)
+    "gated_deltanet": dict(mixer="gated_deltanet", short_conv_size=4, gate_act="silu", value_expand=2,
+                           mixer_kwargs={"beta_range": 1.0}),
+    # fla's Gated DeltaProduct, n_h = 2: expand_v = 2, negative eigenvalues allowed (beta in (0, 2))
+    "gated_deltaproduct_2": dict(mixer="gated_deltaproduct", short_conv_size=4, gate_act="silu", value_expand=2,
+                                 mixer_kwargs={"num_householder": 2, "beta_range": 2.0}),
 }
+
+# protocol keys that must match for a checkpoint to be resumed
+RESUME_KEYS = ("preset", "model_config", "length", "num_kv_pairs", "lr", "seed", "filler", "batch_size", "epochs",
+               "num_train", "num_test", "weight_decay", "embedding_dropout", "early_stop", "vocab_size")
 
 
 def paper_lr_sweep(length: int):
@@ -57,106 +86,164 @@ def paper_lr_sweep(length: int):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
-    p.add_argument("--mixers", nargs="+", default=list(MIXER_SETTINGS), choices=list(MIXER_SETTINGS))
-    p.add_argument("--kv-divisor", type=int, default=16, help="num_kv_pairs = length // kv-divisor")
-    p.add_argument("--num-kv-pairs", type=int, nargs="+", default=None, help="one per length (overrides divisor)")
+    p.add_argument("--kv-pairs", type=int, nargs="+", default=None, help="one per length (default: Zoology's)")
+    p.add_argument("--batch-size", type=int, nargs="+", default=None, help="one per length (default: Zoology's)")
+    p.add_argument("--lrs", type=float, nargs="+", default=None, help="one sweep for all lengths (default: paper's)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--filler", choices=("zero", "random"), default="zero")
+    p.add_argument("--epochs", type=int, default=64)
+    p.add_argument("--num-train", type=int, default=100_000)
+    p.add_argument("--num-test", type=int, default=3_000)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--embedding-dropout", type=float, default=0.1)
+    p.add_argument("--early-stop", type=float, default=0.99, help="stop once test accuracy is above this (>1: never)")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--num-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--intermediate-size", type=int, default=512)
-    p.add_argument("--short-conv-size", type=int, default=4)
-    p.add_argument("--steps", type=int, default=3000, help="training steps per run")
-    p.add_argument("--batch-size", type=int, nargs="+", default=None,
-                   help="one value, or one per length (default: --batch-tokens // length)")
-    p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per training batch without --batch-size")
-    p.add_argument("--test-examples", type=int, default=1000)
-    p.add_argument("--eval-batch-size", type=int, default=125)
-    p.add_argument("--lrs", type=float, nargs="+", default=None, help="one sweep for all lengths (default: paper's)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--warmup-frac", type=float, default=0.0)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--clip-grad", type=float, default=0.0, help="max grad norm (0: off)")
-    p.add_argument("--run-time-limit", type=float, default=None,
-                   help="seconds of training per run; the step count is cut to fit (timed on the first steps)")
-    p.add_argument("--time-budget", type=float, default=None,
-                   help="minutes for everything: each run gets an equal share of what is left (its steps are cut to "
-                        "fit), and runs are skipped once it is spent")
-    p.add_argument("--log-every", type=int, default=0, help="print the training loss every N steps (0: off)")
+    p.add_argument("--target-params", type=float, default=PAPER_PARAMS,
+                   help="the SwiGLU width of each preset is chosen to bring it nearest this parameter count")
+    p.add_argument("--intermediate-size", type=int, default=None, help="fixed SwiGLU width (skips the balancing)")
+    p.add_argument("--eval-batch-size", type=int, default=250)
+    p.add_argument("--state-dir", default=None, help="runs' folders (default: $OUT/mqar or .mqar)")
+    p.add_argument("--data-dir", default=None, help="cached datasets (default: <state-dir>/data)")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="seconds from now: no epoch is started that would not end before (resume later)")
+    p.add_argument("--stop-after-epochs", type=int, default=None,
+                   help="checkpoint and stop each run after this many epochs in this call (resume later)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--cpu-threads", type=int, default=2,
-                   help="torch CPU threads (batches are drawn on the CPU; more threads only contend when several "
-                        "runs share a machine)")
-    p.add_argument("--chunk-backend", default="auto", choices=lm_mixers.CHUNK_BACKENDS,
-                   help="'torch': vectorised PyTorch chunk form also on CUDA (no Triton backward needed)")
-    p.add_argument("--out-dir", default=None)
-    p.add_argument("--tiny", action="store_true", help="CPU smoke settings (overrides sizes, steps, sweep)")
-    p.add_argument("--merge-from", nargs="+", default=None, metavar="DIR",
-                   help="no training: merge the mqar_runs.json of earlier runs (e.g. one GPU command per length) "
-                        "into one table and plot in --out-dir")
+    p.add_argument("--cpu-threads", type=int, default=2, help="torch CPU threads (several runs share a machine)")
+    p.add_argument("--chunk-backend", default="auto", choices=lm_mixers.CHUNK_BACKENDS)
+    p.add_argument("--write-queue", default=None, metavar="FILE",
+                   help="no training: write the planned runs to FILE, one '<run id> <arguments>' line each")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke sizes for the settings not given")
     args = p.parse_args(argv)
+    args.defaults = {action.dest: action.default for action in p._actions}
     if args.tiny:
-        args.lengths, args.vocab_size, args.d_model, args.num_heads, args.head_dim = [16, 32], 64, 16, 2, 8
-        args.intermediate_size, args.steps, args.batch_size, args.test_examples = 32, 3, [8], 16
-        args.eval_batch_size, args.lrs, args.kv_divisor = 8, [1e-3, 1e-2], 4
-    if args.batch_size is not None and len(args.batch_size) == 1:
-        args.batch_size = args.batch_size * len(args.lengths)
-    for name in ("num_kv_pairs", "batch_size"):
-        given = getattr(args, name)
-        if given is not None and len(given) != len(args.lengths):
-            raise ValueError(f"--{name.replace('_', '-')} needs one value per length ({len(args.lengths)}), got {given}")
-    order = sorted(range(len(args.lengths)), key=args.lengths.__getitem__)  # per-length lists follow the sort
-    for name in ("lengths", "num_kv_pairs", "batch_size"):
-        if getattr(args, name) is not None:
-            setattr(args, name, [getattr(args, name)[i] for i in order])
-    if args.out_dir is None:
-        args.out_dir = os.path.join(os.environ["OUT"], "mqar") if os.environ.get("OUT") else "benchmarks/results"
+        apply_tiny(args, p)
+    check_args(args)
+    if args.state_dir is None:
+        args.state_dir = os.path.join(os.environ["OUT"], "mqar") if os.environ.get("OUT") else ".mqar"
+    if args.data_dir is None:
+        args.data_dir = os.path.join(args.state_dir, "data")
     return args
 
 
-def kv_pairs_for(args, length: int) -> int:
-    if args.num_kv_pairs is not None:
-        return args.num_kv_pairs[args.lengths.index(length)]
-    return max(1, length // args.kv_divisor)
+TINY = dict(lengths=[16], kv_pairs=[4], batch_size=[16], lrs=[3e-3], seeds=[0], vocab_size=64, d_model=16,
+            num_heads=2, head_dim=8, num_train=64, num_test=32, epochs=2, eval_batch_size=32, intermediate_size=32)
 
 
-def batch_size_for(args, length: int) -> int:
-    if args.batch_size is None:
-        return max(1, args.batch_tokens // length)
-    return args.batch_size[args.lengths.index(length)]
+def apply_tiny(args, parser) -> None:
+    """CPU smoke sizes (``TINY``) for every setting left at its default (seconds for all presets)."""
+    for name, value in TINY.items():
+        if getattr(args, name) == parser.get_default(name):
+            setattr(args, name, value)
 
 
-def build_model(args, mixer_name: str, seed: int) -> HDLAForCausalLM:
+def check_args(args) -> None:
+    """Per-length lists have one value per length; lengths without Zoology's values need them."""
+    for name, table in (("kv_pairs", ZOOLOGY_KV_PAIRS), ("batch_size", ZOOLOGY_BATCH)):
+        given, flag = getattr(args, name), "--" + name.replace("_", "-")
+        if given is not None and len(given) != len(args.lengths):
+            raise ValueError(f"{flag} needs one value per length ({len(args.lengths)}), got {given}")
+        if given is None:
+            missing = [n for n in args.lengths if n not in table]
+            if missing:
+                raise ValueError(f"{flag} is needed for lengths without Zoology's values: {missing}")
+    for name in ("epochs", "num_train", "num_test", "eval_batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0.0 <= args.embedding_dropout < 1.0:
+        raise ValueError(f"--embedding-dropout must be in [0, 1), got {args.embedding_dropout}")
+    for length in args.lengths:
+        check_mqar_args(args.vocab_size, length, per_length(args, "kv_pairs", length))
+
+
+def per_length(args, name: str, length: int) -> int:
+    """``--kv-pairs`` / ``--batch-size`` for one length (Zoology's value when not given)."""
+    given = getattr(args, name)
+    if given is not None:
+        return given[args.lengths.index(length)]
+    return (ZOOLOGY_KV_PAIRS if name == "kv_pairs" else ZOOLOGY_BATCH)[length]
+
+
+# -- models -------------------------------------------------------------------------------------
+def model_config(args, preset: str, intermediate_size: int) -> HDLAConfig:
+    """HDLAConfig of one preset at one SwiGLU width."""
+    settings = dict(PRESETS[preset])
+    expand = settings.pop("value_expand")
+    return HDLAConfig(vocab_size=args.vocab_size, hidden_size=args.d_model, num_hidden_layers=2,
+                      num_heads=args.num_heads, head_dim=args.head_dim, head_dim_v=expand * args.head_dim,
+                      intermediate_size=intermediate_size, tie_word_embeddings=True, use_cache=False, **settings)
+
+
+def count_params(config: HDLAConfig) -> int:
+    """Parameters of the model (tied embeddings counted once)."""
+    return sum(p.numel() for p in HDLAForCausalLM(config).parameters())
+
+
+def balanced_intermediate_size(args, preset: str) -> int:
+    """SwiGLU width (a multiple of 8) bringing the preset nearest ``--target-params``."""
+    if args.intermediate_size is not None:
+        return args.intermediate_size
+    base = count_params(model_config(args, preset, 8))
+    per_unit = (count_params(model_config(args, preset, 16)) - base) / 8
+    width = 8 + (args.target_params - base) / per_unit
+    return max(8, 8 * round(width / 8))
+
+
+def build_model(config: HDLAConfig, seed: int, device: str) -> HDLAForCausalLM:
     torch.manual_seed(seed)
-    config = HDLAConfig(
-        vocab_size=args.vocab_size, hidden_size=args.d_model, num_hidden_layers=2, num_heads=args.num_heads,
-        head_dim=args.head_dim, intermediate_size=args.intermediate_size, short_conv_size=args.short_conv_size,
-        tie_word_embeddings=True, use_cache=False, **MIXER_SETTINGS[mixer_name],
-    )
-    return HDLAForCausalLM(config).to(args.device)
+    return HDLAForCausalLM(config).to(device)
 
 
-def query_logits(model: HDLAForCausalLM, inputs: torch.Tensor, labels: torch.Tensor):
-    """Logits only at the query positions (the LM head over every position would dominate memory)."""
-    hidden = model.model(input_ids=inputs).last_hidden_state
-    asked = labels != -100
-    return model.lm_head(hidden[asked]).float(), labels[asked]
+# -- data ---------------------------------------------------------------------------------------
+def compact(t: torch.Tensor) -> torch.Tensor:
+    """Token ids (and -100 labels) in int16 where the vocabulary fits, to keep 100k x L sets small."""
+    return t.to(torch.int16) if int(t.max()) < 2 ** 15 else t.to(torch.int32)
 
 
-def lr_at(step: int, total: int, peak: float, warmup_frac: float) -> float:
-    warmup = int(warmup_frac * total)
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    return 0.5 * peak * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+def save_atomic(obj, path: Path) -> None:
+    """torch.save to a temporary file beside ``path``, then rename (a cut never leaves half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
-def autocast(args):
-    enabled = args.device.startswith("cuda")
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled) if enabled else torch.autocast("cpu", enabled=False)
+def write_json_atomic(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
 
 
-TIMING_STEPS = 5
+def load_split(args, length: int, num_kv: int, seed: int):
+    """The fixed (train, test) sets of one (length, pairs, seed), cached in ``--data-dir``; a file
+    lock lets one of several concurrent runs draw them while the others wait and read the file."""
+    name = f"mqar_v{args.vocab_size}_L{length}_kv{num_kv}_s{seed}_{args.filler}_n{args.num_train}_{args.num_test}.pt"
+    path = Path(args.data_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            (tx, ty), (sx, sy) = mqar_split(args.vocab_size, length, num_kv, seed, args.num_train, args.num_test,
+                                            random_non_queries=args.filler == "random")
+            save_atomic(dict(train_x=compact(tx), train_y=compact(ty), test_x=compact(sx), test_y=compact(sy)), path)
+    data = torch.load(path, weights_only=True)
+    return (data["train_x"], data["train_y"]), (data["test_x"], data["test_y"])
+
+
+def epoch_order(num: int, seed: int, epoch: int) -> torch.Tensor:
+    """The shuffled order of epoch ``epoch``: a function of (seed, epoch) alone, so resumes match."""
+    return torch.randperm(num, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+# -- training -----------------------------------------------------------------------------------
+def autocast(device: str):
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
 
 
 def synchronize(device: str) -> None:
@@ -164,215 +251,252 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_set, time_limit=None):
-    """Train one model; with a time limit, the step count (and the lr schedule) shrinks to fit it,
-    measured on the first few steps. The loss is read back only when logged, so the next batch
-    is drawn on the CPU while the GPU still works on this one."""
-    model = build_model(args, mixer_name, seed)
-    params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
-    batch_size = batch_size_for(args, length)
-    start, loss, total = time.time(), None, args.steps
+def query_logits(model: HDLAForCausalLM, inputs: torch.Tensor, labels: torch.Tensor, dropout: float):
+    """Logits at the query positions only (the LM head over every position would dominate memory);
+    the embeddings go through dropout (Zoology's embedding dropout) in training mode."""
+    embeds = F.dropout(model.model.embed_tokens(inputs), dropout, model.training)
+    hidden = model.model(inputs_embeds=embeds).last_hidden_state
+    asked = labels != -100
+    return model.lm_head(hidden[asked]).float(), labels[asked]
+
+
+def cosine_lr(peak: float, epoch: int, epochs: int) -> float:
+    """Zoology's CosineAnnealingLR(T_max=epochs, eta_min=0) stepped once per epoch, no warm-up."""
+    return 0.5 * peak * (1 + math.cos(math.pi * epoch / epochs))
+
+
+def train_epoch(model, opt, data, proto, epoch, device) -> dict:
+    """One pass over the training set in the epoch's order; mean loss and ms/step (synchronised)."""
     model.train()
-    step = 0
-    while step < total:
-        if step == 1:
-            synchronize(args.device)
-            after_first = time.time()  # the first step pays for compilation; time the next ones
-        if step == 1 + TIMING_STEPS and time_limit is not None:
-            synchronize(args.device)
-            per_step = (time.time() - after_first) / TIMING_STEPS
-            budget_left = time_limit - (time.time() - start)
-            total = max(step + 1, min(args.steps, step + int(budget_left / per_step)))
-        inputs, labels = multiquery_ar(args.vocab_size, batch_size, length, num_kv,
-                                       seed=1_000_003 * (seed + 1) + step)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, total, lr, args.warmup_frac)
-        with autocast(args):
-            logits, targets = query_logits(model, inputs.to(args.device, non_blocking=True),
-                                           labels.to(args.device, non_blocking=True))
+    inputs, labels = data
+    order = epoch_order(len(inputs), proto["seed"], epoch).to(inputs.device)
+    batch = proto["batch_size"]
+    total, steps = torch.zeros((), device=device), 0
+    synchronize(device)
+    start = time.time()
+    for i in range(0, len(order), batch):
+        idx = order[i:i + batch]
+        with autocast(device):
+            logits, targets = query_logits(model, inputs[idx].long(), labels[idx].long(), proto["embedding_dropout"])
         loss = F.cross_entropy(logits, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if args.clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
         opt.step()
-        step += 1
-        if args.log_every and step % args.log_every == 0:
-            print(f"    step {step}/{total} loss {loss.item():.3f}", flush=True)
-    synchronize(args.device)
-    train_s = time.time() - start
-    accuracy = evaluate(args, model, test_set)
-    return dict(mixer=mixer_name, length=length, num_kv_pairs=num_kv, lr=lr, seed=seed, steps=step,
-                batch_size=batch_size, device=args.device,
-                final_train_loss=float("nan") if loss is None else loss.item(), accuracy=accuracy, params=params,
-                train_seconds=round(train_s, 1), ms_per_step=round(1000 * train_s / max(step, 1), 2))
+        total += loss.detach()
+        steps += 1
+    synchronize(device)
+    seconds = time.time() - start
+    return dict(train_loss=total.item() / steps, steps=steps, ms_per_step=round(1000 * seconds / steps, 3),
+                train_seconds=round(seconds, 2))
 
 
 @torch.no_grad()
-def evaluate(args, model, test_set) -> float:
+def evaluate(model, data, proto, device, eval_batch: int) -> dict:
+    """Test accuracy over all query positions and the mean cross-entropy per query."""
     model.eval()
-    inputs, labels = test_set
-    correct = total = 0
-    for i in range(0, len(inputs), args.eval_batch_size):
-        with autocast(args):
-            logits, targets = query_logits(model, inputs[i:i + args.eval_batch_size].to(args.device),
-                                           labels[i:i + args.eval_batch_size].to(args.device))
+    inputs, labels = data
+    correct = loss = count = 0.0
+    for i in range(0, len(inputs), eval_batch):
+        with autocast(device):
+            logits, targets = query_logits(model, inputs[i:i + eval_batch].long(), labels[i:i + eval_batch].long(), 0.0)
         correct += (logits.argmax(-1) == targets).sum().item()
-        total += targets.numel()
-    return correct / total
+        loss += F.cross_entropy(logits, targets, reduction="sum").item()
+        count += targets.numel()
+    return dict(test_accuracy=correct / count, test_loss=loss / count)
 
 
+# -- runs: protocol, checkpoints, resume ----------------------------------------------------------
+def run_id(proto: dict) -> str:
+    return (f"{proto['preset']}_L{proto['length']}_kv{proto['num_kv_pairs']}_lr{proto['lr']:.3g}_s{proto['seed']}"
+            f"_{proto['filler']}")
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def protocol(args, preset, length, lr, seed, intermediate_size, params: int) -> dict:
+    """Everything that defines one run (and some that describe where it ran)."""
+    config = model_config(args, preset, intermediate_size)
+    return dict(
+        preset=preset, model_config=dict(mixer=config.mixer, mixer_kwargs=config.mixer_kwargs,
+                                         hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
+                                         num_heads=config.num_heads, head_dim=config.head_dim,
+                                         head_dim_v=config.head_dim_v, short_conv_size=config.short_conv_size,
+                                         gate_act=config.gate_act, intermediate_size=config.intermediate_size,
+                                         tie_word_embeddings=True),
+        params=params, length=length, num_kv_pairs=per_length(args, "kv_pairs", length), lr=lr,
+        seed=seed, filler=args.filler, batch_size=per_length(args, "batch_size", length), epochs=args.epochs,
+        num_train=args.num_train, num_test=args.num_test, vocab_size=args.vocab_size, power_a=0.01,
+        weight_decay=args.weight_decay, embedding_dropout=args.embedding_dropout, early_stop=args.early_stop,
+        optimizer="AdamW(betas=(0.9, 0.999), eps=1e-8)", schedule="cosine per epoch, T_max=epochs, eta_min=0, no warm-up",
+        grad_clip=None, precision="bf16 autocast" if args.device.startswith("cuda") else "fp32",
+        device=torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else args.device,
+        chunk_backend=args.chunk_backend, torch=str(torch.__version__), commit=git_commit(),
+        runs_per_gpu=int(os.environ.get("MQAR_RUNS_PER_GPU", "1")),
+    )
+
+
+def rng_state(device: str) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.startswith("cuda"):
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: str) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_checkpoint(path: Path, proto: dict, model, opt, device: str) -> list:
+    """Restore model, optimizer and RNG from ``path``; returns the curve so far. The run's protocol
+    must match (``RESUME_KEYS``), else the error names what differs."""
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    differ = [k for k in RESUME_KEYS if ckpt["protocol"].get(k) != proto[k]]
+    if differ:
+        raise ValueError(f"checkpoint {path} was written for another protocol ({', '.join(differ)} differ): "
+                         f"remove it or use another --state-dir")
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    set_rng_state(ckpt["rng"], device)
+    return ckpt["curve"]
+
+
+def run_record(proto: dict, curve: list, status: str, stop_reason=None) -> dict:
+    """run.json: protocol, curve and the summary numbers the report reads."""
+    accs = [c["test_accuracy"] for c in curve]
+    times = sorted(c["ms_per_step"] for c in curve)
+    return dict(run_id=run_id(proto), protocol=proto, params=proto["params"], status=status, stop_reason=stop_reason,
+                epochs_run=len(curve), best_accuracy=max(accs, default=None),
+                final_accuracy=accs[-1] if accs else None,
+                ms_per_step=times[len(times) // 2] if times else None, curve=curve)
+
+
+def stop_reason(curve: list, proto: dict):
+    """'early_stop' above the threshold, 'epochs' after the last epoch, else None (go on)."""
+    if curve and curve[-1]["test_accuracy"] > proto["early_stop"]:
+        return "early_stop"
+    if len(curve) >= proto["epochs"]:
+        return "epochs"
+    return None
+
+
+def time_left_for_epoch(curve: list, deadline) -> bool:
+    """True without a deadline or when an epoch (train + test; the faster of the last two, since the
+    first after a start also compiles the kernels) fits 1.2 times before it."""
+    if deadline is None or not curve:
+        return True
+    last = min(c["train_seconds"] + c["eval_seconds"] for c in curve[-2:])
+    return time.time() + 1.2 * last < deadline
+
+
+def train_run(args, proto: dict, deadline=None, stop_after=None) -> dict:
+    """Train (or resume) one run in ``<state-dir>/<run id>``; returns its run.json record."""
+    folder = Path(args.state_dir) / run_id(proto)
+    if (folder / "DONE").exists():
+        return json.loads((folder / "run.json").read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    device = args.device
+    train, test = (tuple(t.to(device) for t in part) for part in load_split(args, proto["length"],
+                                                                             proto["num_kv_pairs"], proto["seed"]))
+    model = build_model(model_config(args, proto["preset"], proto["model_config"]["intermediate_size"]),
+                        proto["seed"], device)
+    opt = torch.optim.AdamW(model.parameters(), lr=proto["lr"], weight_decay=proto["weight_decay"])
+    ckpt = folder / "ckpt.pt"
+    curve = load_checkpoint(ckpt, proto, model, opt, device) if ckpt.exists() else []
+    done_here, reason = 0, stop_reason(curve, proto)
+    while reason is None and time_left_for_epoch(curve, deadline) and (stop_after is None or done_here < stop_after):
+        curve.append(one_epoch(args, model, opt, train, test, proto, len(curve)))
+        save_atomic(dict(protocol=proto, model=model.state_dict(), optimizer=opt.state_dict(), rng=rng_state(device),
+                         curve=curve), ckpt)
+        reason, done_here = stop_reason(curve, proto), done_here + 1
+        write_json_atomic(run_record(proto, curve, "running" if reason is None else "done", reason),
+                          folder / "run.json")
+        print(f"  {run_id(proto)} epoch {len(curve)}: {format_epoch(curve[-1])}", flush=True)
+    record = run_record(proto, curve, "paused" if reason is None else "done", reason)
+    write_json_atomic(record, folder / "run.json")
+    if reason is not None:
+        (folder / "DONE").write_text(reason + "\n")
+        ckpt.unlink(missing_ok=True)
+    return record
+
+
+def one_epoch(args, model, opt, train, test, proto, epoch) -> dict:
+    """Set the epoch's learning rate, train, test: one point of the learning curve."""
+    lr = cosine_lr(proto["lr"], epoch, proto["epochs"])
+    for group in opt.param_groups:
+        group["lr"] = lr
+    point = dict(epoch=epoch + 1, lr=lr, **train_epoch(model, opt, train, proto, epoch, args.device))
+    start = time.time()
+    point.update(evaluate(model, test, proto, args.device, args.eval_batch_size))
+    point["eval_seconds"] = round(time.time() - start, 2)
+    return point
+
+
+def format_epoch(point: dict) -> str:
+    return (f"lr {point['lr']:.2e} train loss {point['train_loss']:.3f} test loss {point['test_loss']:.3f} "
+            f"acc {100 * point['test_accuracy']:.2f}% ({point['ms_per_step']} ms/step)")
+
+
+# -- the sweep ----------------------------------------------------------------------------------
 def plan(args):
+    """Runs, smallest length first: (preset, length, lr, seed)."""
     runs = []
-    for length in args.lengths:
-        sweep = args.lrs if args.lrs is not None else paper_lr_sweep(length)
-        for mixer_name in args.mixers:
-            for lr in sweep:
-                for seed in args.seeds:
-                    runs.append((mixer_name, length, kv_pairs_for(args, length), lr, seed))
+    for length in sorted(args.lengths):
+        for seed in args.seeds:
+            for preset in args.presets:
+                for lr in (args.lrs if args.lrs is not None else paper_lr_sweep(length)):
+                    runs.append((preset, length, lr, seed))
     return runs
 
 
-def summarize(records):
-    """Best (over learning rates) seed-mean accuracy per (mixer, length, number of kv pairs)."""
-    groups = {}
-    for r in records:
-        groups.setdefault((r["mixer"], r["length"], r["num_kv_pairs"], r["lr"]), []).append(r)
-    best = {}
-    for (mixer, length, num_kv, lr), rs in groups.items():
-        mean = sum(r["accuracy"] for r in rs) / len(rs)
-        key = (mixer, length, num_kv)
-        if key not in best or mean > best[key]["accuracy"]:
-            best[key] = dict(mixer=mixer, length=length, accuracy=mean, lr=lr, seeds=[r["seed"] for r in rs],
-                             num_kv_pairs=rs[0]["num_kv_pairs"], steps=min(r["steps"] for r in rs),
-                             batch_size=rs[0].get("batch_size", "?"), ms_per_step=rs[0].get("ms_per_step", "?"),
-                             params=rs[0]["params"], lrs_tried=sorted({
-                                 x["lr"] for x in records if (x["mixer"], x["length"], x["num_kv_pairs"]) == key}))
-    return best
+QUEUE_KEPT = ("epochs", "num_train", "num_test", "weight_decay", "embedding_dropout", "early_stop", "vocab_size",
+              "d_model", "num_heads", "head_dim", "target_params", "intermediate_size", "eval_batch_size",
+              "chunk_backend")
 
 
-def markdown_table(args, best) -> str:
-    lines = [
-        "| mixer | length | kv pairs | best acc. | best lr | lrs tried | steps | batch | ms/step | seeds | params |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for (mixer, length, _), b in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        lrs = ", ".join(f"{x:.1e}" for x in b["lrs_tried"])
-        lines.append(f"| {mixer} | {length} | {b['num_kv_pairs']} | {100 * b['accuracy']:.2f}% | {b['lr']:.1e} | {lrs} "
-                     f"| {b['steps']} | {b['batch_size']} | {b['ms_per_step']} | {','.join(map(str, b['seeds']))} | {b['params'] / 1e6:.3f}M |")
-    return "\n".join(lines)
-
-
-def plot(best, path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed: no plot (rerun with --merge-from where it is)")
-        return
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    # one line per mixer and ratio length / kv pairs (constant within one run of this script)
-    for mixer, ratio in sorted({(m, length // kv) for m, length, kv in best}):
-        points = sorted((length, b["accuracy"]) for (m, length, kv), b in best.items()
-                        if m == mixer and length // kv == ratio)
-        ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=f"{mixer} (kv = L/{ratio})")
-    ax.set_xscale("log", base=2)
-    lengths = sorted({length for _, length, _ in best})
-    ax.set_xticks(lengths, [str(x) for x in lengths])
-    ax.minorticks_off()
-    ax.set_xlabel("sequence length")
-    ax.set_ylabel("MQAR accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-
-
-def write_report(args, out_dir: Path, records, skipped, note: str = ""):
-    best = summarize(records)
-    table = markdown_table(args, best)
-    header = (f"MQAR accuracy, best over the learning-rate sweep ({len(records)} runs, "
-              f"{len(skipped)} skipped by the time budget){note}.\n\n")
-    (out_dir / "mqar_results.md").write_text(header + table + "\n")
-    if best:
-        plot(best, out_dir / "mqar_accuracy.png")
-    print()
-    print(table)
-    if skipped:
-        print(f"skipped (time budget): {len(skipped)} runs, e.g. {skipped[:3]}")
-    print(f"wrote {out_dir}/mqar_runs.json, mqar_results.md, mqar_accuracy.png")
-    return best
-
-
-MODEL_ARGS = ("vocab_size", "d_model", "num_heads", "head_dim", "intermediate_size", "short_conv_size")
-
-
-def merge(args, out_dir: Path):
-    """Combine runs of one model setting (several commands, e.g. one per length) into one report."""
-    records, skipped, sources, model_args = [], [], [], None
-    for folder in args.merge_from:
-        data = json.loads((Path(folder) / "mqar_runs.json").read_text())
-        these = {k: data["args"].get(k) for k in MODEL_ARGS}
-        if model_args is not None and these != model_args:
-            raise ValueError(f"--merge-from: {folder} used another model setting {these} than {model_args}")
-        model_args = these
-        records += data["runs"]
-        skipped += data["skipped"]
-        sources.append(f"{folder}: {data['args'].get('device')} steps<={data['args']['steps']} "
-                       f"batch={data['args']['batch_size'] or 'tokens/' + str(data['args'].get('batch_tokens'))}")
-    print("merged:", *sources, sep="\n  ")
-    (out_dir / "mqar_runs.json").write_text(json.dumps(dict(sources=sources, runs=records, skipped=skipped), indent=1))
-    return write_report(args, out_dir, records, skipped, note=", merged from " + "; ".join(sources))
+def queue_line(args, proto: dict) -> str:
+    """'<run id> <arguments>' for one run (settings off their defaults kept): the workers of
+    tools/mqar_device.sh skip ids that are finished."""
+    words = [f"--presets {proto['preset']}", f"--lengths {proto['length']}", f"--lrs {proto['lr']!r}",
+             f"--seeds {proto['seed']}", f"--filler {proto['filler']}"]
+    if args.kv_pairs is not None or args.batch_size is not None:
+        words += [f"--kv-pairs {proto['num_kv_pairs']}", f"--batch-size {proto['batch_size']}"]
+    for name in QUEUE_KEPT:
+        if getattr(args, name) != args.defaults[name]:
+            words.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    return run_id(proto) + " " + " ".join(words)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if args.merge_from:
-        return merge(args, out_dir)
+    deadline = None if args.deadline_s is None else time.time() + args.deadline_s
     lm_mixers.set_chunk_backend(args.chunk_backend)
     torch.set_num_threads(args.cpu_threads)
-    for length in args.lengths:
-        check_mqar_args(args.vocab_size, length, kv_pairs_for(args, length))
-    runs = plan(args)
-    print("MQAR benchmark:", " ".join(sys.argv[1:] if argv is None else argv))
-    print(f"  device={args.device} chunk_backend={args.chunk_backend} torch={torch.__version__}")
-    print(f"  model: 2 layers, d_model={args.d_model}, heads={args.num_heads}x{args.head_dim}, "
-          f"mlp={args.intermediate_size}, short_conv={args.short_conv_size}, vocab={args.vocab_size}")
-    batches = [batch_size_for(args, length) for length in args.lengths]
-    print(f"  train: steps={args.steps} batch={batches} AdamW wd={args.weight_decay} "
-          f"warmup={args.warmup_frac} cosine clip={args.clip_grad}; test examples={args.test_examples}; seeds={args.seeds}")
-    print(f"  {len(runs)} runs: " + "; ".join(
-        f"L={length} kv={kv_pairs_for(args, length)} lrs={[f'{x:.1e}' for x in (args.lrs or paper_lr_sweep(length))]}"
-        for length in args.lengths))
-    records, skipped, t0 = [], [], time.time()
-    test_sets = {}
-    for mixer_name, length, num_kv, lr, seed in runs:
-        if args.time_budget is not None and time.time() - t0 > 60 * args.time_budget:
-            skipped.append(dict(mixer=mixer_name, length=length, lr=lr, seed=seed))
-            continue
-        if length not in test_sets:
-            test_sets[length] = multiquery_ar(args.vocab_size, args.test_examples, length, num_kv, seed=12345)
-        limit = args.run_time_limit
-        if args.time_budget is not None:  # share what is left of the budget among the runs still to do
-            left = 60 * args.time_budget - (time.time() - t0)
-            share = 0.9 * left / (len(runs) - len(records) - len(skipped))
-            limit = share if limit is None else min(limit, share)
-        rec = train_and_eval(args, mixer_name, length, num_kv, lr, seed, test_sets[length], limit)
-        records.append(rec)
-        print(f"  {mixer_name:>22s} L={length:<5d} kv={num_kv:<4d} lr={lr:.1e} seed={seed} steps={rec['steps']:<5d} "
-              f"loss={rec['final_train_loss']:.3f} acc={100 * rec['accuracy']:6.2f}% ({rec['train_seconds']}s)",
+    widths = {preset: balanced_intermediate_size(args, preset) for preset in args.presets}
+    params = {preset: count_params(model_config(args, preset, widths[preset])) for preset in args.presets}
+    for preset in args.presets:
+        print(f"  {preset}: SwiGLU {widths[preset]}, {params[preset] / 1e6:.4f}M parameters", flush=True)
+    protos = [protocol(args, preset, length, lr, seed, widths[preset], params[preset])
+              for preset, length, lr, seed in plan(args)]
+    if args.write_queue:
+        Path(args.write_queue).write_text("".join(queue_line(args, p) + "\n" for p in protos))
+        print(f"wrote {len(protos)} runs to {args.write_queue}")
+        return []
+    records = []
+    for proto in protos:
+        records.append(train_run(args, proto, deadline, args.stop_after_epochs))
+        r = records[-1]
+        print(f"{r['run_id']}: {r['status']} after {r['epochs_run']} epochs, best {100 * (r['best_accuracy'] or 0):.2f}%",
               flush=True)
-        (out_dir / "mqar_runs.json").write_text(json.dumps(dict(args=vars(args), runs=records, skipped=skipped), indent=1))
-    (out_dir / "mqar_runs.json").write_text(json.dumps(dict(args=vars(args), runs=records, skipped=skipped), indent=1))
-    return write_report(args, out_dir, records, skipped, note=f", device {args.device}")
+    return records
 
 
 if __name__ == "__main__":

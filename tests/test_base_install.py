@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "hdla_vision"
 VISION_PARTS = ("layers", "backbones", "training")
 
-NO_TRANSFORMERS = textwrap.dedent(
+REFUSE_TRANSFORMERS = textwrap.dedent(
     """
     import json, sys
 
@@ -36,7 +36,11 @@ NO_TRANSFORMERS = textwrap.dedent(
         raise SystemExit("the finder did not refuse transformers")
     except ImportError:
         pass
+    """
+)
 
+NO_TRANSFORMERS = REFUSE_TRANSFORMERS + textwrap.dedent(
+    """
     import timm, torch
     import hdla_vision  # noqa: F401  registers the models
     from timm.models import model_entrypoint
@@ -56,17 +60,58 @@ NO_TRANSFORMERS = textwrap.dedent(
 )
 
 
-def test_every_timm_model_runs_without_transformers():
+def run_python(script: str) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter at the repository root."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, "-c", NO_TRANSFORMERS], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_every_timm_model_runs_without_transformers():
+    proc = run_python(NO_TRANSFORMERS)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     expected = {"hdla_tiny", "hdla_small", "hdla_base", "gla_tiny", "deltanet_tiny", "gdn_tiny", "kda_tiny",
                 "rwkv7_tiny", "gdp2_tiny", "gdp3_tiny", "hihdn_tiny", "hihgdn_tiny"}
     assert expected <= set(result["ran"]), result["ran"]
     assert result["loaded"] == [], f"modules loaded without being needed: {result['loaded']}"
+
+
+LM_WITHOUT_TRANSFORMERS = REFUSE_TRANSFORMERS + textwrap.dedent(
+    """
+    try:
+        import hdla_vision.lm  # noqa: F401
+    except ImportError as err:
+        print(json.dumps({"type": type(err).__name__, "message": str(err), "name": err.name}))
+    else:
+        raise SystemExit("hdla_vision.lm imported without transformers")
+    """
+)
+
+
+def test_lm_without_transformers_names_the_extra():
+    """``import hdla_vision.lm`` on the base install says which extra to install, in one line."""
+    proc = run_python(LM_WITHOUT_TRANSFORMERS)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["type"] == "ModuleNotFoundError" and result["name"] == "transformers", result
+    assert result["message"].startswith("hdla_vision.lm needs transformers"), result["message"]
+    assert 'pip install "hdla-vision[lm]"' in result["message"] and "\n" not in result["message"]
+
+
+def test_missing_extra_blames_only_the_missing_package():
+    """An ImportError about another module (a broken transformers install) passes through unchanged."""
+    from hdla_vision._extras import raise_missing_extra
+
+    other = ModuleNotFoundError("No module named 'tokenizers'", name="tokenizers")
+    with pytest.raises(ImportError) as caught:
+        raise_missing_extra(other, "transformers", "lm", "hdla_vision.lm")
+    assert caught.value is other
+    missing = ModuleNotFoundError("No module named 'transformers.cache_utils'", name="transformers.cache_utils")
+    with pytest.raises(ImportError, match=r'pip install "hdla-vision\[lm\]"') as caught:
+        raise_missing_extra(missing, "transformers", "lm", "hdla_vision.lm")
+    assert caught.value.__cause__ is missing
 
 
 def imported_modules(source: str, module: str, is_package: bool = False) -> List[Tuple[int, str]]:

@@ -64,7 +64,7 @@ def test_two_householder_factors_written_out():
 
 
 def test_gated_deltanet_is_the_one_step_case():
-    """n_h = 1: S_t = alpha (I - b k k^T) S + b k v^T (the Gated DeltaNet row of ALGORITHM.md's table)."""
+    """n_h = 1: S_t = alpha (I - b k k^T) S + b k v^T (the Gated DeltaNet row of table in kernels/README.md §2)."""
     q, k, v, beta, log_alpha = random_inputs(1)
     g = log_alpha.unsqueeze(-1).expand(*log_alpha.shape, q.shape[-1])
     a, b, kw, _ = gated_deltaproduct_factors(k, v, beta, g)

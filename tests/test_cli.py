@@ -77,3 +77,43 @@ def test_summary_without_ema_has_no_none(tmp_path, capsys, data_dir):
     assert "epoch 1/2 |" in out and "no validation this epoch" in out
     assert "val raw top-1" in out.split("epoch 2/2 |")[1].splitlines()[0]
     assert "(EMA)" not in out and "val top-1 (raw)" in out
+
+
+HEAVY = ("torch", "timm", "accelerate", "torchvision", "triton", "transformers", "tensorboard", "matplotlib",
+         "numpy", "hdla_vision")
+
+# ``python -c CLI_IMPORTS ARGS_JSON HEAVY_JSON`` runs train_imagenet.py as ``python train_imagenet.py
+# ARGS`` would, then prints its exit code and which of the HEAVY packages ended up in sys.modules.
+CLI_IMPORTS = """
+import json, runpy, sys
+args, heavy = json.loads(sys.argv[1]), set(json.loads(sys.argv[2]))
+sys.argv = ["train_imagenet.py", *args]
+code = 0
+try:
+    runpy.run_path("train_imagenet.py", run_name="__main__")
+except SystemExit as stop:
+    code = stop.code
+print(json.dumps({"code": code, "heavy": sorted({m.split(".")[0] for m in sys.modules} & heavy)}))
+"""
+
+
+@pytest.mark.parametrize("args, code, stderr", [
+    (["--help"], 0, ""),
+    (["--config", "configs/quickstart.yaml", "train.ema=maybe"], 2,
+     "error: config key 'train.ema': expected bool, got str 'maybe'"),
+    (["--config", "configs/nope.yaml"], 2, "error: config file 'configs/nope.yaml' does not exist"),
+    (["--config", "configs/quickstart.yaml", "--eval-only"], 2, "error: --eval-only needs --checkpoint"),
+])
+def test_help_and_config_errors_import_no_torch(args, code, stderr):
+    """``--help`` and config errors answer before torch, timm or Accelerate is imported."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", CLI_IMPORTS, json.dumps(args), json.dumps(HEAVY)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"code": code, "heavy": []}, proc.stderr[-3000:]
+    assert proc.stderr.strip() == stderr
+    if args == ["--help"]:
+        assert "section.key=value" in proc.stdout and "--resume" in proc.stdout

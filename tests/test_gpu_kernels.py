@@ -1,6 +1,6 @@
 """GPU checks of the Triton kernels at realistic shapes (skipped without CUDA; run on the device):
 bf16 against the float64 token loop (relative error < 1e-2), and HDLA against fla's
-chunk_dplr_delta_rule over the doubled sequence (ALGORITHM.md) where fla is installed."""
+chunk_dplr_delta_rule over the doubled sequence (kernels/README.md §6) where fla is installed."""
 import importlib.util
 
 import pytest

@@ -1,19 +1,22 @@
-"""MQAR generator properties (Zoology's definition) and a few-step smoke run of benchmarks/mqar.py."""
+"""MQAR generator properties (Zoology's definition), the fixed split, and benchmarks/mqar.py's runs
+(resume from a per-epoch checkpoint, a smoke run of each preset, the report)."""
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from hdla_vision.lm.mqar import multiquery_ar
+from hdla_vision.lm.mqar import mqar_split, multiquery_ar
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.parametrize("random_filler", [False, True])
 @pytest.mark.parametrize("vocab,length,pairs", [(8192, 256, 32), (100, 64, 16), (300, 128, 4)])
-def test_generator_properties(vocab, length, pairs):
-    inputs, labels = multiquery_ar(vocab, 50, length, pairs, seed=3)
+def test_generator_properties(vocab, length, pairs, random_filler):
+    inputs, labels = multiquery_ar(vocab, 50, length, pairs, seed=3, random_non_queries=random_filler)
     assert inputs.shape == labels.shape == (50, length) and inputs.dtype == torch.long
     assert int(inputs.min()) >= 0 and int(inputs.max()) < vocab
     keys, values = inputs[:, 0:2 * pairs:2], inputs[:, 1:2 * pairs:2]
@@ -31,6 +34,14 @@ def test_generator_properties(vocab, length, pairs):
             query = inputs[row, pos].item()
             assert query in pair_of, "the query token is a key seen earlier"
             assert labels[row, pos].item() == pair_of[query], "the answer is that key's value"
+            assert pair_of[query] in inputs[row, :pos].tolist(), "the answer was shown before the query"
+    filler = labels == -100
+    filler[:, :2 * pairs] = False
+    tokens = inputs[filler]
+    if random_filler:
+        assert len(set(tokens.tolist())) > min(vocab, tokens.numel()) // 4, "random filler spreads over the vocabulary"
+    else:
+        assert bool((tokens == 0).all()), "token-0 filler"
 
 
 def test_generator_is_deterministic_and_fills_noise():
@@ -57,11 +68,15 @@ def test_generator_rejects_bad_arguments(kwargs):
         multiquery_ar(**args)
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("mqar_benchmark", ROOT / "benchmarks" / "mqar.py")
+def load_module(name):
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_benchmark():
+    return load_module("mqar")
 
 
 def test_benchmark_paper_sweeps():
@@ -71,33 +86,98 @@ def test_benchmark_paper_sweeps():
     assert bench.paper_lr_sweep(2048) == [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2]
 
 
-def test_benchmark_batch_and_pairs_follow_each_length():
-    bench = load_benchmark()
-    args = bench.parse_args(["--lengths", "1024", "256", "--out-dir", "unused"])
-    assert args.lengths == [256, 1024]
-    assert [bench.batch_size_for(args, n) for n in args.lengths] == [64, 16]  # Zoology: 16384 tokens a batch
-    assert [bench.kv_pairs_for(args, n) for n in args.lengths] == [16, 64]  # Zoology: L / 16 pairs
-    args = bench.parse_args(["--lengths", "1024", "256", "--batch-size", "8", "32", "--num-kv-pairs", "40", "10",
-                             "--out-dir", "unused"])
-    assert (bench.batch_size_for(args, 256), bench.kv_pairs_for(args, 256)) == (32, 10)
-    assert (bench.batch_size_for(args, 1024), bench.kv_pairs_for(args, 1024)) == (8, 40)
-    assert bench.batch_size_for(bench.parse_args(["--lengths", "512", "256", "--batch-size", "4"]), 512) == 4
-    with pytest.raises(ValueError, match="batch-size"):
-        bench.parse_args(["--lengths", "256", "512", "--batch-size", "1", "2", "3"])
+def test_split_is_disjoint_and_reproducible():
+    """A vocabulary with a few hundred distinct examples: without the de-duplication the sets overlap."""
+    (train_x, train_y), (test_x, test_y) = mqar_split(10, 8, 2, seed=0, num_train=200, num_test=100)
+    assert train_x.shape == (200, 8) and test_x.shape == (100, 8)
+    rows = lambda x, y: {tuple(r) for r in torch.cat([x, y], 1).tolist()}
+    assert not rows(train_x, train_y) & rows(test_x, test_y), "train and test share an example"
+    again = mqar_split(10, 8, 2, seed=0, num_train=200, num_test=100)
+    assert torch.equal(again[0][0], train_x) and torch.equal(again[1][1], test_y)
+    other = mqar_split(10, 8, 2, seed=1, num_train=200, num_test=100)
+    assert not torch.equal(other[0][0], train_x)
+    quiet = mqar_split(64, 16, 4, seed=0, num_train=20, num_test=10)[0][0]
+    noisy = mqar_split(64, 16, 4, seed=0, num_train=20, num_test=10, random_non_queries=True)[0][0]
+    assert int((quiet == 0).sum()) > int((noisy == 0).sum())
+    with pytest.raises(ValueError, match="num_train"):
+        mqar_split(10, 8, 2, seed=0, num_train=2000, num_test=100, max_draws=3)
 
 
-def test_benchmark_smoke_run(tmp_path, capsys):
+TINY = ["--tiny", "--device", "cpu", "--cpu-threads", "1"]
+
+
+def run_json(state: Path, preset="hdla"):
+    return json.loads(next(state.glob(f"{preset}_L16_*/run.json")).read_text())
+
+
+def test_resume_gives_the_same_curve(tmp_path):
+    """Three epochs at once, and one epoch then a resume from the checkpoint (embedding dropout on:
+    the RNG state must be restored too), give the same learning curve and weights."""
     bench = load_benchmark()
-    best = bench.main(["--lengths", "16", "--vocab-size", "64", "--d-model", "16", "--num-heads", "2",
-                       "--head-dim", "8", "--intermediate-size", "32", "--steps", "2", "--batch-size", "4",
-                       "--test-examples", "8", "--eval-batch-size", "8", "--lrs", "1e-3", "--kv-divisor", "4",
-                       "--device", "cpu", "--out-dir", str(tmp_path)])
-    assert set(best) == {("hdla", 16, 4), ("gated_deltanet", 16, 4), ("gated_deltaproduct_2", 16, 4)}
-    runs = json.loads((tmp_path / "mqar_runs.json").read_text())["runs"]
-    assert len(runs) == 3 and all(r["steps"] == 2 and 0.0 <= r["accuracy"] <= 1.0 for r in runs)
-    assert "| hdla | 16 | 4 |" in (tmp_path / "mqar_results.md").read_text()
-    assert (tmp_path / "mqar_accuracy.png").stat().st_size > 0
-    assert "3 runs" in capsys.readouterr().out
-    merged = bench.main(["--merge-from", str(tmp_path), str(tmp_path), "--out-dir", str(tmp_path / "merged")])
-    assert set(merged) == set(best)
-    assert "merged from" in (tmp_path / "merged" / "mqar_results.md").read_text()
+    common = TINY + ["--presets", "hdla", "--epochs", "3", "--early-stop", "2"]
+    whole = bench.main(common + ["--state-dir", str(tmp_path / "a")])[0]
+    cut = bench.main(common + ["--state-dir", str(tmp_path / "b"), "--stop-after-epochs", "1"])[0]
+    assert cut["status"] == "paused" and cut["epochs_run"] == 1
+    ckpt = next((tmp_path / "b").glob("hdla_*/ckpt.pt"))
+    assert torch.load(ckpt, weights_only=True)["curve"][0]["epoch"] == 1
+    resumed = bench.main(common + ["--state-dir", str(tmp_path / "b")])[0]
+    assert resumed["status"] == whole["status"] == "done" and resumed["stop_reason"] == "epochs"
+    keys = ("epoch", "lr", "train_loss", "test_loss", "test_accuracy", "steps")
+    assert [[c[k] for k in keys] for c in resumed["curve"]] == [[c[k] for k in keys] for c in whole["curve"]]
+    assert [c["lr"] for c in whole["curve"]] == pytest.approx([3e-3, 3e-3 * 0.75, 3e-3 * 0.25])
+    assert not ckpt.exists() and (ckpt.parent / "DONE").exists()
+    again = bench.main(common + ["--state-dir", str(tmp_path / "b")])[0]
+    assert again["curve"] == resumed["curve"], "a finished run is not trained again"
+
+
+def test_resume_refuses_another_protocol(tmp_path):
+    bench = load_benchmark()
+    common = TINY + ["--presets", "hdla", "--epochs", "2", "--state-dir", str(tmp_path)]
+    bench.main(common + ["--stop-after-epochs", "1"])
+    folder = next(tmp_path.glob("hdla_*"))
+    ckpt = torch.load(folder / "ckpt.pt", weights_only=True)
+    ckpt["protocol"]["weight_decay"] = 0.01
+    torch.save(ckpt, folder / "ckpt.pt")
+    with pytest.raises(ValueError, match="weight_decay"):
+        bench.main(common)
+
+
+def test_presets_smoke_run_and_report(tmp_path):
+    """Two tiny epochs of every preset, then the report's table, plot and merged curves."""
+    bench = load_benchmark()
+    records = bench.main(TINY + ["--state-dir", str(tmp_path / "runs")])
+    assert [r["protocol"]["preset"] for r in records] == list(bench.PRESETS)
+    for r in records:
+        assert r["status"] == "done" and r["epochs_run"] == 2 and r["params"] > 0 and r["ms_per_step"] > 0
+        assert all(0 <= c["test_accuracy"] <= 1 and math.isfinite(c["test_loss"]) for c in r["curve"])
+        assert r["protocol"]["weight_decay"] == 0.1 and r["protocol"]["filler"] == "zero"
+    configs = {r["protocol"]["preset"]: r["protocol"]["model_config"] for r in records}
+    assert configs["hdla_authors"]["short_conv_size"] == 0 and configs["hdla"]["short_conv_size"] == 4
+    assert configs["gated_deltanet"]["head_dim_v"] == 2 * configs["gated_deltanet"]["head_dim"]
+    assert configs["gated_deltaproduct_2"]["mixer_kwargs"] == {"num_householder": 2, "beta_range": 2.0}
+    report = load_module("mqar_report")
+    rows = report.main([str(tmp_path / "runs"), "--out-dir", str(tmp_path / "report")])
+    assert set(rows) == {(p, "zero", 16) for p in bench.PRESETS}
+    table = (tmp_path / "report" / "mqar_results.md").read_text()
+    assert "| hdla_authors | zero | 16 | 4 |" in table and "weight_decay: 0.1" in table
+    assert (tmp_path / "report" / "mqar_accuracy.png").stat().st_size > 0
+    merged = json.loads((tmp_path / "report" / "mqar_runs.json").read_text())["runs"]
+    assert sorted(r["run_id"] for r in merged) == sorted(r["run_id"] for r in records)
+
+
+def test_presets_are_faithful_and_balanced():
+    """At the paper's sizes each preset lands within 1% of 1.65M parameters; the authors' HDLA has a
+    bias-free low-rank decay with lambda ~ 0.5 at init and one norm over all heads."""
+    bench = load_benchmark()
+    args = bench.parse_args(["--lengths", "256", "--state-dir", "unused"])
+    for preset in bench.PRESETS:
+        width = bench.balanced_intermediate_size(args, preset)
+        params = bench.count_params(bench.model_config(args, preset, width))
+        assert abs(params - 1.65e6) < 0.01 * 1.65e6, (preset, params)
+    model = bench.build_model(bench.model_config(args, "hdla_authors", 64), seed=0, device="cpu")
+    mixer = model.model.layers[0].mixer
+    assert all(m.bias is None for m in mixer.decay_proj) and mixer.out_norm.weight.numel() == 2 * 64
+    with torch.no_grad():
+        lam = torch.sigmoid(mixer.decay_proj(torch.randn(4, 32, 128)))
+    assert abs(float(lam.mean()) - 0.5) < 0.02 and float((lam - 0.5).abs().max()) < 0.1
+    assert not hasattr(mixer, "conv")

@@ -78,3 +78,14 @@ def test_two_process_cpu_run_agrees(tmp_path):
     assert row["images_per_process"] == [28, 28]  # global batch 8 split 4 + 4, 7 steps
     assert row["distinct_samples"] == 56  # disjoint shards
     assert (out / "checkpoints" / "step_00000007" / "random_states_1.pkl").is_file()
+
+
+@pytest.mark.parametrize("repeated_aug", [False, True])
+def test_process_indices_are_what_accelerate_hands_each_process(repeated_aug):
+    """A mid-epoch resume recomputes the samples each process trained on before the checkpoint."""
+    order = EpochOrder(40, batch_per_process=4, num_processes=2, seed=1, repeated_aug=repeated_aug)
+    order.use_epoch(3)
+    for rank in (0, 1):
+        shard = _shard(order, rank)
+        for batches in (0, 1, 3, 5):
+            assert order.process_indices(rank, batches) == shard[: 4 * batches]

@@ -1,4 +1,6 @@
 #!/bin/bash
+# Issue 5's protocol (fresh batches, --steps): benchmarks/mqar.py as of commit 6b5adc8. Zoology's protocol
+# (issue 13) runs through tools/mqar_device.sh.
 # MQAR runs from a queue file, one benchmarks/mqar.py process per line (its arguments), taken in
 # order by one worker per GPU; a worker takes no new line once the deadline (seconds since the
 # script started) is near. Each run writes $OUT_DIR/run_<line number>/mqar_runs.json; merge them with

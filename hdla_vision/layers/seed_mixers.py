@@ -1,4 +1,4 @@
-"""The seed mixers as parameterizations of the generalized recurrence (ALGORITHM.md's table).
+"""The seed mixers as parameterizations of the generalized recurrence (the table in kernels/README.md §2).
 
 Every function maps one mixer's per-token quantities to the inputs of
 ``chunk_generalized(q, k, v, a, b, g)``, whose step is

@@ -20,8 +20,16 @@ Packed batches: ``model(packed_ids [1, total], cu_seqlens=...)``; padding: ``att
 ``save_pretrained`` writes an ``auto_map`` and ``hdla_vision_auto.py`` (imports from this
 package), so ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`` reloads a
 saved model in a process that never imported ``hdla_vision.lm``.
+
+transformers comes with the ``lm`` extra (``pip install "hdla-vision[lm]"``); without it,
+importing this package raises an ImportError that says so.
 """
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from .._extras import raise_missing_extra
+
+try:
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+except ImportError as _err:
+    raise_missing_extra(_err, "transformers", "lm", "hdla_vision.lm")
 
 from .configuration_hdla import HDLAConfig
 from ..layers.seed_mixers import gated_deltaproduct_factors  # defined with the vision mixers (no transformers)

@@ -308,3 +308,65 @@ class GatedDeltaProductMixer(GatedDeltaMixer):
             raise ValueError(f"num_householder must be an int >= 1, got {num_householder!r}")
         self.num_householder = num_householder
         super().__init__(hidden_size, num_heads, head_dim, **kwargs)
+
+
+class LowRankProjection(nn.Sequential):
+    """``x -> (x U) V``, ``U`` in_features x rank and ``V`` rank x out_features, no bias (the authors'
+    gate and decay projections). With transformers' normal(0, 0.02) init the output is near 0."""
+
+    def __init__(self, in_features: int, rank: int, out_features: int):
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise ValueError(f"rank must be a positive int, got {rank!r}")
+        super().__init__(nn.Linear(in_features, rank, bias=False), nn.Linear(rank, out_features, bias=False))
+
+
+class AllHeadsRMSNorm(nn.Module):
+    """One RMSNorm over all heads' features of ``[..., H, V]`` (weight of size H * V), shape kept."""
+
+    def __init__(self, num_heads: int, head_dim_v: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num_heads * head_dim_v))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(*x.shape[:-2], -1).float()
+        flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return flat.reshape(x.shape).to(x.dtype)
+
+
+@register_mixer("hdla_authors", kind="causal")
+class AuthorsHDLAMixer(HDLAMixer):
+    """HDLA as the authors' layer builds it, beside :class:`HDLAMixer`'s deliberate choices.
+
+    Same recurrence (eq. 27-28, beta in (0, beta_range)); it differs in three places:
+      * decay: ``lambda = sigmoid(x U_l V_l)`` from a bias-free rank-``decay_rank`` projection, so
+        lambda is about 0.5 at init (HDLAMixer: full rank with a bias starting lambda in (0.9, 0.999));
+      * output: ``o = W_o RMSNorm_all(y * act(x U_g V_g))``: a rank-``gate_rank`` gate (``gate_act``,
+        the authors use sigmoid) multiplies y *before* one RMSNorm over all heads' features
+        (HDLAMixer: per-head RMSNorm, then a full-rank gate);
+      * no short convolution is implied by the name: set ``short_conv_size=0`` (HDLAConfig) for that.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, decay_rank: int = 16, gate_rank: int = 16,
+                 **kwargs):
+        super().__init__(hidden_size, num_heads, head_dim, **kwargs)
+        self.decay_rank, self.gate_rank = decay_rank, gate_rank
+        self.decay_proj = LowRankProjection(hidden_size, decay_rank, num_heads * head_dim)
+        self.gate_proj = LowRankProjection(hidden_size, gate_rank, num_heads * self.head_dim_v)
+        self.out_norm = AllHeadsRMSNorm(num_heads, self.head_dim_v, kwargs.get("norm_eps", 1e-6))
+
+    def features(self, proj, x):
+        """HDLAMixer's features plus ``out_gate [B, T, H, V]``, applied to y inside :meth:`scan`."""
+        feats = super().features(proj, x)
+        gate = super()._gate(x)
+        feats["out_gate"] = gate.reshape(*x.shape[:2], self.num_heads, self.head_dim_v)
+        return feats
+
+    def scan(self, feats, state, recurrent):
+        """HDLAMixer's scan, then ``y * gate`` (the all-heads norm follows in ``forward``)."""
+        o, final_state = super().scan(feats, state, recurrent)
+        return o * feats["out_gate"].to(o.dtype), final_state
+
+    def _gate(self, x: torch.Tensor) -> torch.Tensor:
+        """The gate already multiplied y before the norm: nothing is left to multiply after it."""
+        return torch.ones((), dtype=x.dtype, device=x.device)

@@ -5,8 +5,11 @@ scattered over the rest of the sequence at even offsets whose gaps follow a powe
 (``p(i) ~ i^(power_a - 1)``, i = 1..(L - 2n)/2). The model must emit each query's value at
 the query position. Keys come from ``[1, vocab/2)``, values from ``[vocab/2, vocab)``; keys (and
 values) are distinct within an example. Positions that are neither pairs nor queries are
-filled with uniform random tokens (``random_non_queries``), else 0. Labels are -100 except at
-the query positions (already shifted: ``labels[t]`` is the target for the output at t).
+filled with uniform random tokens when ``random_non_queries`` (this function's default, as
+Zoology's), else with token 0 (Zoology's paper configs and the HDLA paper's runs set
+``random_non_queries=False``). Labels are -100 except at the query positions (already shifted:
+``labels[t]`` is the target for the output at t). :func:`mqar_split` draws Zoology's fixed,
+disjoint train and test sets.
 
     pairs:   k1 v1 k2 v2 ... kn vn | ... k2 . . . k1 . . ...
     labels:  -100 ...              | ... v2 . . . v1 . . ...
@@ -78,3 +81,52 @@ def multiquery_ar(
         inputs.append(x)
         labels.append(y)
     return torch.cat(inputs), torch.cat(labels)
+
+
+def _split_seed(seed: int, part: int, draw: int) -> int:
+    """Generator seed of one draw of one part (0: train, 1: test) of the split for ``seed``."""
+    return (seed * 1_000_003 + draw) * 2 + part
+
+
+def _row_keys(inputs: torch.Tensor, labels: torch.Tensor):
+    """One bytes key per example (inputs and labels), to compare examples across sets."""
+    rows = torch.cat([inputs, labels], dim=1).to(torch.int32).numpy()
+    return [row.tobytes() for row in rows]
+
+
+def mqar_split(
+    vocab_size: int,
+    input_seq_len: int,
+    num_kv_pairs: int,
+    seed: int,
+    num_train: int,
+    num_test: int,
+    random_non_queries: bool = False,
+    power_a: float = 0.01,
+    max_draws: int = 64,
+):
+    """Zoology's fixed MQAR datasets for one (length, pairs, seed): ``(train, test)``, each
+    ``(inputs, labels)`` of int64 ``[n, input_seq_len]``.
+
+    The test set is drawn first; training examples equal to a test example are dropped and
+    replaced from further draws, so the sets are disjoint (at Zoology's sizes a collision is
+    practically impossible; at tiny vocabularies it is not). Deterministic in ``seed``.
+    """
+    for name, value in (("num_train", num_train), ("num_test", num_test)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    gen = dict(power_a=power_a, random_non_queries=random_non_queries)
+    test = multiquery_ar(vocab_size, num_test, input_seq_len, num_kv_pairs, _split_seed(seed, 1, 0), **gen)
+    seen = set(_row_keys(*test))
+    kept_x, kept_y, kept = [], [], 0
+    for draw in range(max_draws):
+        x, y = multiquery_ar(vocab_size, num_train - kept, input_seq_len, num_kv_pairs, _split_seed(seed, 0, draw), **gen)
+        fresh = torch.tensor([key not in seen for key in _row_keys(x, y)])
+        kept_x.append(x[fresh])
+        kept_y.append(y[fresh])
+        kept += int(fresh.sum())
+        if kept == num_train:
+            return (torch.cat(kept_x), torch.cat(kept_y)), test
+    raise ValueError(f"num_train ({num_train}) examples distinct from the {num_test} test examples were not found "
+                     f"in {max_draws} draws: the task (vocab_size={vocab_size}, input_seq_len={input_seq_len}, "
+                     f"num_kv_pairs={num_kv_pairs}) has too few distinct examples")

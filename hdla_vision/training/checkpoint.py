@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -41,8 +41,17 @@ class TrainerState:
     best_top1: float = -1.0
     best_epoch: int = -1
     best_source: str = ""
-    epoch_loss_sum: float = 0.0  # this process's summed training loss so far in ``epoch``
+    epoch_loss_sum: float = 0.0  # the main process's summed training loss so far in ``epoch``
+    epoch_loss_sums: list = field(default_factory=list)  # every process's (this file is written by the main one)
     epoch_loss_batches: int = 0
+    epoch_images: int = 0  # images this process trained on so far in ``epoch``
+    epoch_seconds: float = 0.0  # training time spent so far in ``epoch`` (before an interruption)
+
+    def start_next_epoch(self) -> None:
+        """Move to the start of the next epoch (after its evaluation and exports)."""
+        self.epoch, self.batches_done = self.epoch + 1, 0
+        self.epoch_loss_sum, self.epoch_loss_sums, self.epoch_loss_batches = 0.0, [], 0
+        self.epoch_images, self.epoch_seconds = 0, 0.0
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hdla_vision.training.augment import use_exact_posterize
 from hdla_vision.training.config import Config
+from hdla_vision.training.interrupt import ignore_interrupts
 from hdla_vision.training.quickstart import ensure_quickstart_dataset
 
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm"}
@@ -189,6 +190,15 @@ class EpochOrder(Sampler):
         seeds = torch.randint(0, 2**62, (len(indices),), generator=generator).tolist()
         return iter(zip(indices, seeds))
 
+    def process_indices(self, process_index: int, batches: int) -> list[int]:
+        """The sample indices of the first ``batches`` batches process ``process_index`` trains on.
+
+        Accelerate hands global batch ``j`` of this order to process ``j % num_processes``.
+        """
+        order = [index for index, _ in self]
+        b, n = self.batch_per_process, self.num_processes
+        return [i for k in range(batches) for i in order[(k * n + process_index) * b:(k * n + process_index + 1) * b]]
+
     def __len__(self) -> int:
         global_batch = self.batch_per_process * self.num_processes
         total = self.samples_per_epoch(self.num_samples, self.num_processes, self.repeated_aug, self.num_repeats)
@@ -316,7 +326,7 @@ def build_data(config: Config, root: Optional[Path], model: torch.nn.Module, num
                        config.data.repeated_aug, config.data.num_repeats)
     workers = config.data.num_workers
     common = dict(num_workers=workers, pin_memory=config.data.pin_memory and torch.cuda.is_available(),
-                  persistent_workers=workers > 0)
+                  persistent_workers=workers > 0, worker_init_fn=ignore_interrupts if workers > 0 else None)
     train_loader = DataLoader(SeededSamples(train_set), batch_size=per_process, sampler=order,
                               drop_last=True, generator=torch.Generator().manual_seed(config.train.seed), **common)
     val_loader = DataLoader(SeededSamples(val_set), batch_size=per_process, shuffle=False,

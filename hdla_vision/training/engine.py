@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -12,6 +13,7 @@ from timm.data import Mixup
 from tqdm.auto import tqdm
 
 from hdla_vision.training.checkpoint import TrainerState
+from hdla_vision.training.interrupt import TrainingInterrupted
 
 
 @dataclass
@@ -30,8 +32,9 @@ class TrainParts:
     log_every: int = 20
     progress_bar: bool = True
     checkpoint_every: int = 0  # optimizer steps between mid-epoch checkpoints (0: none)
-    on_checkpoint: Optional[Callable[[TrainerState], None]] = None
+    on_checkpoint: Optional[Callable[[TrainerState], Path]] = None  # saves, returns the checkpoint dir
     on_log: Optional[Callable[[int, dict], None]] = None
+    should_stop: Optional[Callable[[], bool]] = None  # asked after each optimizer step (see interrupt.py)
 
 
 @dataclass
@@ -46,7 +49,8 @@ def train_one_epoch(parts: TrainParts, state: TrainerState) -> EpochStats:
     """Run the rest of epoch ``state.epoch``, starting after ``state.batches_done`` batches.
 
     Images are [B, 3, H, W] per process; a global optimizer step consumes
-    ``num_processes * grad_accum_steps`` batches.
+    ``num_processes * grad_accum_steps`` batches. After a mid-epoch resume the epoch's
+    statistics (loss, images, time, sample indices) include the batches before the checkpoint.
     """
     acc = parts.accelerator
     parts.train_order.use_epoch(state.epoch)
@@ -57,18 +61,14 @@ def train_one_epoch(parts: TrainParts, state: TrainerState) -> EpochStats:
     total = len(parts.train_loader)
     bar = tqdm(total=total, initial=state.batches_done, desc=f"epoch {state.epoch}", dynamic_ncols=True,
                disable=not (parts.progress_bar and acc.is_main_process))
-    loss_sum = torch.full((), state.epoch_loss_sum, device=acc.device, dtype=torch.float64)
-    loss_batches, images, seen = state.epoch_loss_batches, 0, []
-    start = window_start = time.perf_counter()
+    progress = _EpochProgress.resume(state, parts.train_order, acc)
+    window_start = time.perf_counter()
     window_images = 0
     for images_batch, targets, indices in loader:
         loss = _train_step(parts, images_batch, targets)
-        loss_sum += loss.detach().double()
-        loss_batches += 1
+        progress.add(loss, images_batch.shape[0], indices)
         state.batches_done += 1
-        images += images_batch.shape[0]
         window_images += images_batch.shape[0]
-        seen.extend(indices.tolist())
         bar.update(1)
         if not acc.sync_gradients:
             continue
@@ -79,15 +79,66 @@ def train_one_epoch(parts: TrainParts, state: TrainerState) -> EpochStats:
         if state.global_step % parts.log_every == 0 or state.batches_done >= total:
             window_images = _log_progress(parts, bar, loss, window_images, window_start, state)
             window_start = time.perf_counter()
+        saved = None
         if _checkpoint_due(parts, state, total):
-            state.epoch_loss_sum, state.epoch_loss_batches = loss_sum.item(), loss_batches
-            parts.on_checkpoint(state)
+            progress.store(state, parts.accelerator)
+            saved = parts.on_checkpoint(state)
+        if state.batches_done < total and parts.should_stop is not None and parts.should_stop():
+            bar.close()
+            _stop_here(parts, state, progress, saved)
     bar.close()
-    mean_loss = (loss_sum / max(loss_batches, 1)).item()
-    if not math.isfinite(mean_loss):
-        raise FloatingPointError(f"training loss is {mean_loss} in epoch {state.epoch}: lower optim.base_lr "
-                                 "or set optim.clip_grad")
-    return EpochStats(mean_loss, images, time.perf_counter() - start, seen)
+    return progress.finish(state.epoch)
+
+
+@dataclass
+class _EpochProgress:
+    """This process's running totals for one epoch, continued from a mid-epoch checkpoint."""
+    loss_sum: torch.Tensor  # float64 scalar on the device (no sync per step)
+    loss_batches: int
+    images: int
+    seconds_before: float  # time spent in this epoch before the resumed checkpoint
+    start: float
+    seen: list
+
+    @classmethod
+    def resume(cls, state: TrainerState, train_order, acc: Accelerator) -> "_EpochProgress":
+        """Totals as saved in ``state``; the sample indices already trained on are recomputed from the order."""
+        seen = train_order.process_indices(acc.process_index, state.batches_done) if state.batches_done else []
+        own = state.epoch_loss_sums[acc.process_index] if state.epoch_loss_sums else state.epoch_loss_sum
+        loss_sum = torch.full((), own, device=acc.device, dtype=torch.float64)
+        return cls(loss_sum, state.epoch_loss_batches, state.epoch_images, state.epoch_seconds,
+                   time.perf_counter(), seen)
+
+    def add(self, loss: torch.Tensor, images: int, indices: torch.Tensor) -> None:
+        self.loss_sum += loss.detach().double()
+        self.loss_batches += 1
+        self.images += images
+        self.seen.extend(indices.tolist())
+
+    def seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self.start
+
+    def store(self, state: TrainerState, acc: Accelerator) -> None:
+        """Write the totals into ``state`` so that a checkpoint of it resumes them exactly (all processes call it)."""
+        sums = acc.gather(self.loss_sum[None]).tolist() if acc.num_processes > 1 else [self.loss_sum.item()]
+        state.epoch_loss_sums, state.epoch_loss_sum = sums, sums[0]
+        state.epoch_loss_batches = self.loss_batches
+        state.epoch_images, state.epoch_seconds = self.images, self.seconds()
+
+    def finish(self, epoch: int) -> EpochStats:
+        mean_loss = (self.loss_sum / max(self.loss_batches, 1)).item()
+        if not math.isfinite(mean_loss):
+            raise FloatingPointError(f"training loss is {mean_loss} in epoch {epoch}: lower optim.base_lr "
+                                     "or set optim.clip_grad")
+        return EpochStats(mean_loss, self.images, self.seconds(), self.seen)
+
+
+def _stop_here(parts: TrainParts, state: TrainerState, progress: "_EpochProgress", saved) -> None:
+    """Checkpoint this step boundary (unless just done) and raise ``TrainingInterrupted``."""
+    if saved is None:
+        progress.store(state, parts.accelerator)
+        saved = parts.on_checkpoint(state)
+    raise TrainingInterrupted(saved, state.epoch, state.batches_done, state.global_step)
 
 
 def _checkpoint_due(parts: TrainParts, state: TrainerState, total_batches: int) -> bool:

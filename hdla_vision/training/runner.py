@@ -5,7 +5,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from accelerate import Accelerator
@@ -19,6 +19,7 @@ from hdla_vision.training import checkpoint as ckpt
 from hdla_vision.training.config import Config
 from hdla_vision.training.data import build_data, resolve_data_root
 from hdla_vision.training.engine import TrainParts, evaluate, train_one_epoch
+from hdla_vision.training.interrupt import StopOnInterrupt, TrainingInterrupted
 from hdla_vision.training.models import (create_model, export_metadata, export_weights, load_weights,
                                          resolve_model_config)
 from hdla_vision.training.records import RunRecorder
@@ -104,19 +105,53 @@ def run_identity(config: Config, setup_: Setup) -> dict:
     }
 
 
+@dataclass
+class Run:
+    """A run ready to train: its setup, loop state, records and checkpoint writer."""
+    setup: Setup
+    state: ckpt.TrainerState
+    recorder: RunRecorder
+    save: Callable[[ckpt.TrainerState], Path]
+    output_dir: Path
+
+
 def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
           data_dir: Optional[str] = None) -> dict:
-    """Train for ``sched.epochs`` epochs (continuing a checkpoint if ``resume``); return the last epoch's row."""
-    output_dir = Path(output_dir)
+    """Train for ``sched.epochs`` epochs (continuing a checkpoint if ``resume``); return the last epoch's row.
+
+    Ctrl-C (SIGINT) checkpoints at the next step boundary and raises ``TrainingInterrupted``
+    naming the checkpoint (see ``interrupt.py``); a second Ctrl-C raises ``KeyboardInterrupt``.
+    """
+    run = start_run(config, Path(output_dir), resume, data_dir)
+    acc = run.setup.accelerator
+    with StopOnInterrupt(announce=acc.is_main_process) as stop:
+        run.setup.parts.should_stop = lambda: stop.agreed(acc)
+        acc.print(run_line(config, run.setup))
+        try:
+            row = _train_epochs(config, run, stop)
+        except TrainingInterrupted:  # every process agreed to stop: they leave together
+            run.recorder.close(plot=False)
+            acc.end_training()
+            raise
+        except BaseException:
+            run.recorder.close(plot=False)  # what was logged stays on disk; the curves are drawn at the end
+            raise
+        row = _finish(run, row)
+    acc.end_training()  # destroys the process groups: gloo's threads outliving them abort the process at exit
+    return row
+
+
+def start_run(config: Config, output_dir: Path, resume: Optional[str], data_dir: Optional[str]) -> Run:
+    """Set up, load the checkpoint to resume (if any) and open the records."""
     s = setup(config, data_dir)
-    acc, parts = s.accelerator, s.parts
+    acc = s.accelerator
     identity = run_identity(config, s)
-    ema_module = parts.ema.module if parts.ema is not None else None
+    ema_module = s.parts.ema.module if s.parts.ema is not None else None
     state = ckpt.TrainerState()
     resume_dir = ckpt.find_resume_dir(resume, output_dir) if resume else None
     if resume_dir is not None:
         state = ckpt.load_checkpoint(acc, resume_dir, ema_module, identity)
-        parts.scheduler.step_update(num_updates=state.global_step)
+        s.parts.scheduler.step_update(num_updates=state.global_step)
         acc.print(f"resumed from {resume_dir}: epoch {state.epoch}, batch {state.batches_done}, "
                   f"step {state.global_step}")
     elif resume:
@@ -124,24 +159,45 @@ def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
     if acc.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-    recorder = RunRecorder(output_dir, acc.is_main_process, state.epoch if resume_dir else None)
-    parts.on_log = recorder.log_step
-    parts.on_checkpoint = lambda st: ckpt.save_checkpoint(acc, output_dir, st, ema_module, identity,
-                                                          config.train.keep_checkpoints)
-    acc.print(f"{config.model.name}: {acc.num_processes} process(es) x {s.batch_per_process} images "
-              f"x {config.train.grad_accum_steps} accumulation = global batch {config.train.global_batch_size}, "
-              f"peak lr {s.peak_lr:.3g}, {len(parts.train_loader)} batches per process per epoch")
-    row = {}
-    for epoch in range(state.epoch, config.sched.epochs):
-        row = _run_epoch(config, s, state, output_dir)
-        recorder.log_epoch(row)
+    resumed_at = (state.epoch, state.global_step) if resume_dir else (None, None)
+    recorder = RunRecorder(output_dir, acc.is_main_process, *resumed_at)
+
+    def save(st: ckpt.TrainerState) -> Path:
+        recorder.flush()  # everything logged up to this step is on disk before the checkpoint exists
+        return ckpt.save_checkpoint(acc, output_dir, st, ema_module, identity, config.train.keep_checkpoints)
+
+    s.parts.on_log, s.parts.on_checkpoint = recorder.log_step, save
+    return Run(s, state, recorder, save, output_dir)
+
+
+def run_line(config: Config, s: Setup) -> str:
+    """The line printed before the first step: processes, batch sizes, peak lr, batches per epoch."""
+    return (f"{config.model.name}: {s.accelerator.num_processes} process(es) x {s.batch_per_process} images "
+            f"x {config.train.grad_accum_steps} accumulation = global batch {config.train.global_batch_size}, "
+            f"peak lr {s.peak_lr:.3g}, {len(s.parts.train_loader)} batches per process per epoch")
+
+
+def _train_epochs(config: Config, run: Run, stop: StopOnInterrupt) -> dict:
+    """The epoch loop; a stop requested during an epoch with no later step boundary is taken at its end."""
+    acc, state, row = run.setup.accelerator, run.state, {}
+    for _ in range(state.epoch, config.sched.epochs):
+        row = _run_epoch(config, run.setup, state, run.output_dir)
+        run.recorder.log_epoch(row)
         acc.print(epoch_line(row, config.sched.epochs))
-        ckpt.save_checkpoint(acc, output_dir, state, ema_module, identity, config.train.keep_checkpoints)
-    row["param_checksum_per_process"] = _agreeing_checksums(acc, parts.model)
+        path = run.save(state)
+        if state.epoch < config.sched.epochs and stop.agreed(acc):
+            raise TrainingInterrupted(path, state.epoch, state.batches_done, state.global_step)
+    return row
+
+
+def _finish(run: Run, row: dict) -> dict:
+    """Checksums, final.json, the curves and the summary."""
+    acc = run.setup.accelerator
+    row["param_checksum_per_process"] = _agreeing_checksums(acc, run.setup.parts.model)
     if acc.is_main_process:
-        (output_dir / "final.json").write_text(json.dumps(row, indent=2))
-    plot = recorder.close()
-    _print_summary(acc, row, output_dir, plot)
+        (run.output_dir / "final.json").write_text(json.dumps(row, indent=2))
+    plot = run.recorder.close()
+    _print_summary(acc, row, run.output_dir, plot)
     return row
 
 
@@ -159,8 +215,7 @@ def _run_epoch(config: Config, s: Setup, state: ckpt.TrainerState, output_dir: P
     row.update(_shard_statistics(acc, stats.images, stats.seen_indices))
     if (epoch + 1) % config.train.eval_every_epochs == 0 or epoch + 1 == config.sched.epochs:
         row.update(_evaluate_and_track_best(config, s, state, output_dir))
-    state.epoch, state.batches_done = epoch + 1, 0
-    state.epoch_loss_sum, state.epoch_loss_batches = 0.0, 0
+    state.start_next_epoch()
     _export(config, s, output_dir, "model.safetensors", acc.unwrap_model(parts.model), epoch=epoch)
     if parts.ema is not None:
         _export(config, s, output_dir, "model_ema.safetensors", parts.ema.module, epoch=epoch)

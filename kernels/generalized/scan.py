@@ -13,7 +13,7 @@ all chunks in parallel (the Gram matrices and the triangular inverse live there)
 ``chunk_scan_kernel`` then walks the chunks of one (batch, head, V-block) in order with the
 state ``S`` (``[K, BV]``, fp32) in registers, doing only products with the state.
 
-Decay factors are only ever exp of a difference whose sign is known (ALGORITHM.md). The
+Decay factors are only ever exp of a difference whose sign is known (kernels/README.md §3). The
 Gram matrices take one of two routes per chunk: if ``max |G| <= THRESH`` they factor as
 ``(R e^{G_t}) (W e^{-G_i})^T`` (tensor-core products, both factors finite), otherwise they
 are built column by column with the exact pairwise ``e^{G_t - G_i}``.
@@ -98,7 +98,7 @@ def _expand(x, BT: tl.constexpr, RP: tl.constexpr, BD: tl.constexpr):
 def _hdla_rows(kh_ptr, beta_ptr, g_ptr, i_b, i_h, p0, T, H, cols, cmask, K,
                BT: tl.constexpr, SHIFT: tl.constexpr, REVERSE: tl.constexpr):
     """HDLA's A and B (rank 2) built from (k, beta, g): ``A = [b u, k]``, ``B = [k, b u - b^2 s k]``
-    with ``u = lambda * k`` and ``s = k^T Diag(lambda) k`` (ALGORITHM.md). Returns two ``[2*BT, BK]`` tiles."""
+    with ``u = lambda * k`` and ``s = k^T Diag(lambda) k`` (kernels/README.md §2). Returns two ``[2*BT, BK]`` tiles."""
     kh = _load_token_rows(kh_ptr, i_b, i_h, p0, T, H, cols, cmask, K, 2, BT, SHIFT, REVERSE)
     gh = tl.maximum(_load_token_rows(g_ptr, i_b, i_h, p0, T, H, cols, cmask, K, 2, BT, SHIFT, REVERSE), LOG_ZERO)
     beta = _load_token_scalar(beta_ptr, i_b, i_h, p0, T, H, 2, BT, SHIFT, REVERSE)[:, None]

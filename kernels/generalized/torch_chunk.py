@@ -9,7 +9,7 @@ G' = G - g the exclusive one and X_t = S_{t-1}^T B_t the read of the previous st
     S_C = exp(G_C) * S_0 + Ktil^T V - Atil^T X              (eq. 17)
 
 where every decay factor is exp of a difference G_t - G_i with t >= i, computed pairwise
-(never exp(-G), which overflows; ALGORITHM.md).
+(never exp(-G), which overflows; kernels/README.md §3).
 
 ``g = -inf`` (a full reset): g is clamped at the floor of the compute dtype (``utils.log_zero``),
 where exp is exactly 0, so every decay across the reset is exactly 0 and no ``-inf - (-inf)``

@@ -7,7 +7,7 @@ import torch
 def hdla_decay_factors(k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """A_t, B_t with ``Diag(lambda) - A B^T = (I - beta k k^T) Diag(lambda) (I - beta k k^T)``.
 
-    With ``u = lambda * k`` and ``s = k^T Diag(lambda) k`` (ALGORITHM.md):
+    With ``u = lambda * k`` and ``s = k^T Diag(lambda) k`` (kernels/README.md §2):
     ``A = [beta u, k]``, ``B = [k, beta u - beta^2 s k]``.
 
     Args:

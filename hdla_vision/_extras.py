@@ -1,0 +1,23 @@
+"""Optional dependencies: a missing extra is reported with the command that installs it."""
+from __future__ import annotations
+
+from typing import NoReturn
+
+
+def missing_extra_message(part: str, module: str, extra: str) -> str:
+    """The one-line explanation for ``part`` needing ``module`` from the ``extra`` extra."""
+    return (f"{part} needs {module}, which is not installed: install the \"{extra}\" extra with "
+            f"pip install \"hdla-vision[{extra}]\" (or pip install -e \".[{extra}]\" in a clone)")
+
+
+def raise_missing_extra(err: ImportError, module: str, extra: str, part: str) -> NoReturn:
+    """Re-raise ``err`` naming the extra if ``module`` itself is what could not be imported.
+
+    Use it in ``except ImportError as err:`` around the import of ``module``. An ImportError
+    about any other module (a broken install of ``module``, say) is re-raised unchanged, so
+    the message never blames the wrong package.
+    """
+    name = err.name or ""
+    if name == module or name.startswith(module + "."):
+        raise ModuleNotFoundError(missing_extra_message(part, module, extra), name=name) from err
+    raise err
