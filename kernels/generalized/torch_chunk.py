@@ -50,19 +50,16 @@ def doubling_unit_lower(lmat: torch.Tensor, rank: int) -> torch.Tensor:
     ``D - D C D``, starting from 2-token blocks where ``[[I, 0], [C, I]]^{-1} = [[I, 0], [-C, I]]``.
     ``log2(C) - 1`` doublings."""
     size = lmat.shape[-1]
-    tokens = size // rank
+    doublings = max(0, (size // rank - 1).bit_length() - 1)  # 2-token blocks doubled until they hold the chunk
     tok = torch.arange(size, device=lmat.device) // rank
+    width = 2 ** torch.arange(1, doublings + 2, device=lmat.device)  # block sizes 2, 4, ... tokens
+    blk = tok[:, None] // width  # [C*r, levels]: each row's block at each level
+    same = (blk[:, None, :] == blk[None, :, :]).unbind(-1)  # levels x [C*r, C*r]: one block of that size
     zero = lmat.new_zeros(())
-
-    def block(n: int) -> torch.Tensor:  # [C*r, C*r]: row and column in one block of n tokens
-        return (tok[:, None] // n) == (tok[None, :] // n)
-
-    inv = torch.eye(size, dtype=lmat.dtype, device=lmat.device) - torch.where(block(2), lmat, zero)
-    n = 2
-    while n < tokens:
-        cross = block(2 * n) & ~block(n)  # the lower-left quarter of each 2n-token block
+    inv = torch.eye(size, dtype=lmat.dtype, device=lmat.device) - torch.where(same[0], lmat, zero)
+    for level in range(1, doublings + 1):
+        cross = same[level] & ~same[level - 1]  # the lower-left quarter of each block of 2^(level+1) tokens
         inv = inv - (inv @ torch.where(cross, lmat, zero)) @ inv
-        n *= 2
     return inv
 
 
@@ -173,11 +170,13 @@ def chunk_form(
 
     states = []
     state = state_in[:, :, 0]
-    for i in range(n):
+    # unbind: one node per tensor in a traced graph (ONNX export), not a slice per chunk
+    trans = [None] * n if s_trans is None else s_trans.unbind(2)
+    for decay, add, tr in zip(g_chunk.unbind(2), s_add.unbind(2), trans):
         states.append(state)
-        nxt = g_chunk[:, :, i] * state + s_add[:, :, i]
-        if s_trans is not None:
-            nxt = nxt - s_trans[:, :, i] @ state
+        nxt = decay * state + add
+        if tr is not None:
+            nxt = nxt - tr @ state
         state = nxt
     starts = torch.stack(states, dim=2)  # state entering each chunk
     o = q_eff @ starts + o_local  # [B, H, N, C, V]
