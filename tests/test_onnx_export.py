@@ -51,3 +51,86 @@ def test_exportable_hdla_matches_loop(reverse):
     f = {n: x.float() for n, x in p.items()}
     o, s = exportable_hdla(f["q"], f["k"], f["v"], f["beta"], f["g"], 1.0, f["initial_state"], reverse)
     assert rel_err(o, ref_o) < 1e-4 and rel_err(s, ref_s) < 1e-4
+
+
+# ----------------------------------------------------------------------------- exported backbones
+def _onnx_outputs(path, images):
+    """onnxruntime's outputs for each image batch ``[N, 3, S, S]``."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [torch.from_numpy(session.run(None, {"image": x.numpy()})[0]) for x in images]
+
+
+def _check_graph(path):
+    """Standard ONNX operators only (no custom-op domain), opset >= 17, a symbolic batch dimension."""
+    import onnx
+
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    domains = {node.domain for node in model.graph.node}
+    assert domains <= {"", "ai.onnx"}, domains
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
+    batch_dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    assert batch_dim.dim_param and not batch_dim.HasField("dim_value")
+
+
+def test_hdla_tiny_exports_and_matches_eager_at_batch_1_and_3(tmp_path):
+    from hdla_vision.export import build_model, export_onnx
+
+    torch.manual_seed(0)
+    model = build_model("hdla_tiny", 32, depth=1)
+    export_onnx(model, tmp_path / "hdla.onnx", img_size=32, opset=18)
+    _check_graph(tmp_path / "hdla.onnx")
+    images = [torch.randn(n, 3, 32, 32) for n in (1, 3)]
+    with torch.no_grad():
+        refs = [model(x) for x in images]
+    for out, ref in zip(_onnx_outputs(tmp_path / "hdla.onnx", images), refs):
+        assert out.shape == ref.shape and rel_err(out, ref) < 1e-4
+
+
+def test_cli_exports_a_seed_mixer_checkpoint_that_matches_eager(tmp_path, capsys):
+    """``python -m hdla_vision.export`` on a Gated DeltaNet export of this project (its recorded
+    model_kwargs, depth 1, rebuild the model): onnxruntime on the file equals the saved model."""
+    import timm
+
+    from hdla_vision.export import main
+    from hdla_vision.training.models import export_metadata, export_weights
+
+    torch.manual_seed(0)
+    model = timm.create_model("gdn_tiny", img_size=32, depth=1, num_classes=7).eval()
+    export_weights(model, tmp_path / "w.safetensors", export_metadata("gdn_tiny", 7, 32, {"depth": 1}))
+    assert main(["--model", "gdn_tiny", "--out", str(tmp_path / "gdn.onnx"), "--checkpoint",
+                 str(tmp_path / "w.safetensors"), "--opset", "17"]) == 0
+    assert "relative error" in capsys.readouterr().out
+    _check_graph(tmp_path / "gdn.onnx")
+    images = [torch.randn(n, 3, 32, 32) for n in (1, 3)]
+    with torch.no_grad():
+        refs = [model(x) for x in images]
+    for out, ref in zip(_onnx_outputs(tmp_path / "gdn.onnx", images), refs):
+        assert out.shape == ref.shape == (len(ref), 7) and rel_err(out, ref) < 1e-4
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--model", "no_such_model", "--out", "m.onnx"], "--model"),
+    (["--model", "hdla_tiny", "--out", "m.onnx", "--opset", "16"], "--opset"),
+    (["--model", "hdla_tiny", "--out", "m.txt"], "--out"),
+    (["--model", "hdla_tiny", "--out", "m.onnx", "--img-size", "0"], "--img-size"),
+    (["--model", "hdla_tiny", "--out", "m.onnx", "--checkpoint", "missing.safetensors"], "--checkpoint"),
+])
+def test_cli_errors_name_the_argument(argv, named, tmp_path, monkeypatch, capsys):
+    from hdla_vision.export import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2 and f"error: {named}" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_import_hdla_vision_does_not_import_the_exporter():
+    import subprocess
+    import sys
+
+    code = "import sys, hdla_vision; assert 'hdla_vision.export' not in sys.modules; assert 'onnx' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
