@@ -32,7 +32,7 @@ def exporting_to_onnx() -> bool:
 def exportable_generalized(q, k, v, a, b, g, scale: float, initial_state, reverse: bool):
     """The generalized op in plain aten ops that ONNX has (opset 17): the chunk form with the
     block-doubling inverse. Shapes as :func:`chunk_generalized`; returns ``(o [B, T, H, V], state
-    [B, H, K, V] fp32)``."""
+    [B, H, K, V] in the compute dtype, fp32 or float64)``."""
     return chunk_form(q, k, v, a, b, g, scale, initial_state, reverse, inverse=doubling_unit_lower)
 
 
