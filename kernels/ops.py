@@ -1,17 +1,46 @@
 """Public ops: validate inputs, then call the custom ops of ``custom_ops.py`` (one opaque node
 each under ``torch.compile``), which run the Triton kernels (CUDA tensors, or any tensor under
 ``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors, and the rank / head-dim
-combinations the Triton kernels do not cover: ``utils.triton_supports_ranks``)."""
+combinations the Triton kernels do not cover: ``utils.triton_supports_ranks``).
+
+Under ONNX export (``torch.onnx.export``, both the dynamo exporter and the legacy TorchScript one
+set ``torch.onnx.is_in_onnx_export()``) the custom ops, which ONNX cannot know, are not called:
+the ops run the PyTorch chunk form with the block-doubling inverse instead
+(``generalized.torch_chunk.doubling_unit_lower``: matrix products and selects, no triangular
+solve), so the exporter sees plain aten ops. ``torch.export`` and ``torch.compile`` keep the custom
+op (one opaque node). The value check ``g <= 0`` is not part of an exported graph.
+"""
 from typing import Optional, Tuple
 
 import torch
 
 from .custom_ops import chunk_generalized_op, chunk_hdla_op
+from .generalized.torch_chunk import chunk_form, doubling_unit_lower
+from .hdla.naive import hdla_decay_factors
 from .utils import check_generalized_inputs, check_hdla_inputs, use_triton  # noqa: F401 (use_triton: imported from here by callers)
 
 
 def _scale(scale: Optional[float]) -> float:
     return 1.0 if scale is None else float(scale)
+
+
+def exporting_to_onnx() -> bool:
+    """Whether ``torch.onnx.export`` is tracing the caller (then the ops take the exportable path)."""
+    return torch.onnx.is_in_onnx_export()
+
+
+def exportable_generalized(q, k, v, a, b, g, scale: float, initial_state, reverse: bool):
+    """The generalized op in plain aten ops that ONNX has (opset 17): the chunk form with the
+    block-doubling inverse. Shapes as :func:`chunk_generalized`; returns ``(o [B, T, H, V], state
+    [B, H, K, V] in the compute dtype, fp32 or float64)``."""
+    return chunk_form(q, k, v, a, b, g, scale, initial_state, reverse, inverse=doubling_unit_lower)
+
+
+def exportable_hdla(q, k, v, beta, g, scale: float, initial_state, reverse: bool):
+    """HDLA in plain aten ops: :func:`exportable_generalized` with HDLA's A, B (kernels/README.md §2);
+    shapes as :func:`chunk_hdla`."""
+    a, b = hdla_decay_factors(k, beta, g)
+    return exportable_generalized(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, scale, initial_state, reverse)
 
 
 def _final(state: torch.Tensor, q: torch.Tensor, output_final_state: bool) -> Optional[torch.Tensor]:
@@ -61,6 +90,9 @@ def chunk_generalized(
     is not checked (that would synchronise the device) and the result is undefined.
     """
     check_generalized_inputs(q, k, v, a, b, g, initial_state, scale)
+    if exporting_to_onnx():
+        o, state = exportable_generalized(q, k, v, a, b, g, _scale(scale), initial_state, reverse)
+        return o, _final(state, q, output_final_state)
     o, state, _ = chunk_generalized_op(q, k, v, a, b, g, _scale(scale), initial_state, output_final_state, reverse)
     return o, _final(state, q, output_final_state)
 
@@ -88,5 +120,8 @@ def chunk_hdla(
     the domain (ValueError for CPU tensors, unchecked on CUDA).
     """
     check_hdla_inputs(q, k, v, beta, g, initial_state, scale)
+    if exporting_to_onnx():
+        o, state = exportable_hdla(q, k, v, beta, g, _scale(scale), initial_state, reverse)
+        return o, _final(state, q, output_final_state)
     o, state, _ = chunk_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse)
     return o, _final(state, q, output_final_state)

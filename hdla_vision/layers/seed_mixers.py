@@ -34,8 +34,11 @@ def _no_decay_factors(k: torch.Tensor) -> torch.Tensor:
 
 
 def _check_same_shape(**tensors: torch.Tensor) -> None:
+    """Raise ValueError unless the tensors share one shape. Compares shapes pairwise, not through a
+    set: under ``torch.export`` with a dynamic batch a shape holds SymInts, which are not hashable."""
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-    if len(set(shapes.values())) != 1:
+    first = next(iter(shapes.values()))
+    if any(shape != first for shape in shapes.values()):
         raise ValueError(f"expected tensors of one shape [B, T, H, K], got {shapes}")
 
 
