@@ -193,3 +193,36 @@ def test_compiled_op_raises_on_positive_log_decay():
     p["g"][0, 3, 0, 1] = 0.5
     with pytest.raises(ValueError, match="g is a log-decay and must be <= 0"):
         compiled(**p)
+
+
+ONE_COPY_SCRIPT = """
+import sys
+import torch
+from torch._library.custom_ops import OPDEFS
+{imports}
+import hdla_vision.kernels as installed
+assert sys.modules["kernels"] is installed
+assert sys.modules["kernels.custom_ops"] is installed.custom_ops
+for name in ("chunk_generalized", "chunk_hdla", "fused_recurrent_hdla"):
+    assert OPDEFS["hdla_vision::" + name] is getattr(installed.custom_ops, name + "_op"), name
+q, k = torch.randn(1, 5, 1, 4), torch.nn.functional.normalize(torch.randn(1, 5, 1, 4), dim=-1)
+o, _ = installed.chunk_hdla(q, k, torch.randn(1, 5, 1, 4), torch.rand(1, 5, 1), -torch.rand(1, 5, 1, 4))
+assert o.shape == (1, 5, 1, 4)
+print("ONE-COPY-OK")
+"""
+
+
+@pytest.mark.parametrize("imports", ["import hdla_vision.kernels\nimport kernels", "import kernels"])
+def test_top_level_kernels_import_is_the_installed_package(imports):
+    """From the checkout's root ``kernels/`` is importable as ``kernels`` too, and transformers imports
+    it (its probe for the Hugging Face package). It must be the installed package under another
+    name: a second copy defines the custom ops again and torch frees the first copy's registrations,
+    which its op objects still use (a segfault in ``generate`` under the Triton interpreter)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", ONE_COPY_SCRIPT.format(imports=imports)], cwd=root,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ONE-COPY-OK" in result.stdout, result.stdout + result.stderr
