@@ -1,14 +1,51 @@
-"""Public ops: validate inputs, then run the Triton kernels (CUDA tensors, or any tensor
-under ``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors, and the
-rank / head-dim combinations the Triton kernels do not cover: ``utils.triton_supports_ranks``)."""
-import warnings
+"""Public ops: validate inputs, then call the custom ops of ``custom_ops.py`` (one opaque node
+each under ``torch.compile``), which run the Triton kernels (CUDA tensors, or any tensor under
+``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors, and the rank / head-dim
+combinations the Triton kernels do not cover: ``utils.triton_supports_ranks``).
+
+Under ONNX export (``torch.onnx.export``, both the dynamo exporter and the legacy TorchScript one
+set ``torch.onnx.is_in_onnx_export()``) the custom ops, which ONNX cannot know, are not called:
+the ops run the PyTorch chunk form with the block-doubling inverse instead
+(``generalized.torch_chunk.doubling_unit_lower``: matrix products and selects, no triangular
+solve), so the exporter sees plain aten ops. ``torch.export`` and ``torch.compile`` keep the custom
+op (one opaque node). The value check ``g <= 0`` is not part of an exported graph.
+"""
 from typing import Optional, Tuple
 
 import torch
 
-from .generalized.torch_chunk import torch_chunk_generalized
+from .custom_ops import chunk_generalized_op, chunk_hdla_op
+from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
-from .utils import check_generalized_inputs, check_hdla_inputs, triton_supports_ranks, use_triton
+from .utils import check_generalized_inputs, check_hdla_inputs, use_triton  # noqa: F401 (use_triton: imported from here by callers)
+
+
+def _scale(scale: Optional[float]) -> float:
+    return 1.0 if scale is None else float(scale)
+
+
+def exporting_to_onnx() -> bool:
+    """Whether ``torch.onnx.export`` is tracing the caller (then the ops take the exportable path)."""
+    return torch.onnx.is_in_onnx_export()
+
+
+def exportable_generalized(q, k, v, a, b, g, scale: float, initial_state, reverse: bool):
+    """The generalized op in plain aten ops that ONNX has (opset 17): the chunk form with the
+    block-doubling inverse. Shapes as :func:`chunk_generalized`; returns ``(o [B, T, H, V], state
+    [B, H, K, V] in the compute dtype, fp32 or float64)``."""
+    return chunk_form(q, k, v, a, b, g, scale, initial_state, reverse, inverse=doubling_unit_lower)
+
+
+def exportable_hdla(q, k, v, beta, g, scale: float, initial_state, reverse: bool):
+    """HDLA in plain aten ops: :func:`exportable_generalized` with HDLA's A, B (kernels/README.md §2);
+    shapes as :func:`chunk_hdla`."""
+    a, b = hdla_decay_factors(k, beta, g)
+    return exportable_generalized(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, scale, initial_state, reverse)
+
+
+def _final(state: torch.Tensor, q: torch.Tensor, output_final_state: bool) -> Optional[torch.Tensor]:
+    """The custom op's state output (accumulation dtype) as the public ops return it: q's dtype or None."""
+    return state.to(q.dtype) if output_final_state else None
 
 
 def chunk_generalized(
@@ -28,7 +65,10 @@ def chunk_generalized(
     ``S_t = (Diag(exp g_t) - A_t B_t^T) S_{t-1} + K_t V_t^T``, ``o_t = scale * S_t^T q_t``.
 
     Args:
-        q, g: ``[B, T, H, K]``; ``g = log d_t`` is a log-decay, see LOG-DECAY below.
+        q: ``[B, T, H, K]``.
+        g: ``[B, T, H, K]`` (a decay per key channel, ``Diag(exp g_t)``) or ``[B, T, H]`` (one per
+            head, ``exp(g_t) I``: Gated DeltaNet, Gated DeltaProduct, Head-in-Head; its gradient is
+            ``[B, T, H]`` too). ``g = log d_t`` is a log-decay, see LOG-DECAY below.
         k: ``[B, T, H, r_kv, K]``; v: ``[B, T, H, r_kv, V]``, ``r_kv >= 1``.
         a, b: ``[B, T, H, r_ab, K]``, ``r_ab >= 0`` (the columns of A_t, B_t). At ``r_ab = 0`` they
             are empty tensors and get empty gradients.
@@ -49,15 +89,12 @@ def chunk_generalized(
     ``g > 0`` is outside the domain: refused with ValueError for CPU tensors; for CUDA tensors it
     is not checked (that would synchronise the device) and the result is undefined.
     """
-    r_kv, r_ab = check_generalized_inputs(q, k, v, a, b, g, initial_state, scale)
-    if use_triton(q) and triton_supports_ranks(q.shape[-1], r_kv, r_ab):
-        from .generalized.chunk import triton_chunk_generalized
-
-        return triton_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
-    if q.is_cuda:
-        warnings.warn(f"chunk_generalized: r_ab = {r_ab}, r_kv = {r_kv} at K = {q.shape[-1]} is outside what the Triton "
-                      "kernels run correctly (kernels/utils.py: triton_supports_ranks); using the slower PyTorch chunk form")
-    return torch_chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+    check_generalized_inputs(q, k, v, a, b, g, initial_state, scale)
+    if exporting_to_onnx():
+        o, state = exportable_generalized(q, k, v, a, b, g, _scale(scale), initial_state, reverse)
+        return o, _final(state, q, output_final_state)
+    o, state, _ = chunk_generalized_op(q, k, v, a, b, g, _scale(scale), initial_state, output_final_state, reverse)
+    return o, _final(state, q, output_final_state)
 
 
 def chunk_hdla(
@@ -83,11 +120,8 @@ def chunk_hdla(
     the domain (ValueError for CPU tensors, unchecked on CUDA).
     """
     check_hdla_inputs(q, k, v, beta, g, initial_state, scale)
-    if use_triton(q):
-        from .hdla.chunk import triton_chunk_hdla
-
-        return triton_chunk_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
-    a, b = hdla_decay_factors(k, beta, g)
-    return torch_chunk_generalized(
-        q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, scale, initial_state, output_final_state, reverse
-    )
+    if exporting_to_onnx():
+        o, state = exportable_hdla(q, k, v, beta, g, _scale(scale), initial_state, reverse)
+        return o, _final(state, q, output_final_state)
+    o, state, _ = chunk_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse)
+    return o, _final(state, q, output_final_state)

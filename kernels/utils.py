@@ -95,7 +95,8 @@ def check_common(
 
 
 def check_generalized_inputs(q, k, v, a, b, g, initial_state, scale) -> Tuple[int, int]:
-    """Validate the generalized op's inputs; return (r_kv, r_ab)."""
+    """Validate the generalized op's shapes, dtypes and devices; return (r_kv, r_ab). The value check
+    ``g <= 0`` is :func:`check_log_decay`, run inside the custom op (``custom_ops.py``)."""
     if not isinstance(v, torch.Tensor) or v.dim() != 5:
         got = _shape(v) if isinstance(v, torch.Tensor) else type(v).__name__
         raise ValueError(f"v must have shape [B, T, H, r_kv, V], got {got}")
@@ -105,7 +106,7 @@ def check_generalized_inputs(q, k, v, a, b, g, initial_state, scale) -> Tuple[in
         raise ValueError(f"v must have r_kv >= 1 (shape [B, T, H, r_kv, V]), got {_shape(v)}")
     check_tensor("v", v, (batch, seq_len, heads, r_kv, dv), q, "[B, T, H, r_kv, V]")
     check_tensor("k", k, (batch, seq_len, heads, r_kv, dk), q, "[B, T, H, r_kv, K]")
-    check_tensor("g", g, (batch, seq_len, heads, dk), q, "[B, T, H, K]")
+    check_log_decay_shape(g, q)
     if not isinstance(a, torch.Tensor) or a.dim() != 5:
         got = _shape(a) if isinstance(a, torch.Tensor) else type(a).__name__
         raise ValueError(f"a must have shape [B, T, H, r_ab, K], got {got}")
@@ -113,8 +114,19 @@ def check_generalized_inputs(q, k, v, a, b, g, initial_state, scale) -> Tuple[in
     check_tensor("a", a, (batch, seq_len, heads, r_ab, dk), q, "[B, T, H, r_ab, K]")
     check_tensor("b", b, (batch, seq_len, heads, r_ab, dk), q, "[B, T, H, r_ab, K] (same r_ab as a)")
     check_dtypes(q, dict(k=k, v=v, a=a, b=b), dict(g=g))
-    check_log_decay(g)
     return r_kv, r_ab
+
+
+def check_log_decay_shape(g, q: torch.Tensor) -> None:
+    """The generalized op's g: ``[B, T, H, K]`` (a log-decay per key channel) or ``[B, T, H]`` (one
+    per head), on q's device, in a supported dtype."""
+    batch, seq_len, heads, dk = q.shape
+    per_channel, per_head = (batch, seq_len, heads, dk), (batch, seq_len, heads)
+    if isinstance(g, torch.Tensor) and tuple(g.shape) not in (per_channel, per_head):
+        raise ValueError(f"g must have shape [B, T, H, K] = {list(per_channel)} (a log-decay per key channel) "
+                         f"or [B, T, H] = {list(per_head)} (one per head), got {_shape(g)}")
+    shape = tuple(g.shape) if isinstance(g, torch.Tensor) else per_channel
+    check_tensor("g", g, shape, q, "[B, T, H, K] or [B, T, H]")
 
 
 def triton_supports_ranks(dk: int, r_kv: int, r_ab: int) -> bool:
@@ -140,6 +152,8 @@ def triton_supports_ranks(dk: int, r_kv: int, r_ab: int) -> bool:
 
 
 def check_hdla_inputs(q, k, v, beta, g, initial_state, scale) -> None:
+    """Validate the HDLA ops' shapes, dtypes and devices (the value check ``g <= 0`` is
+    :func:`check_log_decay`, run by the ops themselves)."""
     if not isinstance(v, torch.Tensor) or v.dim() != 4:
         got = _shape(v) if isinstance(v, torch.Tensor) else type(v).__name__
         raise ValueError(f"v must have shape [B, T, H, V], got {got}")
@@ -149,4 +163,3 @@ def check_hdla_inputs(q, k, v, beta, g, initial_state, scale) -> None:
     check_tensor("g", g, (batch, seq_len, heads, dk), q, "[B, T, H, K]")
     check_tensor("beta", beta, (batch, seq_len, heads), q, "[B, T, H]")
     check_dtypes(q, dict(k=k, v=v), dict(beta=beta, g=g))
-    check_log_decay(g)

@@ -14,6 +14,9 @@ CASES = [
     ("gen_r2_rkv3_T18_rev_no_h0", "generalized", dict(batch=1, seq_len=18, heads=1, dk=16, dv=16, r_kv=3, r_ab=2, h0=False), dict(reverse=True)),
     # g = -inf (full resets) on about 15% of tokens and of single channels: the exact limit, dg = 0 there
     ("gen_r2_T40_resets", "generalized", dict(batch=1, seq_len=40, heads=1, dk=16, dv=16, r_kv=1, r_ab=2, resets=0.15), dict()),
+    # g [B, T, H] (one log-decay per head: Gated DeltaNet / DeltaProduct, Head-in-Head), broadcast over K
+    # inside the op; dg comes back [B, T, H] (the oracle counts another shape as an error)
+    ("gen_r2_T37_per_head_g_rev", "generalized", dict(batch=1, seq_len=37, heads=2, dk=16, dv=16, r_kv=1, r_ab=2, per_head_g=True, resets=0.1), dict(reverse=True)),
     ("hdla_T33_rev_resets", "hdla", dict(batch=1, seq_len=33, heads=1, dk=16, dv=16, resets=0.15), dict(reverse=True)),
 ]
 # gen_r0_T33 also checks that the empty a, b (r_ab = 0) get empty gradients (tests/oracle.py)

@@ -15,17 +15,21 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def with_resets(g: torch.Tensor, fraction: float, gen: torch.Generator) -> torch.Tensor:
     """g with full resets (g = -inf, lambda = 0): about ``fraction`` of the tokens in every channel
-    and, elsewhere, about ``fraction`` of the single channels."""
+    and, elsewhere, about ``fraction`` of the single channels (a per-head g ``[B, T, H]``: of the tokens)."""
     if not fraction:
         return g
     tokens = torch.rand(g.shape[:3], generator=gen) < fraction
+    if g.dim() == 3:
+        return g.masked_fill(tokens, float("-inf"))
     channels = torch.rand(g.shape, generator=gen) < fraction
     return g.masked_fill(tokens[..., None] | channels, float("-inf"))
 
 
-def generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=-3.0, h0=True, seed=0, resets=0.0):
+def generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=-3.0, h0=True, seed=0, resets=0.0,
+                        per_head_g=False):
     """Random inputs (float64) of the generalized op; g uniform in [g_min, 0], with a fraction
-    ``resets`` of g = -inf (see :func:`with_resets`)."""
+    ``resets`` of g = -inf (see :func:`with_resets`); g is ``[B, T, H, K]``, or ``[B, T, H]`` (one
+    log-decay per head) with ``per_head_g``."""
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     problem = dict(
@@ -34,7 +38,7 @@ def generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=-3.0, h
         v=rnd(batch, seq_len, heads, r_kv, dv),
         a=rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5,
         b=rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5,
-        g=torch.rand(batch, seq_len, heads, dk, generator=gen, dtype=torch.float64) * g_min,
+        g=torch.rand(batch, seq_len, heads, *(() if per_head_g else (dk,)), generator=gen, dtype=torch.float64) * g_min,
         initial_state=rnd(batch, heads, dk, dv) if h0 else None,
     )
     problem["g"] = with_resets(problem["g"], resets, gen)
@@ -95,7 +99,8 @@ def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.f
     grads = torch.autograd.grad((o.double() * do).sum() + (s.double() * ds).sum(),
                                 [leaves[n] for n in names + empty], allow_unused=True)
     errors = {"o": rel_err(o, ref_o), "final_state": rel_err(s, ref_s)}
-    errors.update({f"d{n}": rel_err(g, r) for n, g, r in zip(names, grads, ref_grads)})
+    for n, g, r in zip(names, grads, ref_grads):  # a gradient of another shape (broadcast) is an error
+        errors[f"d{n}"] = rel_err(g, r) if g is not None and g.shape == r.shape else float("inf")
     for n, g in zip(empty, grads[len(names):]):
         errors[f"d{n}"] = 0.0 if g is not None and g.shape == leaves[n].shape else float("inf")
     return errors

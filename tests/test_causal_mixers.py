@@ -33,10 +33,12 @@ def random_inputs(n, seq_len=11, beta_range=2.0, seed=0):
     return q, k, v, beta, log_alpha
 
 
+@pytest.mark.parametrize("per_head", [True, False], ids=["g_BTH", "g_BTHK"])
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_merged_factors_equal_the_substep_loop(n):
+def test_merged_factors_equal_the_substep_loop(n, per_head):
+    """g per head [B, T, H] (as the mixers pass it) or broadcast to [B, T, H, K]: both are accepted."""
     q, k, v, beta, log_alpha = random_inputs(n)
-    g = log_alpha.unsqueeze(-1).expand(*log_alpha.shape, q.shape[-1])
+    g = log_alpha if per_head else log_alpha.unsqueeze(-1).expand(*log_alpha.shape, q.shape[-1])
     a, b, kw, vw = gated_deltaproduct_factors(k, v, beta, g)
     assert a.shape == b.shape == kw.shape == k.shape and torch.equal(vw, v)
     o_ref, s_ref = substep_loop(q, k, v, beta, log_alpha, 0.5)
@@ -77,3 +79,26 @@ def test_deltaproduct_mixer_rejects_bad_num_householder():
 
     with pytest.raises(ValueError, match="num_householder"):
         create_mixer("gated_deltaproduct", kind="causal", hidden_size=16, num_heads=2, head_dim=8, num_householder=0)
+
+
+@pytest.mark.parametrize("name,kwargs,per_head", [
+    ("gated_deltanet", {}, True), ("gated_deltaproduct", {}, True), ("hih_gated_deltanet", {"groups": 2}, True),
+    ("hih_deltanet", {"groups": 2}, True), ("deltanet", {}, True), ("kda", {}, False), ("gla", {}, False),
+])
+def test_causal_mixers_pass_g_per_head_where_the_decay_is_scalar(name, kwargs, per_head, monkeypatch):
+    """Prefill hands chunk_generalized g [B, T, H] for a per-head decay, [B, T, H, K] for a per-channel one."""
+    import hdla_vision.lm  # noqa: F401  registers the causal mixers
+    import hdla_vision.lm.mixers as lm_mixers
+    from hdla_vision.layers import create_mixer
+
+    shapes = []
+
+    def recording(*args, **kw):
+        shapes.append(tuple(args[5].shape))
+        return chunk_generalized(*args, **kw)
+
+    monkeypatch.setattr(lm_mixers, "chunk_generalized", recording)
+    torch.manual_seed(0)
+    mixer = create_mixer(name, kind="causal", hidden_size=16, num_heads=2, head_dim=8, **kwargs)
+    mixer(torch.randn(2, 5, 16)).sum().backward()
+    assert shapes == [(2, 5, 2) if per_head else (2, 5, 2, 8)]

@@ -6,6 +6,7 @@ import torch
 import hdla_vision  # noqa: F401  registers the timm models
 from hdla_vision.backbones.seed import SEED_MODELS
 from hdla_vision.layers import create_mixer, list_mixers
+from hdla_vision.kernels import chunk_generalized
 from hdla_vision.layers.seed_vision import BidirectionalSeedMixer
 
 
@@ -70,3 +71,28 @@ def test_registered_and_argument_errors():
         create_mixer("hih_deltanet", kind="vision", dim=16, num_heads=2, mask="dynamic")
     with pytest.raises(ValueError, match=r"x must have shape"):
         create_mixer("gla", kind="vision", dim=16, num_heads=2)(torch.randn(1, 4, 8))
+
+
+# mixer name -> whether its decay is one scalar per head (g [B, T, H]) rather than per key channel
+DECAY_PER_HEAD = {"gla": False, "deltanet": True, "gated_deltanet": True, "kda": False, "rwkv7": False,
+                  "gated_deltaproduct2": True, "gated_deltaproduct3": True, "hih_deltanet": True,
+                  "hih_gated_deltanet": True}
+
+
+@pytest.mark.parametrize("name", list(DECAY_PER_HEAD))
+def test_scalar_decay_mixers_pass_g_per_head(name, monkeypatch):
+    """The mixers whose decay is one scalar per head hand chunk_generalized g [B, T, H] (no expanded
+    [B, T, H, K] copy); per-channel ones g [B, T, H, K]. The calls are recorded from the mixer itself."""
+    import hdla_vision.layers.seed_vision as seed_vision
+
+    shapes = []
+
+    def recording(q, k, v, a, b, g, **kw):
+        shapes.append(tuple(g.shape))
+        return chunk_generalized(q, k, v, a, b, g, **kw)
+
+    monkeypatch.setattr(seed_vision, "chunk_generalized", recording)
+    mixer, x = _bidirectional_case(name)
+    mixer(x).sum().backward()
+    expected = (1, 9, 2) if DECAY_PER_HEAD[name] else (1, 9, 2, 8)
+    assert shapes == [expected, expected]  # forward and backward scans

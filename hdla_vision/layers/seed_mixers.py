@@ -8,8 +8,9 @@ Every function maps one mixer's per-token quantities to the inputs of
 with the state ``S_t`` of shape K x V (keys index rows). The ``*_factors`` functions
 return a :class:`GeneralizedStep` (except :func:`gated_deltaproduct_factors`, the shared merge of
 Householder sub-steps, which the LM's Gated DeltaProduct mixer also uses) whose fields have the kernel's layout:
-``k [B, T, H, r_kv, K]``, ``v [B, T, H, r_kv, V]``, ``a, b [B, T, H, r_ab, K]``, ``g [B, T, H, K]``.
-Inputs are ``[B, T, H, K]`` per-token vectors and ``[B, T, H]`` per-head scalars unless stated.
+``k [B, T, H, r_kv, K]``, ``v [B, T, H, r_kv, V]``, ``a, b [B, T, H, r_ab, K]``, and ``g``: ``[B, T, H, K]``
+for a decay per key channel (GLA, KDA, RWKV-7) or ``[B, T, H]`` for one per head (DeltaNet, Gated
+DeltaNet, Gated DeltaProduct, Head-in-Head), which ``chunk_generalized`` takes as it is. Inputs are ``[B, T, H, K]`` per-token vectors and ``[B, T, H]`` per-head scalars unless stated.
 """
 from typing import NamedTuple, Optional
 
@@ -33,16 +34,24 @@ def _no_decay_factors(k: torch.Tensor) -> torch.Tensor:
 
 
 def _check_same_shape(**tensors: torch.Tensor) -> None:
+    """Raise ValueError unless the tensors share one shape. Compares shapes pairwise, not through a
+    set: under ``torch.export`` with a dynamic batch a shape holds SymInts, which are not hashable."""
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-    if len(set(shapes.values())) != 1:
+    first = next(iter(shapes.values()))
+    if any(shape != first for shape in shapes.values()):
         raise ValueError(f"expected tensors of one shape [B, T, H, K], got {shapes}")
 
 
 def _scalar_log_decay(log_alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Broadcast a per-head log decay ``[B, T, H]`` over the K key channels: ``[B, T, H, K]``."""
+    """A per-head log decay ``[B, T, H]`` (checked against k ``[B, T, H, K]``), passed to the op as it is."""
     if log_alpha.shape != k.shape[:-1]:
         raise ValueError(f"log_alpha must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(log_alpha.shape)}")
-    return log_alpha.unsqueeze(-1).expand(k.shape).contiguous()
+    return log_alpha
+
+
+def _no_log_decay(k: torch.Tensor) -> torch.Tensor:
+    """``g = 0`` (d = 1, no decay) per head: ``[B, T, H]`` in fp32 (float64 for float64 k)."""
+    return torch.zeros(k.shape[:-1], dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
 
 
 def gla_factors(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> GeneralizedStep:
@@ -56,8 +65,7 @@ def deltanet_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> Ge
     if beta.shape != k.shape[:-1]:
         raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
     bk = beta.unsqueeze(-1) * k
-    g = torch.zeros(k.shape, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
-    return GeneralizedStep(bk.unsqueeze(-2), v.unsqueeze(-2), bk.unsqueeze(-2), k.unsqueeze(-2), g)
+    return GeneralizedStep(bk.unsqueeze(-2), v.unsqueeze(-2), bk.unsqueeze(-2), k.unsqueeze(-2), _no_log_decay(k))
 
 
 def gated_deltanet_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
@@ -75,7 +83,7 @@ def gated_deltaproduct_factors_5d(k: torch.Tensor, v: torch.Tensor, beta: torch.
     """Gated DeltaProduct with n_h steps: ``S <- alpha S``, then ``S <- (I - b_j k_j k_j^T) S + b_j k_j v_j^T``.
 
     Args: k ``[B, T, H, n_h, K]`` (unit rows), v ``[B, T, H, n_h, V]``, beta ``[B, T, H, n_h]``,
-    log_alpha ``[B, T, H]``. The sub-steps merge into one rank-n_h step
+    log_alpha ``[B, T, H]`` (the step's g, per head). The sub-steps merge into one rank-n_h step
     (:func:`gated_deltaproduct_factors`).
     """
     if k.dim() != 5 or beta.shape != k.shape[:-1]:
@@ -102,12 +110,12 @@ def gated_deltaproduct_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Ten
 
     Args:
         k: ``[B, T, H, n, K]`` (unit rows); v: ``[B, T, H, n, V]``; beta: ``[B, T, H, n]``;
-        g: ``[B, T, H, K]`` the log gate broadcast over K (constant along K).
+        g: ``[B, T, H]`` the log gate per head (or ``[B, T, H, K]``, constant along K).
     Returns:
         a, b: ``[B, T, H, n, K]``; k_write: ``[B, T, H, n, K]``; v_write = v.
     """
     n = k.shape[-2]
-    alpha = g[..., :1].exp()  # [B, T, H, 1]
+    alpha = (g[..., :1] if g.dim() == k.dim() - 1 else g.unsqueeze(-1)).exp()  # [B, T, H, 1]
     # decay part: M_j = M_{j-1} - b_j k_j (k_j^T M_{j-1}); with M = I - sum a_i b_i^T,
     # k_j^T M_{j-1} = k_j^T - sum_i (k_j . a_i) b_i^T, so b_new = k_j - sum_i (k_j . a_i) b_i, a_new = b_j k_j.
     a_cols, b_cols = [], []
@@ -196,7 +204,7 @@ def head_in_head_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, m
     masked_k = k.unsqueeze(-2) * m.to(k.dtype)
     bk = beta.unsqueeze(-1) * k
     if log_alpha is None:
-        g = torch.zeros(k.shape, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
+        g = _no_log_decay(k)
         alpha_beta = beta
     else:
         g = _scalar_log_decay(log_alpha, k)

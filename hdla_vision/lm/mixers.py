@@ -220,7 +220,8 @@ class GeneralizedCausalMixer(CausalLinearMixer):
     """A mixer whose ``features`` are already the generalized step of ``chunk_generalized``.
 
     ``features`` returns ``q [B, T, H, K]``, ``k [B, T, H, r_kv, K]``, ``v [B, T, H, r_kv, V]``,
-    ``a, b [B, T, H, r_ab, K]`` and ``g [B, T, H, K]`` (fp32), so the padding mask of
+    ``a, b [B, T, H, r_ab, K]`` and ``g`` (fp32): ``[B, T, H, K]`` per key channel or ``[B, T, H]`` per
+    head, as ``chunk_generalized`` takes it; so the padding mask of
     :meth:`CausalLinearMixer.forward` zeroes ``k, v, a, b, g`` of pad tokens: ``S_t = I S_{t-1}``, no write.
     Prefill runs the chunk op with the cached state as initial state; up to ``RECURRENT_MAX_TOKENS``
     decoding tokens run the fp32 token loop (exact). Output ``scale * S_t^T q_t`` with ``scale = K^-1/2`` (fla).
@@ -282,7 +283,7 @@ class GatedDeltaMixer(ScalarGateMixin, GeneralizedCausalMixer):
     def features(self, proj, x):
         batch, seq_len = x.shape[:2]
         n, heads = self.num_householder, self.num_heads
-        g = self.log_alpha(x).unsqueeze(-1).expand(batch, seq_len, heads, self.head_dim)
+        g = self.log_alpha(x)  # [B, T, H]: one log-decay per head, as chunk_generalized takes it
         beta = self.beta_range * torch.sigmoid(self.beta_proj(x).float()).reshape(batch, seq_len, heads, n)
         q = F.normalize(proj["q"].float(), dim=-1).to(proj["q"].dtype)
         k = F.normalize(proj["k"].float().reshape(batch, seq_len, heads, n, self.head_dim), dim=-1)

@@ -243,33 +243,23 @@ def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True
     return dq, dk, dv, da, db, dg, dh0
 
 
-class ChunkGeneralizedFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
-        r_ab = a.shape[3]
-        fwd = chunk_scan(
-            q.unsqueeze(3), k, v, g, a=a if r_ab else None, b=b if r_ab else None, scale=scale,
-            initial_state=initial_state, reverse=reverse, store_x=r_ab > 0, store_final=True,
-        )
-        x = fwd.get("x")
-        ctx.save_for_backward(q, k, v, a, b, g, initial_state, x, fwd["final"])
-        ctx.scale, ctx.reverse = scale, reverse
-        final = fwd["final"].to(q.dtype) if output_final_state else None
-        return fwd["o"][:, :, :, 0], final
+def triton_generalized_forward(q, k, v, a, b, g, scale, initial_state, reverse):
+    """Forward of the Triton path (inputs checked, g per channel ``[B, T, H, K]``).
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, a, b, g, h0, x, ht = ctx.saved_tensors
-        dq, dk, dv, da, db, dg, dh0 = generalized_backward(
-            (q, k, v, a, b, g, h0, x, ht), do, dht, ctx.scale, ctx.reverse
-        )
-        cast = lambda t, ref: None if t is None else t.to(ref.dtype)  # noqa: E731
-        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(da, a), cast(db, b), cast(dg, g),
-                None, cast(dh0, h0), None, None)
+    Returns ``o [B, T, H, V]`` (q's dtype), the final state ``[B, H, K, V]`` (fp32) and the reads
+    ``x [B, T, H, r_ab, V]`` (fp32; None at r_ab = 0) that the backward needs."""
+    r_ab = a.shape[3]
+    fwd = chunk_scan(
+        q.unsqueeze(3), k, v, g, a=a if r_ab else None, b=b if r_ab else None, scale=scale,
+        initial_state=initial_state, reverse=reverse, store_x=r_ab > 0, store_final=True,
+    )
+    return fwd["o"][:, :, :, 0], fwd["final"], fwd.get("x")
 
 
-def triton_chunk_generalized(q, k, v, a, b, g, scale=None, initial_state=None,
-                             output_final_state=False, reverse=False):
-    """Triton path of :func:`hdla_vision.kernels.chunk_generalized` (inputs already checked)."""
-    scale = 1.0 if scale is None else float(scale)
-    return ChunkGeneralizedFunction.apply(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+def triton_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, ht, scale, reverse):
+    """Backward of the Triton path: ``(dq, dk, dv, da, db, dg, dh0)`` in the inputs' dtypes (dh0 None
+    without an initial state). ``dht`` (or None) is the final state's cotangent, ``x`` and ``ht`` the
+    forward's reads and final state."""
+    grads = generalized_backward((q, k, v, a, b, g, initial_state, x, ht), do, dht, scale, reverse)
+    refs = (q, k, v, a, b, g, initial_state)
+    return tuple(None if t is None else t.to(ref.dtype) for t, ref in zip(grads, refs))

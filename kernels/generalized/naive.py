@@ -9,6 +9,13 @@ from typing import Optional, Tuple
 import torch
 
 
+def _decay(g_t: torch.Tensor) -> torch.Tensor:
+    """exp of one token's log-decay, ``[B, H, K]`` or ``[B, H]``, shaped to scale the rows of
+    ``S [B, H, K, V]``: ``[B, H, K, 1]`` or ``[B, H, 1, 1]``."""
+    d = g_t.exp().unsqueeze(-1)
+    return d if g_t.dim() == 3 else d.unsqueeze(-1)
+
+
 def naive_generalized(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -24,8 +31,10 @@ def naive_generalized(
     """Reference loop over time.
 
     Args:
-        q, g: ``[B, T, H, K]`` query and log-decay (``g <= 0``; ``g = -inf`` is the reset:
-            exp(-inf) = 0 multiplies the state, and autograd's gradient w.r.t. g is 0 there).
+        q: ``[B, T, H, K]`` query.
+        g: ``[B, T, H, K]`` log-decay per key channel, or ``[B, T, H]`` one per head (``d_t =
+            exp(g_t) I``). ``g <= 0``; ``g = -inf`` is the reset: exp(-inf) = 0 multiplies the
+            state, and autograd's gradient w.r.t. g is 0 there.
         k: ``[B, T, H, r_kv, K]``; v: ``[B, T, H, r_kv, V]`` (columns of K_t, V_t).
         a, b: ``[B, T, H, r_ab, K]`` (columns of A_t, B_t); ``r_ab`` may be 0.
         initial_state: ``[B, H, K, V]`` or None (zeros).
@@ -45,7 +54,7 @@ def naive_generalized(
     for t in steps:
         read = torch.einsum("bhrk,bhkv->bhrv", b[:, t], state)  # B_t^T S_{t-1}
         state = (
-            g[:, t].exp().unsqueeze(-1) * state
+            _decay(g[:, t]) * state
             - torch.einsum("bhrk,bhrv->bhkv", a[:, t], read)
             + torch.einsum("bhrk,bhrv->bhkv", k[:, t], v[:, t])
         )

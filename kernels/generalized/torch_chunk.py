@@ -16,7 +16,7 @@ where exp is exactly 0, so every decay across the reset is exactly 0 and no ``-i
 appears; the gradient w.r.t. g is 0 there (clamp's). With ``r_ab = 0`` the empty a, b still get
 (empty) gradients.
 """
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,38 @@ def _pairwise_decay(g_read: torch.Tensor, g_write: torch.Tensor, strict: bool) -
     mask = torch.ones(c, c, dtype=torch.bool, device=g_read.device).tril(-1 if strict else 0)
     diff = g_read.unsqueeze(-2) - g_write.unsqueeze(-3)
     return diff.masked_fill(~mask[..., None], float("-inf")).exp()
+
+
+def solve_unit_lower(lmat: torch.Tensor, rank: int) -> torch.Tensor:
+    """``(I + L)^{-1}`` for ``lmat = L [..., C*r, C*r]`` strictly lower block-triangular over tokens
+    (``r = rank`` rows per token; paper eq. 13-14), by ``torch.linalg.solve_triangular``.
+    Returns ``[..., C*r, C*r]`` in lmat's dtype. The chunk form's default inverse."""
+    eye = torch.eye(lmat.shape[-1], dtype=lmat.dtype, device=lmat.device)
+    return torch.linalg.solve_triangular(eye + lmat, eye.expand_as(lmat), upper=False, unitriangular=True)
+
+
+def doubling_unit_lower(lmat: torch.Tensor, rank: int) -> torch.Tensor:
+    """``(I + L)^{-1}`` as :func:`solve_unit_lower` (same shapes), by block doubling made of matrix
+    products and selects only, so that ONNX can express it (kernels/README.md §3; the Triton
+    kernels' ``_unit_lower_inverse``): with D the inverse restricted to blocks of n tokens and C
+    the entries of L between the two halves of each 2n-token block, the 2n-block inverse is
+    ``D - D C D``, starting from 2-token blocks where ``[[I, 0], [C, I]]^{-1} = [[I, 0], [-C, I]]``.
+    ``log2(C) - 1`` doublings."""
+    size = lmat.shape[-1]
+    doublings = max(0, (size // rank - 1).bit_length() - 1)  # 2-token blocks doubled until they hold the chunk
+    tok = torch.arange(size, device=lmat.device) // rank
+    width = 2 ** torch.arange(1, doublings + 2, device=lmat.device)  # block sizes 2, 4, ... tokens
+    blk = tok[:, None] // width  # [C*r, levels]: each row's block at each level
+    same = (blk[:, None, :] == blk[None, :, :]).unbind(-1)  # levels x [C*r, C*r]: one block of that size
+    zero = lmat.new_zeros(())
+    inv = torch.eye(size, dtype=lmat.dtype, device=lmat.device) - torch.where(same[0], lmat, zero)
+    for level in range(1, doublings + 1):
+        cross = same[level] & ~same[level - 1]  # the lower-left quarter of each block of 2^(level+1) tokens
+        inv = inv - (inv @ torch.where(cross, lmat, zero)) @ inv
+    return inv
+
+
+UnitLowerInverse = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -52,11 +84,40 @@ def torch_chunk_generalized(
     reverse: bool = False,
     chunk_size: int = CHUNK,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Chunked generalized op in PyTorch; shapes as in :func:`naive_generalized`."""
+    """Chunked generalized op in PyTorch; shapes as in :func:`naive_generalized` (g ``[B, T, H, K]``
+    or ``[B, T, H]``). Returns ``(o, final state in q's dtype or None)``."""
+    o, state = chunk_form(q, k, v, a, b, g, scale, initial_state, reverse, chunk_size)
+    return o, (state.to(q.dtype) if output_final_state else None)
+
+
+def per_channel(g: torch.Tensor, dk: int) -> torch.Tensor:
+    """A per-head log-decay ``[B, T, H]`` broadcast over the K key channels (a view, ``[B, T, H, K]``);
+    a per-channel ``[B, T, H, K]`` one unchanged."""
+    return g.unsqueeze(-1).expand(*g.shape, dk) if g.dim() == 3 else g
+
+
+def chunk_form(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    reverse: bool = False,
+    chunk_size: int = CHUNK,
+    inverse: UnitLowerInverse = solve_unit_lower,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The chunk form proper: ``(o [B, T, H, V] in q's dtype, final state [B, H, K, V] in the compute
+    dtype)`` (float64 for float64 q, else fp32). g is ``[B, T, H, K]`` or ``[B, T, H]`` (broadcast
+    over K here, so autograd sums its gradient back to ``[B, T, H]``). ``inverse(L, r_ab)`` forms
+    ``(I + L_AB)^{-1}``: :func:`solve_unit_lower` (default) or :func:`doubling_unit_lower` (ONNX)."""
     if reverse:
         flip = [x.flip(1) for x in (q, k, v, a, b, g)]
-        o, s = torch_chunk_generalized(*flip, scale, initial_state, output_final_state, False, chunk_size)
+        o, s = chunk_form(*flip, scale, initial_state, False, chunk_size, inverse)
         return o.flip(1), s
+    g = per_channel(g, q.shape[-1])
     out_dtype = q.dtype
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     empty_ab = (a, b) if a.shape[-2] == 0 else None
@@ -93,8 +154,7 @@ def torch_chunk_generalized(
         l_ab = torch.einsum("...srk,...stk,...tpk->...srtp", b, e_pre, a).reshape(batch, heads, n, c * r_ab, c * r_ab)
         l_kb = torch.einsum("...srk,...stk,...tpk->...srtp", b, e_pre, k).reshape(batch, heads, n, c * r_ab, c * r_kv)
         m_qa = torch.einsum("...sk,...stk,...tpk->...stp", q, e_post, a).reshape(batch, heads, n, c, c * r_ab)
-        eye = torch.eye(c * r_ab, dtype=compute, device=q.device)
-        solve = torch.linalg.solve_triangular(eye + l_ab, eye.expand_as(l_ab), upper=False, unitriangular=True)
+        solve = inverse(l_ab, r_ab)
         b_hat = _flat(b * Gp.exp().unsqueeze(-2))
         wx = solve @ b_hat  # X = wx S_0 + u
         u = solve @ (l_kb @ v_flat)
@@ -110,18 +170,20 @@ def torch_chunk_generalized(
 
     states = []
     state = state_in[:, :, 0]
-    for i in range(n):
+    # unbind: one node per tensor in a traced graph (ONNX export), not a slice per chunk
+    trans = [None] * n if s_trans is None else s_trans.unbind(2)
+    for decay, add, tr in zip(g_chunk.unbind(2), s_add.unbind(2), trans):
         states.append(state)
-        nxt = g_chunk[:, :, i] * state + s_add[:, :, i]
-        if s_trans is not None:
-            nxt = nxt - s_trans[:, :, i] @ state
+        nxt = decay * state + add
+        if tr is not None:
+            nxt = nxt - tr @ state
         state = nxt
     starts = torch.stack(states, dim=2)  # state entering each chunk
     o = q_eff @ starts + o_local  # [B, H, N, C, V]
     o = o.reshape(batch, heads, n * c, dv)[:, :, :seq_len].transpose(1, 2).to(out_dtype)
     if empty_ab is not None:
         o, state = _attach_empty(empty_ab, o, state)
-    return o, (state.to(out_dtype) if output_final_state else None)
+    return o, state
 
 
 def _attach_empty(empty, *outputs):

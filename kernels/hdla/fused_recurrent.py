@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import check_hdla_inputs, use_triton
+from ..utils import check_hdla_inputs
 
 
 def torch_fused_recurrent_hdla(
@@ -146,9 +146,12 @@ def fused_recurrent_hdla(
         ``(o [B, T, H, V] in v's dtype, new_state [B, H, K, V] fp32)``. Triton runs CUDA tensors
         (and CPU tensors under ``TRITON_INTERPRET=1``); float64 inputs and other CPU tensors use
         the PyTorch loop, which keeps float64 for float64 inputs. The cost is linear in T: for
-        prompts use ``chunk_hdla`` with ``output_final_state=True``.
+        prompts use ``chunk_hdla`` with ``output_final_state=True``. A custom op
+        (``hdla_vision::fused_recurrent_hdla``, ``custom_ops.py``): one node under ``torch.compile``;
+        its gradients are autograd's through the PyTorch loop, recomputed in the backward on any
+        device (the Triton kernel has no backward of its own).
     """
     check_hdla_inputs(q, k, v, beta, g, initial_state, scale)
-    if use_triton(q) and q.dtype != torch.float64:
-        return triton_fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state)
-    return torch_fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state)
+    from ..custom_ops import fused_recurrent_hdla_op  # noqa: PLC0415 (custom_ops loads this module lazily)
+
+    return fused_recurrent_hdla_op(q, k, v, beta, g, 1.0 if scale is None else float(scale), initial_state)

@@ -1,0 +1,86 @@
+"""First-call time of ``torch.compile(fullgraph=True)`` on a reduced HDLA backbone.
+
+Each measurement runs in a fresh subprocess with an empty inductor cache, so it is the cold first
+call (tracing, AOTAutograd, code generation and compilation, plus one run), minus the same call in
+eager mode. ``--inline`` swaps the mixer's op for the PyTorch chunk form called directly (what the
+CPU path was before the ops became custom ops): dynamo then traces the chunk loop into the graph.
+
+    python -m benchmarks.compile_time --depth 2 --img-size 32 --backend inductor
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def measure(args) -> dict:
+    """One cold measurement in this process (the caller set a fresh cache directory)."""
+    import timm
+    import torch
+
+    import hdla_vision  # noqa: F401  registers the timm models
+    import hdla_vision.layers.hdla as hdla_layer
+
+    if args.inline:
+        from hdla_vision.kernels import hdla_decay_factors, torch_chunk_generalized
+
+        def inline_chunk_hdla(q, k, v, beta, g, reverse=False):
+            a, b = hdla_decay_factors(k, beta, g)
+            return torch_chunk_generalized(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, reverse=reverse)
+
+        hdla_layer.chunk_hdla = inline_chunk_hdla
+    torch.manual_seed(0)
+    model = timm.create_model("hdla_tiny", depth=args.depth, img_size=args.img_size, num_classes=10).to(args.device)
+    images = torch.randn(args.batch, 3, args.img_size, args.img_size, device=args.device)
+
+    def step(fn):
+        out = fn(images)
+        if args.backward:
+            out.square().mean().backward()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    step(model)  # eager warm-up (allocator, kernels' own first call)
+    start = time.perf_counter()
+    step(model)
+    eager = time.perf_counter() - start
+    compiled = torch.compile(model, backend=args.backend, fullgraph=True)
+    start = time.perf_counter()
+    step(compiled)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    step(compiled)
+    second = time.perf_counter() - start
+    return dict(first_call_s=round(first, 2), compile_s=round(first - eager, 2), eager_call_s=round(eager, 3),
+                second_call_s=round(second, 3))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--img-size", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--inline", action="store_true", help="trace the PyTorch chunk form instead of the op")
+    parser.add_argument("--backward", action="store_true", help="time forward + backward (else forward only)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args)))
+        return
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"))
+        cmd = [sys.executable, "-m", "benchmarks.compile_time", "--child"] + sys.argv[1:]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(proc.stderr[-4000:])
+    result = dict(json.loads(proc.stdout.strip().splitlines()[-1]), **{k: v for k, v in vars(args).items() if k != "child"})
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""The chunk ops as ``torch.library`` custom ops: one opaque node each under ``torch.compile``.
+
+    hdla_vision::chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+    hdla_vision::chunk_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
+        -> (o [B, T, H, V], state, x)
+    hdla_vision::fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state) -> (o, new_state)
+
+Every output is a tensor (custom ops cannot return None):
+
+* ``o`` in q's dtype;
+* ``state``: the final state ``[B, H, K, V]`` in the accumulation dtype (fp32 on the Triton path;
+  fp32, or float64 for float64 q, on the PyTorch chunk form) when ``output_final_state``, else an
+  empty ``[0]`` tensor. The public functions (``kernels/ops.py``) cast it to q's dtype or drop it;
+* ``x``: what the Triton backward needs from the forward, the reads ``X_t = S_{t-1}^T B_t``
+  ``[B, T, H, r_ab, V]`` fp32 (``[B, T, H, 2, V]`` for HDLA); empty on the PyTorch chunk form and at
+  ``r_ab = 0``. Not differentiable.
+
+The backward is a second pair of custom ops (``*_backward``), so a compiled backward graph holds
+one opaque node too: the Triton backward (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``)
+or, on the PyTorch chunk form, autograd through the chunk form recomputed from the inputs: the
+same autograd graph as differentiating the chunk form directly, so the gradients are those of the
+eager chunk form, at the cost of a second forward in the backward.
+
+The path (Triton or chunk form) is chosen inside the ops by the same rule as before
+(``utils.use_triton``, ``utils.triton_supports_ranks``). The shape, dtype and device checks stay in
+the public functions, before the op is called; the value check ``g <= 0`` (CPU tensors) runs inside
+the ops, where it sees real tensors in eager and compiled code alike (traced by dynamo it would be a
+data-dependent branch, i.e. a graph break).
+
+``chunk_generalized`` takes ``g`` per key channel ``[B, T, H, K]`` or per head ``[B, T, H]`` (its
+gradient comes back in g's shape). The Triton path broadcasts a per-head g to ``[B, T, H, K]``
+for now; the kernels' scalar-decay specialisation comes with the kernel rewrite
+(``design/KERNELS.md``).
+"""
+import warnings
+from contextlib import contextmanager
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch._C import DispatchKey
+
+from .generalized.torch_chunk import chunk_form, per_channel
+from .hdla.naive import hdla_decay_factors
+from .utils import check_log_decay, triton_supports_ranks, use_triton
+
+NAMESPACE = "hdla_vision"
+
+
+# ----------------------------------------------------------------------------- helpers
+def _generalized_on_triton(q: Tensor, k: Tensor, a: Tensor) -> bool:
+    """Whether the generalized op runs the Triton kernels (shapes as the op's inputs)."""
+    return use_triton(q) and triton_supports_ranks(q.shape[-1], k.shape[-2], a.shape[-2])
+
+
+def _state_dtype(q: Tensor, on_triton: bool) -> torch.dtype:
+    """The dtype the final state is accumulated in."""
+    return torch.float64 if q.dtype == torch.float64 and not on_triton else torch.float32
+
+
+def _empty(q: Tensor) -> Tensor:
+    """The placeholder for an output that is not there: ``[0]`` fp32 on q's device."""
+    return q.new_empty(0, dtype=torch.float32)
+
+
+def _state_or_empty(state: Tensor, q: Tensor, output_final_state: bool) -> Tensor:
+    return state if output_final_state else _empty(q)
+
+
+def _contiguous(*tensors: Tensor) -> Tuple[Tensor, ...]:
+    """The ops' outputs are contiguous, as their fake implementations say (inductor checks strides)."""
+    return tuple(t.contiguous() for t in tensors)
+
+
+def _fake_outputs(q: Tensor, v: Tensor, output_final_state: bool, on_triton: bool, r_ab: int):
+    """Fake ``(o, state, x)``: shapes and dtypes only."""
+    batch, seq_len, heads, dk = q.shape
+    dv = v.shape[-1]
+    o = q.new_empty(batch, seq_len, heads, dv)
+    state = q.new_empty(batch, heads, dk, dv, dtype=_state_dtype(q, on_triton)) if output_final_state else _empty(q)
+    x = q.new_empty(batch, seq_len, heads, r_ab, dv, dtype=torch.float32) if on_triton and r_ab else _empty(q)
+    return o, state, x
+
+
+def _fake_grads(q: Tensor, inputs, initial_state: Optional[Tensor]) -> Tuple[Tensor, ...]:
+    """Fake gradients: contiguous, each input's shape and dtype; dh0 empty without an initial state."""
+    dh0 = _empty(q) if initial_state is None else initial_state.new_empty(initial_state.shape)
+    return (*(t.new_empty(t.shape) for t in inputs), dh0)
+
+
+@contextmanager
+def _autograd_inside_op():
+    """Autograd inside a custom op's implementation. The op's autograd wrapper runs the implementation
+    below autograd (the autograd dispatch keys excluded for the call); re-admit them, and enable grad,
+    for the nested backward of the chunk form. Plain autograd, so it works under any dispatch mode
+    (``torch.func.vjp`` here fails under opcheck's and fake-tensor checks' modes)."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (DispatchKey.AutogradFunctionality, DispatchKey.AutogradOther, DispatchKey.ADInplaceOrView):
+        exclude = exclude.remove(key)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        yield
+
+
+def _chunk_form_vjp(forward, primals, initial_state, do, dht):
+    """Gradients of ``forward(*primals, initial_state) -> (o, state)`` for the cotangents ``do`` and
+    ``dht`` (None: the state is not used), by autograd through the recomputed chunk form:
+    ``(d primal for each primal..., dh0 or an empty tensor)``."""
+    inputs = (*primals, initial_state) if initial_state is not None else primals
+    with _autograd_inside_op():
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        o, state = forward(*leaves[: len(primals)], leaves[-1] if initial_state is not None else None)
+        outputs, cotangents = ((o, state), (do, dht)) if dht is not None else ((o,), (do,))
+        grads = torch.autograd.grad(outputs, leaves, cotangents)
+    grads = tuple(t.clone() if t.numel() == 0 else t for t in grads)  # empty a, b: expands of one zero
+    return (*grads, *(() if initial_state is not None else (_empty(do),)))
+
+
+def _setup_context(ctx, inputs, output):
+    """Save the inputs, the state and x; keep scale, output_final_state and reverse."""
+    *tensors, scale, initial_state, output_final_state, reverse = inputs
+    _, state, x = output
+    ctx.mark_non_differentiable(x)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(*tensors, initial_state, x, state)
+    ctx.scale, ctx.output_final_state, ctx.reverse = scale, output_final_state, reverse
+
+
+def _cotangents(ctx, q, v, do, dstate):
+    """``do`` (zeros if the output was unused) and the final state's cotangent (None if not returned
+    or unused). ``ctx.saved_tensors`` is read once, by the caller (activation checkpointing allows no more)."""
+    if do is None:
+        do = q.new_zeros(*q.shape[:-1], v.shape[-1])
+    return do, (dstate if ctx.output_final_state else None)
+
+
+# ----------------------------------------------------------------------------- chunk_generalized
+@torch.library.custom_op(f"{NAMESPACE}::chunk_generalized", mutates_args=())
+def chunk_generalized_op(
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor, scale: float,
+    initial_state: Optional[Tensor], output_final_state: bool, reverse: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The generalized op on checked inputs (``ops.chunk_generalized``): ``(o, state, x)``, see the
+    module docstring."""
+    check_log_decay(g)
+    if _generalized_on_triton(q, k, a):
+        from .generalized import chunk as triton_chunk
+
+        g4 = per_channel(g, q.shape[-1])  # scalar decay: broadcast until the kernels specialise it
+        o, state, x = triton_chunk.triton_generalized_forward(q, k, v, a, b, g4, scale, initial_state, reverse)
+        return _contiguous(o, _state_or_empty(state, q, output_final_state), _empty(q) if x is None else x)
+    if q.is_cuda:
+        warnings.warn(f"chunk_generalized: r_ab = {a.shape[-2]}, r_kv = {k.shape[-2]} at K = {q.shape[-1]} is "
+                      "outside what the Triton kernels run correctly (kernels/utils.py: triton_supports_ranks); "
+                      "using the slower PyTorch chunk form")
+    o, state = chunk_form(q, k, v, a, b, g, scale, initial_state, reverse)
+    return _contiguous(o, _state_or_empty(state, q, output_final_state), _empty(q))
+
+
+@chunk_generalized_op.register_fake
+def _(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
+    return _fake_outputs(q, v, output_final_state, _generalized_on_triton(q, k, a), a.shape[-2])
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_backward", mutates_args=())
+def chunk_generalized_backward_op(
+    do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor,
+    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, reverse: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, da, db, dg, dh0)`` in the inputs' dtypes and shapes (dg in g's shape); dh0 is
+    empty without an initial state. ``dht`` is the final state's cotangent or None."""
+    if _generalized_on_triton(q, k, a):
+        from .generalized import chunk as triton_chunk
+
+        g4 = per_channel(g, q.shape[-1])
+        *grads, dg, dh0 = triton_chunk.triton_generalized_backward(
+            do, dht, q, k, v, a, b, g4, initial_state, x, state, scale, reverse)
+        dg = dg if g.dim() == 4 else dg.float().sum(-1).to(g.dtype)  # per head: sum over the broadcast
+        return _contiguous(*grads, dg, _empty(q) if dh0 is None else dh0)
+
+    def forward(q, k, v, a, b, g, h0):
+        return chunk_form(q, k, v, a, b, g, scale, h0, reverse)
+
+    return _contiguous(*_chunk_form_vjp(forward, (q, k, v, a, b, g), initial_state, do, dht))
+
+
+@chunk_generalized_backward_op.register_fake
+def _(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse):
+    return _fake_grads(q, (q, k, v, a, b, g), initial_state)
+
+
+def _generalized_backward(ctx, do, dstate, dx):
+    if do is None and dstate is None:
+        return (None,) * 10
+    q, k, v, a, b, g, h0, x, state = ctx.saved_tensors
+    do, dht = _cotangents(ctx, q, v, do, dstate)
+    *grads, dh0 = chunk_generalized_backward_op(do, dht, q, k, v, a, b, g, h0, x, state, ctx.scale, ctx.reverse)
+    return (*grads, None, None if h0 is None else dh0, None, None)
+
+
+chunk_generalized_op.register_autograd(_generalized_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- chunk_hdla
+def _hdla_chunk_form(q, k, v, beta, g, scale, initial_state, reverse):
+    """HDLA on the PyTorch chunk form: the generalized recurrence with HDLA's A, B."""
+    a, b = hdla_decay_factors(k, beta, g)
+    return chunk_form(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, scale, initial_state, reverse)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_hdla", mutates_args=())
+def chunk_hdla_op(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float,
+    initial_state: Optional[Tensor], output_final_state: bool, reverse: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The HDLA op on checked inputs (``ops.chunk_hdla``): ``(o, state, x)``, see the module docstring."""
+    check_log_decay(g)
+    if use_triton(q):
+        from .hdla import chunk as triton_hdla
+
+        o, state, x = triton_hdla.triton_hdla_forward(q, k, v, beta, g, scale, initial_state, reverse)
+        return _contiguous(o, _state_or_empty(state, q, output_final_state), x)
+    o, state = _hdla_chunk_form(q, k, v, beta, g, scale, initial_state, reverse)
+    return _contiguous(o, _state_or_empty(state, q, output_final_state), _empty(q))
+
+
+@chunk_hdla_op.register_fake
+def _(q, k, v, beta, g, scale, initial_state, output_final_state, reverse):
+    return _fake_outputs(q, v, output_final_state, use_triton(q), 2)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_hdla_backward", mutates_args=())
+def chunk_hdla_backward_op(
+    do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor,
+    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, reverse: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dbeta, dg, dh0)`` in the inputs' dtypes; dh0 is empty without an initial state."""
+    if use_triton(q):
+        from .hdla import chunk as triton_hdla
+
+        *grads, dh0 = triton_hdla.triton_hdla_backward(
+            do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse)
+        return _contiguous(*grads, _empty(q) if dh0 is None else dh0)
+
+    def forward(q, k, v, beta, g, h0):
+        return _hdla_chunk_form(q, k, v, beta, g, scale, h0, reverse)
+
+    return _contiguous(*_chunk_form_vjp(forward, (q, k, v, beta, g), initial_state, do, dht))
+
+
+@chunk_hdla_backward_op.register_fake
+def _(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse):
+    return _fake_grads(q, (q, k, v, beta, g), initial_state)
+
+
+def _hdla_backward(ctx, do, dstate, dx):
+    if do is None and dstate is None:
+        return (None,) * 9
+    q, k, v, beta, g, h0, x, state = ctx.saved_tensors
+    do, dht = _cotangents(ctx, q, v, do, dstate)
+    *grads, dh0 = chunk_hdla_backward_op(do, dht, q, k, v, beta, g, h0, x, state, ctx.scale, ctx.reverse)
+    return (*grads, None, None if h0 is None else dh0, None, None)
+
+
+chunk_hdla_op.register_autograd(_hdla_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- fused_recurrent_hdla
+def _fused_recurrent():
+    from .hdla import fused_recurrent  # imports triton: loaded on first use
+
+    return fused_recurrent
+
+
+def _fused_on_triton(q: Tensor) -> bool:
+    return use_triton(q) and q.dtype != torch.float64
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_hdla", mutates_args=())
+def fused_recurrent_hdla_op(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """The decoding op on checked inputs (``fused_recurrent_hdla``): ``(o [B, T, H, V]`` in v's dtype,
+    ``new_state [B, H, K, V]`` fp32, float64 for float64 inputs)."""
+    check_log_decay(g)
+    module = _fused_recurrent()
+    run = module.triton_fused_recurrent_hdla if _fused_on_triton(q) else module.torch_fused_recurrent_hdla
+    return _contiguous(*run(q, k, v, beta, g, scale, initial_state))
+
+
+@fused_recurrent_hdla_op.register_fake
+def _(q, k, v, beta, g, scale, initial_state):
+    batch, seq_len, heads, dk = q.shape
+    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return v.new_empty(v.shape), q.new_empty(batch, heads, dk, v.shape[-1], dtype=state_dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_hdla_backward", mutates_args=())
+def fused_recurrent_hdla_backward_op(
+    do: Tensor, dstate: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float,
+    initial_state: Optional[Tensor],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dbeta, dg, dh0)`` by autograd through the PyTorch token loop, recomputed on any
+    device (the Triton kernel has no backward; decoding steps are short); dh0 empty without an initial state."""
+    loop = _fused_recurrent().torch_fused_recurrent_hdla
+
+    def forward(q, k, v, beta, g, h0):
+        return loop(q, k, v, beta, g, scale, h0)
+
+    return _contiguous(*_chunk_form_vjp(forward, (q, k, v, beta, g), initial_state, do, dstate))
+
+
+@fused_recurrent_hdla_backward_op.register_fake
+def _(do, dstate, q, k, v, beta, g, scale, initial_state):
+    return _fake_grads(q, (q, k, v, beta, g), initial_state)
+
+
+def _fused_setup_context(ctx, inputs, output):
+    q, k, v, beta, g, scale, initial_state = inputs
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, beta, g, initial_state)
+    ctx.scale = scale
+
+
+def _fused_backward(ctx, do, dstate):
+    if do is None and dstate is None:
+        return (None,) * 7
+    q, k, v, beta, g, h0 = ctx.saved_tensors
+    if do is None:
+        do = v.new_zeros(v.shape)
+    *grads, dh0 = fused_recurrent_hdla_backward_op(do, dstate, q, k, v, beta, g, ctx.scale, h0)
+    return (*grads, None, None if h0 is None else dh0)
+
+
+fused_recurrent_hdla_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)

@@ -1,0 +1,228 @@
+"""The chunk ops (and fused_recurrent_hdla) as torch.library custom ops (kernels/custom_ops.py), on CPU tensors:
+
+* ``torch.library.opcheck`` (schema, autograd registration, fake implementations, AOT dispatch) on
+  the forward and backward ops;
+* ``torch.compile(fullgraph=True)`` of the HDLA mixer, a seed mixer and a small hdla_tiny equals
+  eager, forward and gradients;
+* the ops are single opaque nodes: no graph break, one node per scan in the forward and in the
+  backward graph, and a graph whose size does not grow with the sequence (the chunk loop is not
+  unrolled into it).
+"""
+import pytest
+import timm
+import torch
+from functorch.compile import make_boxed_func
+from torch._functorch.aot_autograd import aot_module_simplified
+
+import hdla_vision  # noqa: F401  registers the timm models
+from hdla_vision.kernels import chunk_generalized, chunk_hdla, custom_ops
+from hdla_vision.layers import create_mixer
+from tests.oracle import generalized_problem, hdla_problem
+
+OPS = torch.ops.hdla_vision
+
+
+def _float_leaves(problem):
+    return {n: None if x is None else x.float().requires_grad_() for n, x in problem.items()}
+
+
+GENERALIZED_OPCHECK = [  # (problem kwargs, output_final_state, reverse)
+    (dict(batch=1, seq_len=20, heads=2, dk=8, dv=4, r_kv=1, r_ab=2), True, False),
+    (dict(batch=1, seq_len=17, heads=1, dk=8, dv=8, r_kv=2, r_ab=0, h0=False), False, True),
+    (dict(batch=2, seq_len=9, heads=1, dk=4, dv=4, r_kv=1, r_ab=3, per_head_g=True), True, True),
+]
+
+
+@pytest.mark.parametrize("problem,final,reverse", GENERALIZED_OPCHECK)
+def test_opcheck_chunk_generalized(problem, final, reverse):
+    p = _float_leaves(generalized_problem(**problem))
+    args = (p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 0.5, p["initial_state"], final, reverse)
+    torch.library.opcheck(custom_ops.chunk_generalized_op, args)
+    o, state, x = custom_ops.chunk_generalized_op(*args)
+    expected = (problem["batch"], problem["heads"], problem["dk"], problem["dv"]) if final else (0,)
+    assert tuple(state.shape) == expected and tuple(o.shape) == tuple(p["q"].shape[:3]) + (problem["dv"],)
+    grads = OPS.chunk_generalized_backward(torch.randn_like(o), state.detach() if final else None,
+                                           *(t.detach() if t is not None else None for t in args[:6]),
+                                           None if p["initial_state"] is None else p["initial_state"].detach(),
+                                           x, state.detach(), 0.5, reverse)
+    assert [tuple(t.shape) for t in grads[:6]] == [tuple(t.shape) for t in args[:6]]
+
+
+@pytest.mark.parametrize("final,reverse,h0", [(True, False, True), (False, True, False)])
+def test_opcheck_chunk_hdla(final, reverse, h0):
+    p = _float_leaves(hdla_problem(1, 20, 2, 8, 8, h0=h0))
+    args = (p["q"], p["k"], p["v"], p["beta"], p["g"], 1.0, p["initial_state"], final, reverse)
+    torch.library.opcheck(custom_ops.chunk_hdla_op, args)
+
+
+@pytest.mark.parametrize("h0", [True, False])
+def test_opcheck_fused_recurrent_hdla(h0):
+    p = _float_leaves(hdla_problem(2, 3, 2, 8, 4, h0=h0))
+    args = (p["q"], p["k"], p["v"], p["beta"], p["g"], 0.5, p["initial_state"])
+    torch.library.opcheck(custom_ops.fused_recurrent_hdla_op, args)
+    o, state = custom_ops.fused_recurrent_hdla_op(*args)
+    detached = [None if t is None else t.detach() for t in args[:5]]
+    torch.library.opcheck(custom_ops.fused_recurrent_hdla_backward_op,
+                          (torch.randn_like(o), torch.randn_like(state), *detached, 0.5, args[6].detach() if h0 else None))
+
+
+def test_opcheck_backward_ops():
+    p = {n: x.float() for n, x in generalized_problem(1, 18, 2, 8, 4, 1, 2).items()}
+    args = (p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 0.5, p["initial_state"], True, False)
+    o, state, x = OPS.chunk_generalized(*args)
+    torch.library.opcheck(custom_ops.chunk_generalized_backward_op,
+                          (torch.randn_like(o), torch.randn_like(state), *args[:6], p["initial_state"], x, state, 0.5, False))
+    h = {n: None if x is None else x.float() for n, x in hdla_problem(1, 18, 2, 8, 8, h0=False).items()}
+    args = (h["q"], h["k"], h["v"], h["beta"], h["g"], 1.0, None, False, True)
+    o, state, x = OPS.chunk_hdla(*args)
+    torch.library.opcheck(custom_ops.chunk_hdla_backward_op,
+                          (torch.randn_like(o), None, *args[:5], None, x, state, 1.0, True))
+
+
+def test_unrequested_final_state_is_none_and_gradients_flow_without_it():
+    """The op always returns a state tensor (empty when not requested); the public op returns None."""
+    p = _float_leaves(generalized_problem(1, 20, 1, 8, 8, 1, 2))
+    o, final = chunk_generalized(**p)
+    assert final is None
+    o.sum().backward()
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in p.values())
+
+
+# ----------------------------------------------------------------------------- graphs
+class GraphCapture:
+    """A torch.compile backend that keeps dynamo's graph and AOTAutograd's forward and backward graphs
+    (runs them uncompiled)."""
+
+    def __init__(self):
+        self.dynamo, self.forward, self.backward = [], [], []
+
+    def __call__(self, gm, example_inputs):
+        self.dynamo.append(gm)
+
+        def keep(graphs):
+            def compiler(graph, _):
+                graphs.append(graph)
+                return make_boxed_func(graph)
+            return compiler
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep(self.forward), bw_compiler=keep(self.backward))
+
+
+def _count(graphs, op) -> int:
+    return sum(node.target == op for gm in graphs for node in gm.graph.nodes)
+
+
+def _hdla_mixer(seed=0):
+    torch.manual_seed(seed)
+    return create_mixer("hdla", kind="vision", dim=32, num_heads=2)
+
+
+def test_hdla_mixer_has_no_graph_break():
+    mixer = _hdla_mixer()
+    explanation = torch._dynamo.explain(mixer)(torch.randn(2, 37, 32))
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+
+
+def _graph_sizes(seq_len: int):
+    """Compile the HDLA mixer at one sequence length, run forward and backward; return the node
+    counts of the dynamo, AOT forward and AOT backward graphs, after checking the op nodes."""
+    torch._dynamo.reset()
+    capture = GraphCapture()
+    compiled = torch.compile(_hdla_mixer(), backend=capture, fullgraph=True)
+    compiled(torch.randn(1, seq_len, 32, requires_grad=True)).sum().backward()
+    assert len(capture.dynamo) == len(capture.forward) == len(capture.backward) == 1
+    assert _count(capture.forward, OPS.chunk_hdla.default) == 2  # the two scan directions
+    assert _count(capture.backward, OPS.chunk_hdla_backward.default) == 2
+    return tuple(len(gm.graph.nodes) for gm in (capture.dynamo[0], capture.forward[0], capture.backward[0]))
+
+
+def test_ops_are_single_nodes_and_the_chunk_loop_is_not_unrolled():
+    """One chunk_hdla node per scan direction in the forward graph, one backward node each in the
+    backward graph, and the same graphs at T = 20 (2 chunks of 16) and T = 150 (10 chunks)."""
+    short, long = _graph_sizes(20), _graph_sizes(150)
+    assert short == long and short[1] < 150, (short, long)
+
+
+def _assert_compiled_equals_eager(module, inputs, rtol=1e-5, atol=1e-5):
+    """Forward and the gradients of the input and of every parameter: eager against
+    ``torch.compile(fullgraph=True)`` (inductor on the CPU)."""
+    def run(fn):
+        module.zero_grad(set_to_none=True)
+        x = inputs.clone().requires_grad_()
+        y = fn(x)
+        y.square().mean().backward()
+        return y.detach(), x.grad, {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+
+    y_ref, dx_ref, grads_ref = run(module)
+    y, dx, grads = run(torch.compile(module, fullgraph=True))
+    torch.testing.assert_close(y, y_ref, rtol=rtol, atol=atol)
+    torch.testing.assert_close(dx, dx_ref, rtol=rtol, atol=atol)
+    assert grads.keys() == grads_ref.keys() and len(grads) > 5
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def test_compiled_hdla_mixer_equals_eager():
+    torch._dynamo.reset()
+    _assert_compiled_equals_eager(_hdla_mixer(), torch.randn(2, 37, 32))
+
+
+def test_compiled_seed_mixer_equals_eager():
+    """Gated DeltaNet: chunk_generalized with a per-head g [B, T, H], both directions."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mixer = create_mixer("gated_deltanet", kind="vision", dim=32, num_heads=2)
+    _assert_compiled_equals_eager(mixer, torch.randn(2, 37, 32))
+
+
+def test_compiled_small_hdla_tiny_equals_eager():
+    """The whole backbone (patch embedding, block, head) at one block and 4 tokens: about 30 s of cold
+    inductor compilation on 2 CPU cores (benchmarks/compile_time.py times depth 2)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = timm.create_model("hdla_tiny", img_size=32, depth=1, num_classes=5).eval()  # eval: no drop path
+    _assert_compiled_equals_eager(model, torch.randn(2, 3, 32, 32), rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_op_raises_on_positive_log_decay():
+    """g <= 0 is checked inside the op, so a compiled graph refuses g > 0 too (a ValueError naming g)."""
+    torch._dynamo.reset()
+    p = {n: x.float() for n, x in hdla_problem(1, 8, 1, 8, 8).items()}
+    compiled = torch.compile(lambda **kw: chunk_hdla(**kw)[0], fullgraph=True)
+    compiled(**p)
+    p["g"][0, 3, 0, 1] = 0.5
+    with pytest.raises(ValueError, match="g is a log-decay and must be <= 0"):
+        compiled(**p)
+
+
+ONE_COPY_SCRIPT = """
+import sys
+import torch
+from torch._library.custom_ops import OPDEFS
+{imports}
+import hdla_vision.kernels as installed
+assert sys.modules["kernels"] is installed
+assert sys.modules["kernels.custom_ops"] is installed.custom_ops
+for name in ("chunk_generalized", "chunk_hdla", "fused_recurrent_hdla"):
+    assert OPDEFS["hdla_vision::" + name] is getattr(installed.custom_ops, name + "_op"), name
+q, k = torch.randn(1, 5, 1, 4), torch.nn.functional.normalize(torch.randn(1, 5, 1, 4), dim=-1)
+o, _ = installed.chunk_hdla(q, k, torch.randn(1, 5, 1, 4), torch.rand(1, 5, 1), -torch.rand(1, 5, 1, 4))
+assert o.shape == (1, 5, 1, 4)
+print("ONE-COPY-OK")
+"""
+
+
+@pytest.mark.parametrize("imports", ["import hdla_vision.kernels\nimport kernels", "import kernels"])
+def test_top_level_kernels_import_is_the_installed_package(imports):
+    """From the checkout's root ``kernels/`` is importable as ``kernels`` too, and transformers imports
+    it (its probe for the Hugging Face package). It must be the installed package under another
+    name: a second copy defines the custom ops again and torch frees the first copy's registrations,
+    which its op objects still use (a segfault in ``generate`` under the Triton interpreter)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", ONE_COPY_SCRIPT.format(imports=imports)], cwd=root,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ONE-COPY-OK" in result.stdout, result.stdout + result.stderr
