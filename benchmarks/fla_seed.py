@@ -23,9 +23,10 @@ import time
 import torch
 import triton
 
-from benchmarks.fla_ops import MIXERS, as_float64
+from tools.fla_ops import MIXERS, as_float64
 from benchmarks.kernels import rel_err
-from benchmarks.triton_cache import shorten_autotune
+from tools.fla_seed_merge import merge
+from tools.triton_cache import shorten_autotune
 from hdla_vision.kernels import naive_generalized
 
 SHAPES = {"vision": (128, 196, 3, 64), "lm": (4, 4096, 16, 128)}
@@ -156,30 +157,6 @@ def allow_fla_gated_backward() -> None:
     import fla.ops.common.chunk_o as chunk_o
 
     chunk_o.TRITON_ABOVE_3_7_1 = True
-
-
-def merge(folders, out):
-    """One JSON from the ``fla_seed.json`` of several processes (same device and versions); the
-    commit each mixer ran at goes to ``commits`` (runs of one comparison may span device calls)."""
-    merged = None
-    for folder in folders:
-        with open(os.path.join(folder, "fla_seed.json")) as f:
-            part = json.load(f)
-        part["commits"] = {name: part["commit"] for name in part["fla_kernels"]}
-        if merged is None:
-            merged = part
-            continue
-        for key in ("device", "torch", "triton", "fla", "scale"):
-            if part[key] != merged[key]:
-                raise ValueError(f"--merge-from: {folder} has {key}={part[key]!r}, the first has {merged[key]!r}")
-        for key in ("fla_kernels", "parity", "timings_ms", "commits"):
-            merged[key].update(part[key])
-        merged["fla_gated_bwd_forced_for"] += part["fla_gated_bwd_forced_for"]
-    merged["fla_gated_bwd_forced_for"] = list(dict.fromkeys(merged["fla_gated_bwd_forced_for"]))
-    merged.pop("commit")
-    with open(os.path.join(out, "fla_seed.json"), "w") as f:
-        json.dump(merged, f, indent=1)
-    print(f"merged {len(folders)} results into {out}/fla_seed.json")
 
 
 def main():

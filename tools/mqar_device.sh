@@ -15,7 +15,7 @@
 # A cold machine starts with an empty state: unpack mqar_state.tgz into .mqar here and carry .mqar
 # so finished runs are skipped (unfinished ones then restart at epoch 0: their checkpoints, ~20 MB
 # each, do not come back).
-source benchmarks/device_setup.sh
+source tools/device_setup.sh
 queues=("${@:-tools/mqar_queue.txt}")
 state=${MQAR_STATE:-.mqar}
 deadline=${DEADLINE_S:-540}

@@ -1,12 +1,13 @@
-"""The device-call helpers of benchmarks/: carrying fla's Triton cache, and the seed-mixer pairing."""
+"""tools/: carrying fla's Triton cache between device calls, merging the fla comparison's per-GPU JSONs,
+and the seed-mixer pairing of tools/fla_ops.py."""
 import json
 import tarfile
 
 import pytest
 import torch
 
-from benchmarks import fla_seed, triton_cache
-from benchmarks.fla_ops import MIXERS, as_float64
+from tools import fla_seed_merge, triton_cache
+from tools.fla_ops import MIXERS, as_float64
 from hdla_vision.kernels import naive_generalized
 
 
@@ -69,7 +70,7 @@ def _seed_result(folder, mixer, device="NVIDIA H200", forced=(), commit="abc"):
 def test_fla_seed_merges_one_json_per_gpu(tmp_path):
     _seed_result(tmp_path / "a", "gla")
     _seed_result(tmp_path / "b", "gated_deltanet", forced=["gated_deltanet"], commit="def")
-    fla_seed.merge([tmp_path / "a", tmp_path / "b"], tmp_path)
+    fla_seed_merge.merge([tmp_path / "a", tmp_path / "b"], tmp_path)
     merged = json.loads((tmp_path / "fla_seed.json").read_text())
     assert set(merged["parity"]) == {"gla", "gated_deltanet"}
     assert set(merged["timings_ms"]) == {"vision/gla", "vision/gated_deltanet"}
@@ -77,7 +78,7 @@ def test_fla_seed_merges_one_json_per_gpu(tmp_path):
     assert merged["commits"] == {"gla": "abc", "gated_deltanet": "def"} and "commit" not in merged
     _seed_result(tmp_path / "c", "kda", device="NVIDIA H100")
     with pytest.raises(ValueError, match="device"):
-        fla_seed.merge([tmp_path / "a", tmp_path / "c"], tmp_path)
+        fla_seed_merge.merge([tmp_path / "a", tmp_path / "c"], tmp_path)
 
 
 def test_each_mixer_runs_our_op_like_its_float64_loop():
