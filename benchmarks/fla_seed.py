@@ -15,7 +15,6 @@ are off). JSON goes to ``$OUT/fla_seed.json``; ``--merge-from DIR ...`` joins th
 processes (one mixer per GPU) into one.
 """
 import argparse
-import datetime
 import json
 import os
 import time
@@ -26,6 +25,7 @@ import triton
 from tools.fla_ops import MIXERS, as_float64
 from benchmarks.kernels import rel_err
 from tools.fla_seed_merge import merge
+from tools.provenance import provenance
 from tools.triton_cache import shorten_autotune
 from hdla_vision.kernels import naive_generalized
 
@@ -186,8 +186,7 @@ def main():
             warm(name, args.shapes, device, args.warm)
         return
     import fla
-    result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-              "commit": os.environ.get("COMMIT", "unknown"), "torch": torch.__version__,
+    result = {**provenance(torch.cuda.get_device_name()), "torch": torch.__version__,
               "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"), "scale": SCALE,
               "fla_kernels": {name: MIXERS[name][3] for name in args.mixers},
               "fla_gated_bwd_forced_for": [],

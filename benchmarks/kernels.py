@@ -13,10 +13,8 @@ FLOPs of the chunk algorithm (``hdla_chunk_flops``). Results: a table on stdout 
 under ``$OUT`` (or ``--out``).
 """
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import time
 
 import torch
@@ -25,6 +23,7 @@ import triton
 
 from hdla_vision.kernels import chunk_hdla, naive_hdla
 from tools.fla_ops import fla_dplr_doubled
+from tools.provenance import provenance
 
 SHAPES = {
     "vision": (128, 196, 3, 64),
@@ -163,12 +162,8 @@ def main():
         from tools.triton_cache import shorten_autotune
         shorten_autotune(rep_ms=args.autotune_rep_ms)
     dtype = getattr(torch, args.dtype)
-    commit = os.environ.get("COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
-        "device": torch.cuda.get_device_name(),
-        "date": datetime.date.today().isoformat(),
-        "commit": commit or "unknown",
+        **provenance(torch.cuda.get_device_name()),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dtype": args.dtype,

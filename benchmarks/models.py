@@ -17,13 +17,11 @@ optimizer factory, gradient clipping) and the EMA update at 224 px, batch 256 (`
 Needs a CUDA device.
 """
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +29,7 @@ import timm
 import triton.testing
 
 import hdla_vision  # noqa: F401  registers hdla_tiny
+from tools.provenance import provenance
 
 MODELS = ("hdla_tiny", "deit_tiny_patch16_224")
 RESOLUTIONS = (224, 512, 1024, 2048)
@@ -142,13 +141,6 @@ def profile_training(res: int, batch: int, device: torch.device, row_limit: int 
     return prof.key_averages().table(sort_by="self_device_time_total", row_limit=row_limit)
 
 
-def git_commit() -> Optional[str]:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resolutions", type=int, nargs="+", default=list(RESOLUTIONS))
@@ -234,9 +226,7 @@ def main(argv=None) -> int:
     ratios = ratio_rows(rows)
     print_table(rows, ratios)
     result = dict(
-        device=torch.cuda.get_device_name(device),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        commit=git_commit(),
+        **provenance(torch.cuda.get_device_name(device)),
         torch=torch.__version__, timm=timm.__version__, triton=triton.__version__,
         autocast="bfloat16", timing="triton.testing.do_bench median", rows=rows, ratios=ratios,
     )

@@ -89,3 +89,41 @@ def test_each_mixer_runs_our_op_like_its_float64_loop():
         ref = ours(as_float64(x), 0.5, op=naive_generalized)
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err < 1e-5, (name, err)
+
+
+def test_benchmark_readme_is_what_the_committed_jsons_give():
+    """benchmarks/README.md's tables are regenerated, never edited: ``python -m tools.benchmark_tables``."""
+    from tools import benchmark_tables
+
+    committed = benchmark_tables.README.read_text()
+    assert benchmark_tables.regenerate(committed) == committed, "run python -m tools.benchmark_tables"
+    assert benchmark_tables.main(["--check"]) == 0
+    for name in sorted(p.name for p in benchmark_tables.RESULTS.glob("*.json")):
+        if name.startswith(("kernels", "fla_seed", "models")):
+            assert f"<!-- table: {name} -->" in committed, name
+
+
+def test_benchmark_tables_replace_edited_numbers_and_refuse_unknown_sources():
+    from tools import benchmark_tables
+
+    committed = benchmark_tables.README.read_text()
+    edited = committed.replace("| hdla_tiny | train | 224 | 256 | 166.800 |", "| hdla_tiny | train | 224 | 256 | 1.000 |")
+    assert edited != committed and benchmark_tables.regenerate(edited) == committed
+    with pytest.raises(ValueError, match="no table renderer for 'mystery.json'"):
+        benchmark_tables.regenerate("<!-- table: mystery.json -->\n<!-- end table -->\n")
+    with pytest.raises(ValueError, match="no '<!-- table"):
+        benchmark_tables.regenerate("no tables here\n")
+
+
+def test_benchmark_provenance_names_device_date_and_commit(monkeypatch):
+    import datetime
+    import subprocess
+
+    from tools.provenance import ROOT, provenance
+
+    monkeypatch.setenv("COMMIT", "abc1234")
+    assert provenance("NVIDIA H100") == {"device": "NVIDIA H100", "date": datetime.date.today().isoformat(),
+                                         "commit": "abc1234"}
+    monkeypatch.delenv("COMMIT")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert provenance("cpu")["commit"] == (head.stdout.strip() or "unknown")
