@@ -15,7 +15,6 @@ are off). JSON goes to ``$OUT/fla_seed.json``; ``--merge-from DIR ...`` joins th
 processes (one mixer per GPU) into one.
 """
 import argparse
-import datetime
 import json
 import os
 import time
@@ -23,9 +22,11 @@ import time
 import torch
 import triton
 
-from benchmarks.fla_ops import MIXERS, as_float64
+from tools.fla_ops import MIXERS, as_float64
 from benchmarks.kernels import rel_err
-from benchmarks.triton_cache import shorten_autotune
+from tools.fla_seed_merge import merge
+from tools.provenance import provenance
+from tools.triton_cache import shorten_autotune
 from hdla_vision.kernels import naive_generalized
 
 SHAPES = {"vision": (128, 196, 3, 64), "lm": (4, 4096, 16, 128)}
@@ -158,30 +159,6 @@ def allow_fla_gated_backward() -> None:
     chunk_o.TRITON_ABOVE_3_7_1 = True
 
 
-def merge(folders, out):
-    """One JSON from the ``fla_seed.json`` of several processes (same device and versions); the
-    commit each mixer ran at goes to ``commits`` (runs of one comparison may span device calls)."""
-    merged = None
-    for folder in folders:
-        with open(os.path.join(folder, "fla_seed.json")) as f:
-            part = json.load(f)
-        part["commits"] = {name: part["commit"] for name in part["fla_kernels"]}
-        if merged is None:
-            merged = part
-            continue
-        for key in ("device", "torch", "triton", "fla", "scale"):
-            if part[key] != merged[key]:
-                raise ValueError(f"--merge-from: {folder} has {key}={part[key]!r}, the first has {merged[key]!r}")
-        for key in ("fla_kernels", "parity", "timings_ms", "commits"):
-            merged[key].update(part[key])
-        merged["fla_gated_bwd_forced_for"] += part["fla_gated_bwd_forced_for"]
-    merged["fla_gated_bwd_forced_for"] = list(dict.fromkeys(merged["fla_gated_bwd_forced_for"]))
-    merged.pop("commit")
-    with open(os.path.join(out, "fla_seed.json"), "w") as f:
-        json.dump(merged, f, indent=1)
-    print(f"merged {len(folders)} results into {out}/fla_seed.json")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=list(MIXERS))
@@ -209,8 +186,7 @@ def main():
             warm(name, args.shapes, device, args.warm)
         return
     import fla
-    result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-              "commit": os.environ.get("COMMIT", "unknown"), "torch": torch.__version__,
+    result = {**provenance(torch.cuda.get_device_name()), "torch": torch.__version__,
               "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"), "scale": SCALE,
               "fla_kernels": {name: MIXERS[name][3] for name in args.mixers},
               "fla_gated_bwd_forced_for": [],

@@ -13,10 +13,8 @@ FLOPs of the chunk algorithm (``hdla_chunk_flops``). Results: a table on stdout 
 under ``$OUT`` (or ``--out``).
 """
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import time
 
 import torch
@@ -24,6 +22,8 @@ import torch.nn.functional as F
 import triton
 
 from hdla_vision.kernels import chunk_hdla, naive_hdla
+from tools.fla_ops import fla_dplr_doubled
+from tools.provenance import provenance
 
 SHAPES = {
     "vision": (128, 196, 3, 64),
@@ -66,28 +66,6 @@ def make_inputs(batch, seq_len, heads, dim, dtype, device, seed=0, fast_forgetti
 
 def ours(q, k, v, beta, g):
     return chunk_hdla(q, k, v, beta, g)[0]
-
-
-def fla_dplr_doubled(q, k, v, beta, g):
-    """HDLA as fla's DPLR over 2T steps (kernels/README.md §6): output at the odd steps."""
-    from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
-
-    batch, seq_len, heads, dim = q.shape
-    z = torch.zeros_like(q)
-    bk = beta.unsqueeze(-1) * k
-
-    def interleave(even, odd):
-        return torch.stack([even, odd], dim=2).reshape(batch, 2 * seq_len, heads, -1)
-
-    lam = g.float().exp().to(q.dtype)
-    qq = interleave(z, q)
-    kk = interleave(z, k)
-    vv = interleave(torch.zeros_like(v), v)
-    aa = interleave(-bk, -bk)
-    bb = interleave(lam * k, k)
-    gk = interleave(g, torch.zeros_like(g))
-    o, _ = chunk_dplr_delta_rule(qq, kk, vv, aa, bb, gk, scale=1.0)
-    return o[:, 1::2]
 
 
 def fla_kda(q, k, v, beta, g):
@@ -181,15 +159,11 @@ def main():
     args = parser.parse_args()
     device = "cuda"
     if args.autotune_rep_ms:
-        from benchmarks.triton_cache import shorten_autotune
+        from tools.triton_cache import shorten_autotune
         shorten_autotune(rep_ms=args.autotune_rep_ms)
     dtype = getattr(torch, args.dtype)
-    commit = os.environ.get("COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
-        "device": torch.cuda.get_device_name(),
-        "date": datetime.date.today().isoformat(),
-        "commit": commit or "unknown",
+        **provenance(torch.cuda.get_device_name()),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dtype": args.dtype,

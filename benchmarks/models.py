@@ -7,19 +7,21 @@ AdamW step; inference is a forward under ``torch.inference_mode``. Times are
 (do_bench allocates its own L2-flush buffer) as ``torch.cuda.max_memory_allocated`` during
 the step, model and optimizer state included.
 
-    python benchmarks/models.py                 # table; JSON to $OUT/models.json when OUT is set
-    python benchmarks/models.py --profile       # also torch.profiler's top kernels, hdla_tiny training
+    python -m benchmarks.models                 # table; JSON to $OUT/models.json when OUT is set
+    python -m benchmarks.models --profile       # also torch.profiler's top kernels, hdla_tiny training
+    python -m benchmarks.models --engine        # also the training engine's own step (Accelerate, EMA)
+
+``--engine`` times exactly ``engine._train_step`` (Accelerate bf16 autocast, AdamW from timm's
+optimizer factory, gradient clipping) and the EMA update at 224 px, batch 256 (``engine`` rows).
 
 Needs a CUDA device.
 """
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +29,7 @@ import timm
 import triton.testing
 
 import hdla_vision  # noqa: F401  registers hdla_tiny
+from tools.provenance import provenance
 
 MODELS = ("hdla_tiny", "deit_tiny_patch16_224")
 RESOLUTIONS = (224, 512, 1024, 2048)
@@ -138,13 +141,6 @@ def profile_training(res: int, batch: int, device: torch.device, row_limit: int 
     return prof.key_averages().table(sort_by="self_device_time_total", row_limit=row_limit)
 
 
-def git_commit() -> Optional[str]:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resolutions", type=int, nargs="+", default=list(RESOLUTIONS))
@@ -156,6 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rep-ms", type=int, default=400)
     parser.add_argument("--profile", action="store_true", help="print the top kernels of hdla_tiny training")
     parser.add_argument("--profile-res", type=int, default=1024)
+    parser.add_argument("--engine", action="store_true", help="also time the training engine's step (224 px, batch 256)")
     args = parser.parse_args(argv)
     if args.batch_sizes is None:
         unknown = [r for r in args.resolutions if r not in BATCH_SIZES]
@@ -169,10 +166,52 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup: int, precision: str) -> dict:
+    """Images per second of exactly ``engine._train_step`` (Accelerate autocast, AdamW from timm's optimizer
+    factory, gradient clipping) plus the EMA update, on random images already on the GPU."""
+    from accelerate.state import AcceleratorState
+    from timm.optim import create_optimizer_v2
+    from timm.utils import ModelEmaV3
+
+    from hdla_vision.training.config import config_from_dict
+    from hdla_vision.training.engine import TrainParts, _train_step
+    from hdla_vision.training.models import create_model
+    from hdla_vision.training.runner import make_accelerator
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    config = config_from_dict({"model": {"name": name, "drop_path_rate": 0.1},
+                               "data": {"img_size": img_size, "num_classes": 1000},
+                               "train": {"mixed_precision": precision, "global_batch_size": batch}})
+    accelerator = make_accelerator(config)
+    model = create_model(config)
+    optimizer = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    ema = ModelEmaV3(accelerator.unwrap_model(model), decay=0.9999)
+    parts = TrainParts(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=None,
+                       criterion=torch.nn.CrossEntropyLoss(), train_loader=None, train_order=None, clip_grad=5.0)
+    images = torch.randn(batch, 3, img_size, img_size, device=accelerator.device)
+    targets = torch.randint(0, 1000, (batch,), device=accelerator.device)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(warmup + steps):
+        if i == warmup:
+            sync()
+            start = time.perf_counter()
+        _train_step(parts, images, targets)
+        ema.update(accelerator.unwrap_model(model))
+    sync()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+    return {"model": name, "batch": batch, "img_size": img_size, "precision": precision,
+            "img_per_s": batch * steps / seconds, "step_ms": 1000 * seconds / steps, "peak_gib": peak,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/models.py needs a CUDA device", file=sys.stderr)
+        print("python -m benchmarks.models needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -187,9 +226,7 @@ def main(argv=None) -> int:
     ratios = ratio_rows(rows)
     print_table(rows, ratios)
     result = dict(
-        device=torch.cuda.get_device_name(device),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        commit=git_commit(),
+        **provenance(torch.cuda.get_device_name(device)),
         torch=torch.__version__, timm=timm.__version__, triton=triton.__version__,
         autocast="bfloat16", timing="triton.testing.do_bench median", rows=rows, ratios=ratios,
     )
@@ -198,6 +235,9 @@ def main(argv=None) -> int:
         table = profile_training(args.profile_res, batch, device)
         print(f"\nhdla_tiny training, {args.profile_res}px, batch {batch}: top kernels by CUDA time\n{table}")
         result["profile"] = dict(resolution=args.profile_res, batch=batch, table=table)
+    if args.engine:
+        result["engine"] = [measure_engine_step(name, 256, 224, 30, 10, "bf16") for name in args.models]
+        print(json.dumps(result["engine"], indent=1))
     out_dir = os.environ.get("OUT")
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

@@ -21,3 +21,20 @@ def raise_missing_extra(err: ImportError, module: str, extra: str, part: str) ->
     if name == module or name.startswith(module + "."):
         raise ModuleNotFoundError(missing_extra_message(part, module, extra), name=name) from err
     raise err
+
+
+def require_extra(modules: tuple[str, ...], extra: str, part: str) -> None:
+    """Raise ModuleNotFoundError naming ``extra`` if any of ``modules`` is not installed.
+
+    Looks the modules up without importing them (``importlib.util.find_spec``), so a part can
+    check its whole extra at import time without paying for modules it loads later, lazily.
+    """
+    from importlib.util import find_spec
+
+    for module in modules:
+        try:
+            found = find_spec(module) is not None
+        except ImportError:  # a meta-path finder that refuses the module
+            found = False
+        if not found:
+            raise ModuleNotFoundError(missing_extra_message(part, module, extra), name=module)

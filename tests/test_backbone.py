@@ -4,6 +4,7 @@ Small inputs (32-64 px) and reduced depth through create_model kwargs keep this 
 CPU; the parameter-count tests build the real configurations without running them.
 """
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from hdla_vision.backbones.hdla import class_token_index, insert_class_token, sp
 MODELS = ["hdla_tiny", "hdla_small", "hdla_base"]
 WIDTHS = {"hdla_tiny": (192, 3), "hdla_small": (384, 6), "hdla_base": (768, 12)}
 SMALL = dict(img_size=32, depth=2)  # 2 x 2 patches, 2 blocks
+TINY = sorted(name for name in timm.list_models(module=["hdla", "seed"]) if name.endswith("_tiny"))
 
 
 def small_model(name, **kwargs):
@@ -82,7 +84,7 @@ def test_pretrained_cfg(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_kwargs_override_defaults(name):
     model = timm.create_model(name, img_size=48, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=7)
-    assert model.embed_dim == 64 and len(model.blocks) == 2 and model.blocks[0].mixer.num_heads == 4
+    assert model.embed_dim == 64 and len(model.blocks) == 2 and model.blocks[0].attn.num_heads == 4
     assert model.patch_embed.grid_size == (6, 6) and model.pos_embed.shape == (1, 36, 64)
     assert model(torch.randn(1, 3, 48, 48)).shape == (1, 7)
 
@@ -93,14 +95,57 @@ def test_kwargs_override_defaults(name):
         (dict(global_pool="max"), "global_pool"),
         (dict(global_pool="token"), "class_token=True"),
         (dict(mixer="no_such_mixer"), "unknown vision mixer"),
-        (dict(window_size=7), "unknown arguments"),
         (dict(embed_dim=100, num_heads=3), "multiple of num_heads"),
+        (dict(qk_norm=True), "qk_norm"),
+        (dict(reg_tokens=2), "reg_tokens"),
+        (dict(attn_layer="attn"), "mixer="),
         (dict(mixer_kwargs=dict(window=3)), "unknown arguments for the 'hdla' mixer"),
     ],
 )
 def test_bad_config_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
         timm.create_model("hdla_tiny", **dict(SMALL, **kwargs))
+
+
+def test_block_refuses_attention_masks():
+    model = small_model("hdla_tiny")
+    tokens = torch.randn(1, 4, model.embed_dim)
+    with pytest.raises(ValueError, match="attn_mask"):
+        model.blocks[0](tokens, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="is_causal"):
+        model.blocks[0](tokens, is_causal=True)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_fx_trace_keeps_the_mixer_a_leaf(name):
+    """timm's FX feature extraction traces the blocks and keeps each mixer class a leaf (its kernels
+    cannot be traced), and the traced model gives the model's output."""
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    from timm.models import get_notrace_functions, get_notrace_modules
+
+    model = small_model(name).eval()
+    tracer_kwargs = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    traced = create_feature_extractor(model, return_nodes=["head"], tracer_kwargs=tracer_kwargs)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x)["head"], model(x))
+    assert type(model.blocks[0].attn) in get_notrace_modules()
+
+
+def test_unknown_argument_raises_type_error():
+    """timm's model contract (its test_models.py): an unknown constructor argument is a TypeError."""
+    with pytest.raises(TypeError, match="window_size"):
+        timm.create_model("hdla_tiny", **SMALL, window_size=7)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_device_and_dtype_factory_arguments(name):
+    """timm's device / dtype factory arguments reach every parameter, each mixer's gates included."""
+    model = timm.create_model(name, **SMALL, device="meta", dtype=torch.float64)
+    tensors = dict(model.named_parameters(), **dict(model.named_buffers()))
+    assert all(t.device.type == "meta" and t.dtype == torch.float64 for t in tensors.values())
+    assert model.forward_features(torch.randn(1, 3, 32, 32, device="meta", dtype=torch.float64)).shape == (1, 4, model.embed_dim)
 
 
 # ----------------------------------------------------------------- forward / backward
@@ -141,14 +186,22 @@ def test_features_head_and_classifier(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_class_token_in_the_middle(name):
+    """The model keeps the class token first (timm's layout); each mixer scans it at index N // 2."""
     model = small_model(name, class_token=True, global_pool="token", img_size=48).eval()  # 9 patches
     x = torch.randn(1, 3, 48, 48)
+    scanned = []
+    model.blocks[0].attn.register_forward_hook(lambda module, args, out: scanned.append((args[0], out)))
     feats = model.forward_features(x)
     assert feats.shape == (1, 10, model.num_features)
+    torch.testing.assert_close(model.forward_head(feats, pre_logits=True), feats[:, 0])
+    torch.testing.assert_close(model.pool(feats, "avg"), feats[:, 1:].mean(1))
+
     idx = class_token_index(9)
     assert idx == 4
-    torch.testing.assert_close(model.forward_head(feats, pre_logits=True), feats[:, idx])
-    torch.testing.assert_close(model.pool(feats, "avg"), torch.cat([feats[:, :idx], feats[:, idx + 1:]], 1).mean(1))
+    tokens = model.blocks[0].norm1(model._pos_embed(model.patch_embed(x)))  # [cls, 9 patches]
+    mixer_in, mixer_out = scanned[0]
+    torch.testing.assert_close(mixer_in, torch.cat([tokens[:, 1:5], tokens[:, :1], tokens[:, 5:]], 1))
+    torch.testing.assert_close(model.blocks[0].mix(tokens), torch.cat([mixer_out[:, 4:5], mixer_out[:, :4], mixer_out[:, 5:]], 1))
     with pytest.raises(ValueError, match="class_token"):
         small_model(name).reset_classifier(0, "token")
 
@@ -243,7 +296,7 @@ def test_forward_intermediates(name):
     early = model.forward_intermediates(x, indices=[0], stop_early=True, intermediates_only=True)
     assert not calls, "stop_early ran the last block"
     torch.testing.assert_close(early[0], inter[0])
-    with pytest.raises(ValueError, match="output_fmt"):
+    with pytest.raises(AssertionError, match="Output format"):  # timm's own check
         model.forward_intermediates(x, output_fmt="NHWC")
 
 
@@ -256,8 +309,8 @@ def test_forward_intermediates_class_token(name):
     pairs = model.forward_intermediates(x, indices=1, output_fmt="NLC", return_prefix_tokens=True, intermediates_only=True)
     patches, cls = pairs[0]
     last = model.blocks(model._pos_embed(model.patch_embed(x)))
-    torch.testing.assert_close(cls, last[:, 4:5])
-    torch.testing.assert_close(patches, torch.cat([last[:, :4], last[:, 5:]], 1))
+    torch.testing.assert_close(cls, last[:, :1])
+    torch.testing.assert_close(patches, last[:, 1:])
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -336,7 +389,7 @@ def test_group_matcher_and_no_weight_decay(name):
     assert "pos_embed" in model.no_weight_decay()
     optimizer = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
     no_decay = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0.0 for p in g["params"]}
-    assert id(params["pos_embed"]) in no_decay and id(params["blocks.0.mixer.qkv.weight"]) not in no_decay
+    assert id(params["pos_embed"]) in no_decay and id(params["blocks.0.attn.qkv.weight"]) not in no_decay
     layer_decay = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.5)
     scales = sorted({g["lr_scale"] for g in layer_decay.param_groups})
     assert len(scales) == depth + 2
@@ -391,7 +444,7 @@ def test_load_local_checkpoint(name, fmt, tmp_path):
     # the checkpoint's 10-class head does not fit a 5-class model: dropped, the rest loads strictly
     other = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(overlay, num_classes=5), **SMALL, num_classes=5)
     assert other.head.weight.shape == (5, source.embed_dim)
-    torch.testing.assert_close(other.blocks[1].mixer.qkv.weight, source.blocks[1].mixer.qkv.weight)
+    torch.testing.assert_close(other.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)
     torch.testing.assert_close(other.pos_embed, source.pos_embed)
 
     gray = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **SMALL, num_classes=0, in_chans=1)
@@ -439,3 +492,27 @@ def test_cpu_and_cuda_paths_agree():
         out_bf16 = cuda_model(x.cuda()).float()
     err = (out_bf16.cpu() - out_cpu).norm() / out_cpu.norm()
     assert err < 3e-2, f"bf16 relative error {err:.3g}"
+
+
+# ------------------------------------------------------- checkpoints of the first layout
+V0_CHECKPOINTS = Path(__file__).parent / "data" / "backbone_layout_v0.pt"
+
+
+@pytest.mark.parametrize("name", ["hdla_tiny", "gdn_tiny", "rwkv7_tiny"])
+def test_first_layout_checkpoint_loads_with_the_same_logits(name, tmp_path):
+    """tests/data/backbone_layout_v0.pt holds state dicts and logits written by the backbone before it
+    became a timm VisionTransformer (commit 6dbd3f2: its own block class, mixers named
+    ``blocks.{i}.mixer``, the class token kept in the middle of the sequence): small models (width 16,
+    2 blocks, 3 x 3 patches of 8 px) with a class token and token pooling (hdla), layer scale (gdn),
+    a class token with average pooling (rwkv7), every weight moved off its init. Loaded through
+    ``checkpoint_filter_fn`` (``pretrained=True`` with a local file), they give the same logits."""
+    case = torch.load(V0_CHECKPOINTS, weights_only=True)[name]
+    assert any(".mixer." in key for key in case["state_dict"])
+    path = tmp_path / "v0.pth"
+    torch.save(case["state_dict"], path)
+    overlay = dict(file=str(path), num_classes=5, input_size=(3, 24, 24))
+    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **case["kwargs"]).eval()
+    x = torch.randn(2, 3, 24, 24, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), case["logits"])
+    assert sum(v.numel() for v in model.state_dict().values()) == sum(v.numel() for v in case["state_dict"].values())

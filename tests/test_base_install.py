@@ -1,7 +1,8 @@
-"""The vision side works on the base install, without transformers (the "lm" extra).
+"""The vision side works on the base install, without the "lm" and "train" extras.
 
-Two checks: every timm model this package registers runs forward in a fresh process in which
-``import transformers`` fails, and no module under ``hdla_vision/layers``, ``backbones`` or
+Checks: every timm model this package registers runs forward in a fresh process in which
+``transformers``, ``accelerate``, ``tensorboard`` and ``matplotlib`` cannot be imported; the
+parts that need an extra say which one; and no module under ``hdla_vision/layers``, ``backbones`` or
 ``training`` imports ``hdla_vision.lm`` (read from the source, lazy imports inside functions too).
 """
 import ast
@@ -19,27 +20,36 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "hdla_vision"
 VISION_PARTS = ("layers", "backbones", "training")
 
-REFUSE_TRANSFORMERS = textwrap.dedent(
-    """
-    import json, sys
+EXTRAS_PACKAGES = ("transformers", "accelerate", "tensorboard", "matplotlib")  # of the "lm" and "train" extras
 
-    class RefuseTransformers:
-        '''A meta-path finder that makes transformers (and its submodules) unimportable.'''
-        def find_spec(self, name, path=None, target=None):
-            if name == "transformers" or name.startswith("transformers."):
-                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
-            return None
 
-    sys.meta_path.insert(0, RefuseTransformers())
-    try:
-        import transformers  # noqa: F401
-        raise SystemExit("the finder did not refuse transformers")
-    except ImportError:
-        pass
-    """
-)
+def refusing(*packages: str) -> str:
+    """The start of a script in which ``packages`` (and their submodules) cannot be imported."""
+    return f"REFUSED = {packages!r}\n" + textwrap.dedent(
+        """
+        import json, sys
 
-NO_TRANSFORMERS = REFUSE_TRANSFORMERS + textwrap.dedent(
+        class Refuse:
+            '''A meta-path finder that makes the REFUSED packages unimportable.'''
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in REFUSED:
+                    raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
+                return None
+
+        sys.meta_path.insert(0, Refuse())
+        for package in REFUSED:
+            try:
+                __import__(package)
+                raise SystemExit(f"the finder did not refuse {package}")
+            except ImportError:
+                pass
+        """
+    )
+
+
+REFUSE_TRANSFORMERS = refusing("transformers")
+
+BASE_INSTALL = refusing(*EXTRAS_PACKAGES) + textwrap.dedent(
     """
     import timm, torch
     import hdla_vision  # noqa: F401  registers the models
@@ -54,7 +64,7 @@ NO_TRANSFORMERS = REFUSE_TRANSFORMERS + textwrap.dedent(
             out = model(torch.randn(1, 3, 32, 32))
         assert out.shape == (1, 3) and torch.isfinite(out).all(), name
         ran.append(name)
-    loaded = sorted(m for m in sys.modules if m == "transformers" or m.startswith(("transformers.", "hdla_vision.lm")))
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in REFUSED or m.startswith("hdla_vision.lm"))
     print(json.dumps({"ran": ran, "loaded": loaded}))
     """
 )
@@ -68,8 +78,9 @@ def run_python(script: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def test_every_timm_model_runs_without_transformers():
-    proc = run_python(NO_TRANSFORMERS)
+def test_every_timm_model_runs_on_the_base_install():
+    """Without the extras' packages (transformers, Accelerate, TensorBoard, matplotlib)."""
+    proc = run_python(BASE_INSTALL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     expected = {"hdla_tiny", "hdla_small", "hdla_base", "gla_tiny", "deltanet_tiny", "gdn_tiny", "kda_tiny",
@@ -88,6 +99,28 @@ LM_WITHOUT_TRANSFORMERS = REFUSE_TRANSFORMERS + textwrap.dedent(
         raise SystemExit("hdla_vision.lm imported without transformers")
     """
 )
+
+
+TRAINING_WITHOUT_ACCELERATE = refusing("accelerate") + textwrap.dedent(
+    """
+    try:
+        import hdla_vision.training  # noqa: F401
+    except ImportError as err:
+        print(json.dumps({"type": type(err).__name__, "message": str(err), "name": err.name}))
+    else:
+        raise SystemExit("hdla_vision.training imported without accelerate")
+    """
+)
+
+
+def test_training_without_accelerate_names_the_extra():
+    """``import hdla_vision.training`` without the "train" extra says which extra to install."""
+    proc = run_python(TRAINING_WITHOUT_ACCELERATE)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["type"] == "ModuleNotFoundError" and result["name"] == "accelerate", result
+    assert result["message"].startswith("hdla_vision.training needs accelerate"), result["message"]
+    assert 'pip install "hdla-vision[train]"' in result["message"] and "\n" not in result["message"]
 
 
 def test_lm_without_transformers_names_the_extra():

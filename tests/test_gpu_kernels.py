@@ -39,9 +39,10 @@ def test_generalized_matches_loop_bf16(r_kv, r_ab, reverse):
 
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs flash-linear-attention")
 def test_hdla_matches_fla_dplr_over_doubled_sequence():
-    from benchmarks.kernels import fla_dplr_doubled, make_inputs
+    from tools.fla_ops import fla_dplr_doubled
 
-    q, k, v, beta, g = (t.detach() for t in make_inputs(2, 256, 2, 64, torch.float32, "cuda", seed=3))
+    problem = hdla_problem(2, 256, 2, 64, 64, h0=False, seed=3)
+    q, k, v, beta, g = (problem[name].float().cuda() for name in ("q", "k", "v", "beta", "g"))
     ours = chunk_hdla(q, k, v, beta, g)[0]
     fla = fla_dplr_doubled(q, k, v, beta, g)
     ref = naive_hdla(*(t.double() for t in (q, k, v, beta, g)))[0]

@@ -1,6 +1,5 @@
-"""MQAR generator properties (Zoology's definition), the fixed split, and benchmarks/mqar.py's runs
+"""MQAR generator properties (Zoology's definition), the fixed split, and the MQAR runner's runs (hdla_vision/lm/mqar_runner.py)
 (resume from a per-epoch checkpoint, a smoke run of each preset, the report)."""
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -8,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from hdla_vision.lm import mqar_report, mqar_runner
 from hdla_vision.lm.mqar import mqar_split, multiquery_ar
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("random_filler", [False, True])
@@ -68,15 +67,8 @@ def test_generator_rejects_bad_arguments(kwargs):
         multiquery_ar(**args)
 
 
-def load_module(name):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def load_benchmark():
-    return load_module("mqar")
+    return mqar_runner
 
 
 def test_benchmark_paper_sweeps():
@@ -155,7 +147,7 @@ def test_presets_smoke_run_and_report(tmp_path):
     assert configs["hdla_authors"]["short_conv_size"] == 0 and configs["hdla"]["short_conv_size"] == 4
     assert configs["gated_deltanet"]["head_dim_v"] == 2 * configs["gated_deltanet"]["head_dim"]
     assert configs["gated_deltaproduct_2"]["mixer_kwargs"] == {"num_householder": 2, "beta_range": 2.0}
-    report = load_module("mqar_report")
+    report = mqar_report
     rows = report.main([str(tmp_path / "runs"), "--out-dir", str(tmp_path / "report")])
     assert set(rows) == {(p, "zero", 16) for p in bench.PRESETS}
     table = (tmp_path / "report" / "mqar_results.md").read_text()

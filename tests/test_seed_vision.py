@@ -14,21 +14,21 @@ from hdla_vision.layers.seed_vision import BidirectionalSeedMixer
 def test_timm_name_forward_backward(name):
     torch.manual_seed(0)
     model = timm.create_model(name, img_size=32, depth=2, num_classes=5)
-    assert model.blocks[0].mixer.mixer_name == SEED_MODELS[name]
+    assert model.blocks[0].attn.mixer_name == SEED_MODELS[name]
     images = torch.randn(2, 3, 32, 32)
     logits = model(images)
     assert logits.shape == (2, 5) and torch.isfinite(logits).all()
     logits.square().mean().backward()
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not missing, f"parameters without gradient: {missing}"
-    grads = [p.grad for p in model.blocks[0].mixer.directions.parameters()]
+    grads = [p.grad for p in model.blocks[0].attn.directions.parameters()]
     assert all(torch.isfinite(g).all() for g in grads)
     assert sum(g.abs().sum() for g in grads) > 0
 
 
 def test_tiny_size_matches_hdla_tiny():
     model = timm.create_model("gdn_tiny", img_size=32, depth=1)
-    assert (model.embed_dim, model.blocks[0].mixer.num_heads, model.blocks[0].mixer.head_dim) == (192, 3, 64)
+    assert (model.embed_dim, model.blocks[0].attn.num_heads, model.blocks[0].attn.head_dim) == (192, 3, 64)
     with pytest.raises(ValueError, match="fixes mixer"):
         timm.create_model("gdn_tiny", mixer="hdla")
 

@@ -204,3 +204,33 @@ def test_global_batch_is_capped_by_the_training_set():
         warnings.simplefilter("error")
         assert capped(512) == 512  # fits: no warning
         assert capped(1, processes=2) == 512  # cannot fill one batch: EpochOrder's error says so
+
+
+def test_checkpoint_holds_the_registered_states(trained_run):
+    """Trainer state and EMA go through ``accelerator.register_for_checkpointing``, in the manifest."""
+    out, _ = trained_run
+    last = ckpt.list_checkpoints(out / "checkpoints")[-1]
+    manifest = ckpt.verify_checkpoint(last, {})
+    assert manifest["registered"] == ["trainer_state", "ema"]
+    assert {"custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl", "model.safetensors"} <= set(manifest["files"])
+    state = ckpt.TrainerState()
+    state.load_state_dict(torch.load(last / "custom_checkpoint_0.pkl", weights_only=True))
+    assert (state.epoch, state.batches_done, state.global_step) == (2, 0, 14)
+    ema = torch.load(last / "custom_checkpoint_1.pkl", weights_only=True)
+    torch.testing.assert_close(ema["head.weight"], load_file(str(out / "model_ema.safetensors"))["head.weight"])
+
+
+def test_defaults_skip_the_consistency_checks_and_trackers(trained_run, data_dir, tmp_path):
+    """``train.consistency_checks`` off (the default): no index records nor checksums; ``log_with: []``:
+    no TensorBoard, still the JSON lines and the curves. Resuming it with EMA on is refused."""
+    config = tiny_config(data_dir, sched={"epochs": 1, "warmup_epochs": 0},
+                         train={"consistency_checks": False, "log_with": [], "ema": False})
+    row = runner.train(config, tmp_path)
+    assert "param_checksum_per_process" not in row and "distinct_samples" not in row
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["images_per_process"] == [56]
+    assert not (tmp_path / "tensorboard").exists() and (tmp_path / "curves.png").is_file()
+    reset_accelerate_state()
+    with_ema = tiny_config(data_dir, sched={"epochs": 2, "warmup_epochs": 0},
+                           train={"consistency_checks": False, "log_with": [], "ema": True})
+    with pytest.raises(ValueError, match="has no EMA weights but this run uses model EMA"):
+        runner.train(with_ema, tmp_path, resume="auto")

@@ -60,7 +60,7 @@ def tiny_config_dict(data_dir: Path, **section_overrides) -> dict:
         "optim": {"base_lr": 4e-3, "clip_grad": 1.0},
         "sched": {"epochs": 2, "warmup_epochs": 1},
         "train": {"global_batch_size": 8, "mixed_precision": "no", "ema": True, "ema_decay": 0.9,
-                  "log_every_steps": 2, "progress_bar": False},
+                  "log_every_steps": 2, "progress_bar": False, "consistency_checks": True},
     }
     for section, updates in section_overrides.items():
         values[section] = {**values.get(section, {}), **updates}

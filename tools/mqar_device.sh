@@ -1,6 +1,6 @@
 #!/bin/bash
 # Device call: MQAR runs of a queue file on every GPU of the machine, RUNS_PER_GPU at a time per GPU.
-# A queue line is '<run id> <benchmarks/mqar.py arguments>' (written by `python benchmarks/mqar.py
+# A queue line is '<run id> <python -m benchmarks.mqar arguments>' (written by `python -m benchmarks.mqar
 # --write-queue FILE ...`), smallest length first. Runs live in $MQAR_STATE (default .mqar in the
 # repository root: git-ignored, so a warm machine keeps it between calls): a run with a DONE marker
 # is skipped; a run cut by the deadline resumes at its last finished epoch in the next call (its
@@ -15,7 +15,7 @@
 # A cold machine starts with an empty state: unpack mqar_state.tgz into .mqar here and carry .mqar
 # so finished runs are skipped (unfinished ones then restart at epoch 0: their checkpoints, ~20 MB
 # each, do not come back).
-source benchmarks/device_setup.sh
+source tools/device_setup.sh
 queues=("${@:-tools/mqar_queue.txt}")
 state=${MQAR_STATE:-.mqar}
 deadline=${DEADLINE_S:-540}
@@ -42,7 +42,7 @@ worker() {
     id=${job%% *}
     echo "gpu $gpu at ${SECONDS}s: $id"
     # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=$gpu timeout $((deadline - SECONDS)) python3 benchmarks/mqar.py ${job#* } \
+    CUDA_VISIBLE_DEVICES=$gpu timeout $((deadline - SECONDS)) python3 -m benchmarks.mqar ${job#* } \
       --state-dir "$state" --deadline-s $((deadline - SECONDS - 10)) >> "$state/logs/$id.log" 2>&1 \
       || echo "gpu $gpu: $id stopped (exit $?)"
   done
@@ -52,7 +52,7 @@ for ((gpu = 0; gpu < ngpu; gpu++)); do
   for ((slot = 0; slot < per_gpu; slot++)); do worker "$gpu" & done
 done
 wait
-python3 benchmarks/mqar_report.py "$state" --out-dir "$OUT" > "$OUT/report.log" 2>&1 || tail -5 "$OUT/report.log"
+python3 -m benchmarks.mqar_report "$state" --out-dir "$OUT" > "$OUT/report.log" 2>&1 || tail -5 "$OUT/report.log"
 tar czf "$OUT/mqar_state.tgz" --exclude='*.pt' --exclude='*.lock' --exclude=data -C "$state" .
 {
   echo "call ended at ${SECONDS}s"

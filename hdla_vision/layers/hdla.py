@@ -50,10 +50,10 @@ from .registry import register_mixer
 class LowRankDecay(nn.Module):
     """``x [B, N, C] -> x U V + b  [B, N, C]`` with ``U`` C x r and ``V`` r x C (GLA's gate form)."""
 
-    def __init__(self, dim: int, rank: int):
+    def __init__(self, dim: int, rank: int, device=None, dtype=None):
         super().__init__()
-        self.down = nn.Linear(dim, rank, bias=False)
-        self.up = nn.Linear(rank, dim, bias=True)
+        self.down = nn.Linear(dim, rank, bias=False, device=device, dtype=dtype)
+        self.up = nn.Linear(rank, dim, bias=True, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.up(self.down(x))
@@ -101,6 +101,7 @@ class BidirectionalHDLA(GatedOutputMixer):
         decay_rank: rank r of each direction's lambda projection.
         min_memory, max_memory: range of the initial decay memory lengths (tokens).
         norm_eps: epsilon of the per-head RMS norm and of the key L2 norm.
+        device, dtype: where and in which dtype the parameters are created (timm's factory arguments).
     """
 
     def __init__(
@@ -113,6 +114,8 @@ class BidirectionalHDLA(GatedOutputMixer):
         min_memory: float = 2.0,
         max_memory: float = 256.0,
         norm_eps: float = 1e-5,
+        device=None,
+        dtype=None,
         **kw,
     ):
         super().__init__()
@@ -126,13 +129,14 @@ class BidirectionalHDLA(GatedOutputMixer):
             raise ValueError(f"expected 1 < min_memory <= max_memory, got {min_memory}, {max_memory}")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.min_memory, self.max_memory, self.norm_eps = min_memory, max_memory, norm_eps
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.decay_fwd = LowRankDecay(dim, decay_rank)
-        self.decay_bwd = LowRankDecay(dim, decay_rank)
-        self.beta = nn.Linear(dim, 2 * num_heads)  # columns [:H] forward, [H:] backward
-        self.gate = nn.Linear(dim, dim)
-        self.norm = nn.RMSNorm(self.head_dim, eps=norm_eps)
-        self.proj = nn.Linear(dim, dim)
+        dd = dict(device=device, dtype=dtype)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **dd)
+        self.decay_fwd = LowRankDecay(dim, decay_rank, **dd)
+        self.decay_bwd = LowRankDecay(dim, decay_rank, **dd)
+        self.beta = nn.Linear(dim, 2 * num_heads, **dd)  # columns [:H] forward, [H:] backward
+        self.gate = nn.Linear(dim, dim, **dd)
+        self.norm = nn.RMSNorm(self.head_dim, eps=norm_eps, **dd)
+        self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.init_weights()
 

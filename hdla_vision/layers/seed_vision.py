@@ -49,10 +49,10 @@ def memory_lengths(min_memory: float, max_memory: float, count: int) -> torch.Te
 class BetaGate(nn.Module):
     """``x [B, N, C] -> beta [B, N, H, n]`` in ``(0, beta_range)``; starts at ``beta_range / 2``."""
 
-    def __init__(self, dim: int, num_heads: int, num_steps: int = 1, beta_range: float = 1.0):
+    def __init__(self, dim: int, num_heads: int, num_steps: int = 1, beta_range: float = 1.0, device=None, dtype=None):
         super().__init__()
         self.num_heads, self.num_steps, self.beta_range = num_heads, num_steps, beta_range
-        self.proj = nn.Linear(dim, num_heads * num_steps)
+        self.proj = nn.Linear(dim, num_heads * num_steps, device=device, dtype=dtype)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -70,11 +70,12 @@ class VectorLogDecay(nn.Module):
     head's channels (as the HDLA mixer does).
     """
 
-    def __init__(self, dim: int, num_heads: int, rank: int, tau: float, min_memory: float, max_memory: float):
+    def __init__(self, dim: int, num_heads: int, rank: int, tau: float, min_memory: float, max_memory: float,
+                 device=None, dtype=None):
         super().__init__()
         self.num_heads, self.head_dim, self.tau = num_heads, dim // num_heads, tau
         self.min_memory, self.max_memory = min_memory, max_memory
-        self.logits = LowRankDecay(dim, rank)
+        self.logits = LowRankDecay(dim, rank, device=device, dtype=dtype)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -93,11 +94,11 @@ class ScalarLogDecay(nn.Module):
     Init as in Mamba-2 / fla: ``A ~ U[1, 16]``, ``softplus(dt_bias)`` log-uniform in [1e-3, 1e-1].
     """
 
-    def __init__(self, dim: int, num_heads: int):
+    def __init__(self, dim: int, num_heads: int, device=None, dtype=None):
         super().__init__()
-        self.proj = nn.Linear(dim, num_heads, bias=False)
-        self.A_log = nn.Parameter(torch.zeros(num_heads))
-        self.dt_bias = nn.Parameter(torch.zeros(num_heads))
+        self.proj = nn.Linear(dim, num_heads, bias=False, device=device, dtype=dtype)
+        self.A_log = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))
+        self.dt_bias = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -116,7 +117,8 @@ class BidirectionalSeedMixer(GatedOutputMixer):
 
     Subclasses set ``num_keys`` (key/value pairs per token, n_h for Gated DeltaProduct),
     ``qkv_activation`` ("silu_l2" or "linear"), implement ``make_direction`` (the gate modules of one
-    scan direction) and ``step`` (the factor function applied to one direction's gates).
+    scan direction, its parameters created with ``**self.factory_kwargs``: timm's ``device`` and
+    ``dtype``) and ``step`` (the factor function applied to one direction's gates).
     """
 
     num_keys = 1
@@ -124,18 +126,19 @@ class BidirectionalSeedMixer(GatedOutputMixer):
     mixer_name = "seed"
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False, proj_drop: float = 0.0,
-                 norm_eps: float = 1e-5, **kw):
+                 norm_eps: float = 1e-5, device=None, dtype=None, **kw):
         super().__init__()
         if not isinstance(dim, int) or not isinstance(num_heads, int) or num_heads < 1 or dim % num_heads:
             raise ValueError(f"dim must be a positive multiple of num_heads, got dim={dim}, num_heads={num_heads}")
         self.dim, self.num_heads, self.head_dim, self.norm_eps = dim, num_heads, dim // num_heads, norm_eps
         self.scale = self.head_dim ** -0.5
+        self.factory_kwargs = dd = dict(device=device, dtype=dtype)
         self.configure(**kw)
-        self.qkv = nn.Linear(dim, (1 + 2 * self.num_keys) * dim, bias=qkv_bias)
+        self.qkv = nn.Linear(dim, (1 + 2 * self.num_keys) * dim, bias=qkv_bias, **dd)
         self.directions = nn.ModuleList([self.make_direction(), self.make_direction()])  # forward, backward
-        self.gate = nn.Linear(dim, dim)
-        self.norm = nn.RMSNorm(self.head_dim, eps=norm_eps)
-        self.proj = nn.Linear(dim, dim)
+        self.gate = nn.Linear(dim, dim, **dd)
+        self.norm = nn.RMSNorm(self.head_dim, eps=norm_eps, **dd)
+        self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.init_weights()
 
@@ -201,7 +204,8 @@ class _DecayOptions:
         super().configure(**kw)
 
     def vector_decay(self, tau: float) -> VectorLogDecay:
-        return VectorLogDecay(self.dim, self.num_heads, self.decay_rank, tau, self.min_memory, self.max_memory)
+        return VectorLogDecay(self.dim, self.num_heads, self.decay_rank, tau, self.min_memory, self.max_memory,
+                              **self.factory_kwargs)
 
 
 @register_mixer("gla", kind="vision")
@@ -224,7 +228,7 @@ class BidirectionalDeltaNet(BidirectionalSeedMixer):
     mixer_name = "deltanet"
 
     def make_direction(self):
-        return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads)})
+        return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads, **self.factory_kwargs)})
 
     def step(self, x, q, k, v, gates):
         return sm.deltanet_factors(k[..., 0, :], v[..., 0, :], gates["beta"](x)[..., 0])
@@ -237,7 +241,8 @@ class BidirectionalGatedDeltaNet(BidirectionalSeedMixer):
     mixer_name = "gated_deltanet"
 
     def make_direction(self):
-        return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads), "alpha": ScalarLogDecay(self.dim, self.num_heads)})
+        dd = self.factory_kwargs
+        return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads, **dd), "alpha": ScalarLogDecay(self.dim, self.num_heads, **dd)})
 
     def step(self, x, q, k, v, gates):
         return sm.gated_deltanet_factors(k[..., 0, :], v[..., 0, :], gates["beta"](x)[..., 0], gates["alpha"](x))
@@ -250,7 +255,7 @@ class BidirectionalKDA(_DecayOptions, BidirectionalSeedMixer):
     mixer_name = "kda"
 
     def make_direction(self):
-        return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads), "decay": self.vector_decay(tau=1.0)})
+        return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads, **self.factory_kwargs), "decay": self.vector_decay(tau=1.0)})
 
     def step(self, x, q, k, v, gates):
         return sm.kda_factors(k[..., 0, :], v[..., 0, :], gates["beta"](x)[..., 0], gates["decay"](x))
@@ -261,14 +266,14 @@ class RWKV7Gates(nn.Module):
 
     W_SCALE = math.exp(-0.5)  # RWKV-7: w = exp(-e^-0.5 sigmoid(.)), so w in [0.545, 1]
 
-    def __init__(self, dim: int, num_heads: int, rank: int, min_memory: float, max_memory: float):
+    def __init__(self, dim: int, num_heads: int, rank: int, min_memory: float, max_memory: float, device=None, dtype=None):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.min_memory, self.max_memory = min_memory, max_memory
-        self.decay = LowRankDecay(dim, rank)
-        self.icl_rate = LowRankDecay(dim, rank)
-        self.k_k = nn.Parameter(torch.full((dim,), 0.85))
-        self.k_a = nn.Parameter(torch.ones(dim))
+        self.decay = LowRankDecay(dim, rank, device=device, dtype=dtype)
+        self.icl_rate = LowRankDecay(dim, rank, device=device, dtype=dtype)
+        self.k_k = nn.Parameter(torch.full((dim,), 0.85, device=device, dtype=dtype))
+        self.k_a = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -297,7 +302,8 @@ class BidirectionalRWKV7(_DecayOptions, BidirectionalSeedMixer):
     qkv_activation, mixer_name = "linear", "rwkv7"
 
     def make_direction(self):
-        return nn.ModuleDict({"rwkv": RWKV7Gates(self.dim, self.num_heads, self.decay_rank, self.min_memory, self.max_memory)})
+        gates = RWKV7Gates(self.dim, self.num_heads, self.decay_rank, self.min_memory, self.max_memory, **self.factory_kwargs)
+        return nn.ModuleDict({"rwkv": gates})
 
     def step(self, x, q, k, v, gates):
         p = gates["rwkv"](x, k[..., 0, :])
@@ -313,8 +319,8 @@ class _GatedDeltaProduct(BidirectionalSeedMixer):
 
     def make_direction(self):
         return nn.ModuleDict({
-            "beta": BetaGate(self.dim, self.num_heads, self.num_keys, self.beta_range),
-            "alpha": ScalarLogDecay(self.dim, self.num_heads),
+            "beta": BetaGate(self.dim, self.num_heads, self.num_keys, self.beta_range, **self.factory_kwargs),
+            "alpha": ScalarLogDecay(self.dim, self.num_heads, **self.factory_kwargs),
         })
 
     def step(self, x, q, k, v, gates):
@@ -334,13 +340,13 @@ class BidirectionalGatedDeltaProduct3(_GatedDeltaProduct):
 class HeadInHeadMask(nn.Module):
     """Logits of ``M_org`` per head: static ``[H, r, r]`` parameters or data-dependent ``x W -> [B, N, H, r, r]``."""
 
-    def __init__(self, dim: int, num_heads: int, groups: int, data_dependent: bool):
+    def __init__(self, dim: int, num_heads: int, groups: int, data_dependent: bool, device=None, dtype=None):
         super().__init__()
         self.num_heads, self.groups, self.data_dependent = num_heads, groups, data_dependent
         if data_dependent:
-            self.proj = nn.Linear(dim, num_heads * groups * groups)
+            self.proj = nn.Linear(dim, num_heads * groups * groups, device=device, dtype=dtype)
         else:
-            self.logits = nn.Parameter(torch.zeros(num_heads, groups, groups))
+            self.logits = nn.Parameter(torch.zeros(num_heads, groups, groups, device=device, dtype=dtype))
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -373,10 +379,11 @@ class _HeadInHead(BidirectionalSeedMixer):
         super().configure(**kw)
 
     def make_direction(self):
-        gates = {"beta": BetaGate(self.dim, self.num_heads),
-                 "mask": HeadInHeadMask(self.dim, self.num_heads, self.groups, self.mask_kind == "data")}
+        dd = self.factory_kwargs
+        gates = {"beta": BetaGate(self.dim, self.num_heads, **dd),
+                 "mask": HeadInHeadMask(self.dim, self.num_heads, self.groups, self.mask_kind == "data", **dd)}
         if self.gated:
-            gates["alpha"] = ScalarLogDecay(self.dim, self.num_heads)
+            gates["alpha"] = ScalarLogDecay(self.dim, self.num_heads, **dd)
         return nn.ModuleDict(gates)
 
     def step(self, x, q, k, v, gates):

@@ -2,12 +2,15 @@
 
 A checkpoint directory ``<output>/checkpoints/step_XXXXXXXX`` holds what
 ``accelerator.save_state`` writes (model.safetensors, optimizer.bin, scaler.pt, one
-random_states_<rank>.pkl per process), ``ema.safetensors``, ``trainer_state.json`` (epoch,
-batches consumed in that epoch, optimizer steps, best accuracy) and ``manifest.json``
-(run identity and the SHA-256 of every file). Everything is written into a hidden
-temporary directory that is renamed into place once complete, so a directory named
-``step_*`` is always whole; loading re-checks every file's hash, so a corrupted file is
-never loaded. Pickled files are read by Accelerate with ``weights_only=True``.
+random_states_<rank>.pkl per process, and one custom_checkpoint_<i>.pkl per object registered
+with ``accelerator.register_for_checkpointing``: the ``TrainerState`` (epoch, batches consumed
+in that epoch, optimizer steps, best accuracy) and, with model EMA, the EMA weights) and
+``manifest.json`` (run identity, the registered objects' names and the SHA-256 of every file).
+Everything is written into a hidden temporary directory that is renamed into place once
+complete, so a directory named ``step_*`` is always whole; loading re-checks every file's hash
+before Accelerate reads anything, so a corrupted or altered file is never unpickled (Accelerate
+reads the optimizer and RNG files with ``weights_only=True``, and the custom states with
+``weights_only=False``: the hash check is what guards those).
 
 A multi-host run needs the output directory on a filesystem all hosts share.
 """
@@ -17,19 +20,18 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import load as accelerate_load
-from safetensors.torch import load_file, save_file
 
 CHECKPOINT_PREFIX = "step_"
 MANIFEST = "manifest.json"
-TRAINER_STATE = "trainer_state.json"
-EMA_FILE = "ema.safetensors"
+TRAINER_STATE = "trainer_state"  # the names of the registered objects, in registration order
+EMA = "ema"
 
 
 @dataclass
@@ -46,6 +48,18 @@ class TrainerState:
     epoch_loss_batches: int = 0
     epoch_images: int = 0  # images this process trained on so far in ``epoch``
     epoch_seconds: float = 0.0  # training time spent so far in ``epoch`` (before an interruption)
+
+    def state_dict(self) -> dict:
+        """For ``accelerator.register_for_checkpointing``: plain numbers, strings and lists."""
+        return asdict(self)
+
+    def load_state_dict(self, values: dict) -> None:
+        """Restore every field (all must be present: a state of another layout raises)."""
+        names = {f.name for f in fields(self)}
+        if set(values) != names:
+            raise ValueError(f"trainer state has fields {sorted(values)}, expected {sorted(names)}")
+        for name in names:
+            setattr(self, name, values[name])
 
     def start_next_epoch(self) -> None:
         """Move to the start of the next epoch (after its evaluation and exports)."""
@@ -66,9 +80,20 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: TrainerState,
-                    ema_model: Optional[torch.nn.Module], identity: dict, keep: int) -> Path:
-    """Save everything needed to resume; all processes must call it. Returns the checkpoint dir."""
+def register_objects(accelerator: Accelerator, state: TrainerState,
+                     ema_model: Optional[torch.nn.Module]) -> list[str]:
+    """Register the loop state (and the EMA model) for Accelerate's checkpointing; return their names."""
+    objects = {TRAINER_STATE: state, **({EMA: ema_model} if ema_model is not None else {})}
+    accelerator.register_for_checkpointing(*objects.values())
+    return list(objects)
+
+
+def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: TrainerState, registered: list[str],
+                    identity: dict, keep: int) -> Path:
+    """Save everything needed to resume; all processes must call it. Returns the checkpoint dir.
+
+    ``state`` and the other ``registered`` objects are saved by ``accelerator.save_state``.
+    """
     root = checkpoint_root(output_dir)
     final = root / f"{CHECKPOINT_PREFIX}{state.global_step:08d}"
     staging = root / f".tmp-{final.name}"
@@ -79,7 +104,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: Tra
     accelerator.save_state(str(staging), safe_serialization=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        _write_extras(staging, state, ema_model, identity)
+        _write_manifest(staging, registered, identity)
         if final.exists():  # the same step saved twice (e.g. step and epoch end coincide)
             shutil.rmtree(final)
         os.replace(staging, final)
@@ -88,13 +113,9 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: Tra
     return final
 
 
-def _write_extras(staging: Path, state: TrainerState, ema_model: Optional[torch.nn.Module], identity: dict) -> None:
-    if ema_model is not None:
-        save_file({k: v.detach().cpu().contiguous() for k, v in ema_model.state_dict().items()},
-                  str(staging / EMA_FILE))
-    (staging / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2))
+def _write_manifest(staging: Path, registered: list[str], identity: dict) -> None:
     files = {p.name: _sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}
-    manifest = {"identity": identity, "files": files}
+    manifest = {"identity": identity, "registered": registered, "files": files}
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
@@ -146,10 +167,14 @@ def verify_checkpoint(path: Path, identity: dict) -> dict:
     return manifest
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path, ema_model: Optional[torch.nn.Module],
-                    identity: dict) -> TrainerState:
-    """Restore model, optimizer, scaler, RNG states and EMA from ``path``; return the loop state."""
-    verify_checkpoint(path, identity)
+def load_checkpoint(accelerator: Accelerator, path: Path, registered: list[str], identity: dict) -> None:
+    """Restore model, optimizer, scaler, RNG states and the ``registered`` objects (in place) from ``path``."""
+    manifest = verify_checkpoint(path, identity)
+    saved = manifest.get("registered", [])
+    if EMA in registered and EMA not in saved:
+        raise ValueError(f"checkpoint '{path}' has no EMA weights but this run uses model EMA (train.ema)")
+    if saved != registered:
+        raise ValueError(f"checkpoint '{path}' holds the states {saved}, this run registers {registered}")
     rng_file = path / f"random_states_{accelerator.process_index}.pkl"
     if not rng_file.is_file():
         raise ValueError(f"checkpoint '{path}' has no RNG state for process {accelerator.process_index}")
@@ -158,11 +183,6 @@ def load_checkpoint(accelerator: Accelerator, path: Path, ema_model: Optional[to
     except RuntimeError as err:
         raise ValueError(f"checkpoint '{path}' does not match the model or optimizer: {err}") from err
     _check_rng_restored(rng_file)
-    if ema_model is not None:
-        if not (path / EMA_FILE).is_file():
-            raise ValueError(f"checkpoint '{path}' has no {EMA_FILE} but this run uses model EMA")
-        ema_model.load_state_dict(load_file(str(path / EMA_FILE), device="cpu"), strict=True)
-    return TrainerState(**json.loads((path / TRAINER_STATE).read_text()))
 
 
 def _check_rng_restored(rng_file: Path) -> None:

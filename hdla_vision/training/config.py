@@ -97,6 +97,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every_steps: int = 20
     progress_bar: bool = True
+    log_with: list = field(default_factory=lambda: ["tensorboard"])  # Accelerate trackers ("wandb", ...; [] none)
+    consistency_checks: bool = False  # record every sample index and cross-check parameters across processes
 
 
 @dataclass
@@ -240,6 +242,8 @@ def validate(config: Config) -> None:
         (config.optim.layer_decay is None or 0 < config.optim.layer_decay <= 1, "optim.layer_decay", "in (0, 1]"),
         (config.train.keep_checkpoints >= 1, "train.keep_checkpoints", ">= 1"),
         (config.train.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", ">= 0"),
+        (all(isinstance(name, str) and name for name in config.train.log_with), "train.log_with",
+         "a list of Accelerate tracker names"),
     ]
     for ok, key, expected in checks:
         if not ok:

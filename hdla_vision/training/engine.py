@@ -35,6 +35,7 @@ class TrainParts:
     on_checkpoint: Optional[Callable[[TrainerState], Path]] = None  # saves, returns the checkpoint dir
     on_log: Optional[Callable[[int, dict], None]] = None
     should_stop: Optional[Callable[[], bool]] = None  # asked after each optimizer step (see interrupt.py)
+    record_indices: bool = False  # keep every sample index trained on (train.consistency_checks)
 
 
 @dataclass
@@ -61,7 +62,7 @@ def train_one_epoch(parts: TrainParts, state: TrainerState) -> EpochStats:
     total = len(parts.train_loader)
     bar = tqdm(total=total, initial=state.batches_done, desc=f"epoch {state.epoch}", dynamic_ncols=True,
                disable=not (parts.progress_bar and acc.is_main_process))
-    progress = _EpochProgress.resume(state, parts.train_order, acc)
+    progress = _EpochProgress.resume(state, parts.train_order, acc, parts.record_indices)
     window_start = time.perf_counter()
     window_images = 0
     for images_batch, targets, indices in loader:
@@ -98,12 +99,14 @@ class _EpochProgress:
     images: int
     seconds_before: float  # time spent in this epoch before the resumed checkpoint
     start: float
-    seen: list
+    seen: Optional[list]  # dataset indices trained on, if recorded
 
     @classmethod
-    def resume(cls, state: TrainerState, train_order, acc: Accelerator) -> "_EpochProgress":
+    def resume(cls, state: TrainerState, train_order, acc: Accelerator, record_indices: bool) -> "_EpochProgress":
         """Totals as saved in ``state``; the sample indices already trained on are recomputed from the order."""
-        seen = train_order.process_indices(acc.process_index, state.batches_done) if state.batches_done else []
+        seen = None
+        if record_indices:
+            seen = train_order.process_indices(acc.process_index, state.batches_done) if state.batches_done else []
         own = state.epoch_loss_sums[acc.process_index] if state.epoch_loss_sums else state.epoch_loss_sum
         loss_sum = torch.full((), own, device=acc.device, dtype=torch.float64)
         return cls(loss_sum, state.epoch_loss_batches, state.epoch_images, state.epoch_seconds,
@@ -113,7 +116,8 @@ class _EpochProgress:
         self.loss_sum += loss.detach().double()
         self.loss_batches += 1
         self.images += images
-        self.seen.extend(indices.tolist())
+        if self.seen is not None:
+            self.seen.extend(indices.tolist())
 
     def seconds(self) -> float:
         return self.seconds_before + time.perf_counter() - self.start
@@ -130,7 +134,7 @@ class _EpochProgress:
         if not math.isfinite(mean_loss):
             raise FloatingPointError(f"training loss is {mean_loss} in epoch {epoch}: lower optim.base_lr "
                                      "or set optim.clip_grad")
-        return EpochStats(mean_loss, self.images, self.seconds(), self.seen)
+        return EpochStats(mean_loss, self.images, self.seconds(), self.seen or [])
 
 
 def _stop_here(parts: TrainParts, state: TrainerState, progress: "_EpochProgress", saved) -> None:

@@ -1,4 +1,4 @@
-"""Run records on the main process: TensorBoard scalars, JSON lines per epoch, a PNG plot."""
+"""Run records: Accelerate's trackers (TensorBoard by default), JSON lines per epoch, a PNG plot."""
 from __future__ import annotations
 
 import json
@@ -6,70 +6,66 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from accelerate import Accelerator
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "curves.png"
+TRACKER_PROJECT = "tensorboard"  # Accelerate's project name: TensorBoard writes to <output_dir>/tensorboard
 
 
 class RunRecorder:
-    """Writes ``metrics.jsonl`` and TensorBoard event files under ``output_dir``.
+    """Logs through ``accelerator``'s trackers and writes ``metrics.jsonl`` under ``output_dir``.
 
-    Every scalar is logged against the optimizer step (``step/*`` every few steps, ``epoch/*``
-    at the step that ends the epoch), so a resumed run continues the same axis. On resume
-    from a checkpoint taken at step ``G`` (in epoch ``E``):
+    The trackers are those of ``Accelerator(log_with=..., project_dir=output_dir)``
+    (``train.log_with``); they log on the main process only. Every scalar is logged against the
+    optimizer step (``step/*`` every few steps, ``epoch/*`` at the step that ends the epoch), so a
+    resumed run continues the same axis. On resume from a checkpoint taken at step ``G`` (in
+    epoch ``E``):
 
     - TensorBoard keeps every point up to ``G`` and drops those after it (written by the
       interrupted run after its last checkpoint; the resumed run writes them again), through
-      ``purge_step=G + 1``;
+      its writer's ``purge_step=G + 1``;
     - ``metrics.jsonl`` is appended to: lines of epochs ``>= E`` (logged after the
       checkpoint) are cut off the end first, the earlier lines are left as they are.
 
-    ``flush`` is called before every checkpoint, so what a checkpoint covers is on disk.
+    Accelerate's TensorBoard tracker flushes after every ``log``, so what a checkpoint covers
+    is on disk when it is written.
     """
 
-    def __init__(self, output_dir: str | Path, enabled: bool, resume_epoch: Optional[int] = None,
+    def __init__(self, accelerator: Accelerator, output_dir: str | Path, resume_epoch: Optional[int] = None,
                  resume_step: Optional[int] = None):
+        self.accelerator = accelerator
         self.output_dir = Path(output_dir)
-        self.enabled = enabled
-        self.writer = None
-        if not enabled:
-            return
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.enabled = accelerator.is_main_process
         self.metrics_file = self.output_dir / METRICS_FILE
-        if resume_epoch is None:
-            self.metrics_file.write_text("")
-        else:
-            drop_rows_from(self.metrics_file, resume_epoch)
-        purge = None if resume_step is None else resume_step + 1
-        self.writer = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"), purge_step=purge)
+        if self.enabled:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            if resume_epoch is None:
+                self.metrics_file.write_text("")
+            else:
+                drop_rows_from(self.metrics_file, resume_epoch)
+        purge = {} if resume_step is None else {"purge_step": resume_step + 1}
+        accelerator.init_trackers(TRACKER_PROJECT, init_kwargs={"tensorboard": purge})
 
     def log_step(self, step: int, values: dict) -> None:
-        if self.writer is not None:
-            for key, value in values.items():
-                self.writer.add_scalar(f"step/{key}", value, step)
+        self.accelerator.log({f"step/{key}": value for key, value in values.items()}, step=step)
 
     def log_epoch(self, row: dict) -> None:
-        if not self.enabled:
-            return
-        with open(self.metrics_file, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
-        for key, value in row.items():
-            if isinstance(value, (int, float)) and key != "global_step":
-                self.writer.add_scalar(f"epoch/{key}", value, row["global_step"])
-        self.writer.flush()
-
-    def flush(self) -> None:
-        """Put every logged point on disk (called before each checkpoint)."""
-        if self.writer is not None:
-            self.writer.flush()
+        if self.enabled:
+            with open(self.metrics_file, "a") as handle:
+                handle.write(json.dumps(row) + "\n")
+        scalars = {f"epoch/{key}": value for key, value in row.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "global_step"}
+        self.accelerator.log(scalars, step=row["global_step"])
 
     def close(self, plot: bool = True) -> Optional[Path]:
-        """Close TensorBoard and draw the curves; returns the PNG path (main process)."""
-        if not self.enabled:
+        """Finish the trackers and draw the curves; returns the PNG path (main process)."""
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
+        self.accelerator.trackers = []  # end_training would finish them again
+        if not self.enabled or not plot:
             return None
-        self.writer.close()
-        return plot_curves(self.metrics_file, self.output_dir / PLOT_FILE) if plot else None
+        return plot_curves(self.metrics_file, self.output_dir / PLOT_FILE)
 
 
 def drop_rows_from(metrics_file: Path, epoch: int) -> None:

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import ProjectConfiguration, set_seed
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -38,10 +38,15 @@ class Setup:
     dataset_size: int
 
 
-def make_accelerator(config: Config) -> Accelerator:
+def make_accelerator(config: Config, output_dir: Optional[Path] = None) -> Accelerator:
+    """The run's Accelerator; with ``output_dir``, logging to ``train.log_with``'s trackers there."""
+    trackers = {}
+    if output_dir is not None and config.train.log_with:
+        trackers = dict(log_with=list(config.train.log_with),
+                        project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir)))
     return Accelerator(mixed_precision=config.train.mixed_precision,
                        gradient_accumulation_steps=config.train.grad_accum_steps,
-                       step_scheduler_with_optimizer=False)
+                       step_scheduler_with_optimizer=False, **trackers)
 
 
 def peak_learning_rate(config: Config) -> float:
@@ -57,9 +62,12 @@ def build_criterion(config: Config, mixup_active: bool) -> torch.nn.Module:
     return torch.nn.CrossEntropyLoss()
 
 
-def setup(config: Config, data_dir: Optional[str] = None) -> Setup:
-    """Build everything a run needs; the same on every process (seeded by ``train.seed``)."""
-    accelerator = make_accelerator(config)
+def setup(config: Config, data_dir: Optional[str] = None, output_dir: Optional[Path] = None) -> Setup:
+    """Build everything a run needs; the same on every process (seeded by ``train.seed``).
+
+    ``output_dir``: where a training run's trackers log (None for evaluation: no trackers).
+    """
+    accelerator = make_accelerator(config, output_dir)
     set_seed(config.train.seed)
     model = create_model(config)
     root = resolve_data_root(config, data_dir)
@@ -89,6 +97,7 @@ def setup(config: Config, data_dir: Optional[str] = None) -> Setup:
         train_order=data.train_order, mixup=data.mixup, ema=ema, clip_grad=o.clip_grad,
         log_every=config.train.log_every_steps, progress_bar=config.train.progress_bar,
         checkpoint_every=config.train.checkpoint_every_steps,
+        record_indices=config.train.consistency_checks,
     )
     return Setup(accelerator, parts, val_loader, per_process, peak_lr, data.num_classes,
                  data.train_order.num_samples)
@@ -143,14 +152,14 @@ def train(config: Config, output_dir: str | Path, resume: Optional[str] = None,
 
 def start_run(config: Config, output_dir: Path, resume: Optional[str], data_dir: Optional[str]) -> Run:
     """Set up, load the checkpoint to resume (if any) and open the records."""
-    s = setup(config, data_dir)
+    s = setup(config, data_dir, output_dir)
     acc = s.accelerator
     identity = run_identity(config, s)
-    ema_module = s.parts.ema.module if s.parts.ema is not None else None
     state = ckpt.TrainerState()
+    registered = ckpt.register_objects(acc, state, s.parts.ema.module if s.parts.ema is not None else None)
     resume_dir = ckpt.find_resume_dir(resume, output_dir) if resume else None
     if resume_dir is not None:
-        state = ckpt.load_checkpoint(acc, resume_dir, ema_module, identity)
+        ckpt.load_checkpoint(acc, resume_dir, registered, identity)  # fills ``state`` in place
         s.parts.scheduler.step_update(num_updates=state.global_step)
         acc.print(f"resumed from {resume_dir}: epoch {state.epoch}, batch {state.batches_done}, "
                   f"step {state.global_step}")
@@ -160,11 +169,12 @@ def start_run(config: Config, output_dir: Path, resume: Optional[str], data_dir:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
     resumed_at = (state.epoch, state.global_step) if resume_dir else (None, None)
-    recorder = RunRecorder(output_dir, acc.is_main_process, *resumed_at)
+    recorder = RunRecorder(acc, output_dir, *resumed_at)
 
     def save(st: ckpt.TrainerState) -> Path:
-        recorder.flush()  # everything logged up to this step is on disk before the checkpoint exists
-        return ckpt.save_checkpoint(acc, output_dir, st, ema_module, identity, config.train.keep_checkpoints)
+        if st is not state:
+            raise ValueError("save: only the registered TrainerState is checkpointed")
+        return ckpt.save_checkpoint(acc, output_dir, st, registered, identity, config.train.keep_checkpoints)
 
     s.parts.on_log, s.parts.on_checkpoint = recorder.log_step, save
     return Run(s, state, recorder, save, output_dir)
@@ -191,9 +201,10 @@ def _train_epochs(config: Config, run: Run, stop: StopOnInterrupt) -> dict:
 
 
 def _finish(run: Run, row: dict) -> dict:
-    """Checksums, final.json, the curves and the summary."""
+    """Checksums (``train.consistency_checks``), final.json, the curves and the summary."""
     acc = run.setup.accelerator
-    row["param_checksum_per_process"] = _agreeing_checksums(acc, run.setup.parts.model)
+    if run.setup.parts.record_indices:
+        row["param_checksum_per_process"] = _agreeing_checksums(acc, run.setup.parts.model)
     if acc.is_main_process:
         (run.output_dir / "final.json").write_text(json.dumps(row, indent=2))
     plot = run.recorder.close()
@@ -223,7 +234,7 @@ def _run_epoch(config: Config, s: Setup, state: ckpt.TrainerState, output_dir: P
 
 
 def _shard_statistics(acc: Accelerator, images: int, seen: list) -> dict:
-    """Images per process and how many distinct samples the processes saw together."""
+    """Images per process and (if indices were recorded) how many distinct samples the processes saw together."""
     counts = acc.gather(torch.tensor([images], device=acc.device)).tolist()
     result = {"images_per_process": counts}
     if seen and len(seen) * acc.num_processes <= _MAX_GATHERED_INDICES:

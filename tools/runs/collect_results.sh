@@ -5,5 +5,5 @@
 seeds=$(for d in "$res"/seed_*/; do [ -f "$d/fla_seed.json" ] && echo "$d"; done)
 [ -n "$seeds" ] && python -m benchmarks.fla_seed --merge-from $seeds --out "$res" > "$res/seed_merge.log" 2>&1
 runs=$(for d in "$res"/mqar/run_*/; do [ -f "$d/mqar_runs.json" ] && echo "$d"; done)
-[ -n "$runs" ] && python benchmarks/mqar.py --merge-from $runs --out-dir "$res/mqar_merged" > "$res/mqar_merge.log" 2>&1
+[ -n "$runs" ] && python -m benchmarks.mqar_report $runs --out-dir "$res/mqar_merged" > "$res/mqar_merge.log" 2>&1
 tar czf "$OUT/results.tgz" -C "$res" --exclude='*/run_*/*.png' .

@@ -3,11 +3,11 @@
 # sizes in parallel processes (GLA and KDA, the slowest, as three shards of each autotune space),
 # plus ours for the mixers named in $WARM_OURS, and forgets the processes' autotune choices so the
 # measuring process autotunes alone on the GPU (on cached binaries).
-source benchmarks/device_setup.sh
+source tools/device_setup.sh
 export TRITON_CACHE_DIR=/tmp/tcache
 mkdir -p "$OUT"
 t0=$SECONDS
-ls fla_cache/*.tar.xz >/dev/null 2>&1 && python benchmarks/triton_cache.py unpack fla_cache/fla_triton_cache.tar.xz
+ls fla_cache/*.tar.xz >/dev/null 2>&1 && python -m tools.triton_cache unpack fla_cache/fla_triton_cache.tar.xz
 warm() { timeout "${WARM_S:-180}" python -m benchmarks.fla_seed --warm "$@" >> "/tmp/warm_$$_$RANDOM.log" 2>&1; }
 for m in gla kda; do
   for s in vision lm; do
@@ -20,4 +20,4 @@ done
 for m in $WARM_OURS; do warm ours --mixers "$m" & done
 wait
 echo "parallel compile done at $((SECONDS - t0)) s"
-python benchmarks/triton_cache.py drop-autotune
+python -m tools.triton_cache drop-autotune

@@ -1,12 +1,13 @@
-"""The device-call helpers of benchmarks/: carrying fla's Triton cache, and the seed-mixer pairing."""
+"""tools/: carrying fla's Triton cache between device calls, merging the fla comparison's per-GPU JSONs,
+and the seed-mixer pairing of tools/fla_ops.py."""
 import json
 import tarfile
 
 import pytest
 import torch
 
-from benchmarks import fla_seed, triton_cache
-from benchmarks.fla_ops import MIXERS, as_float64
+from tools import fla_seed_merge, triton_cache
+from tools.fla_ops import MIXERS, as_float64
 from hdla_vision.kernels import naive_generalized
 
 
@@ -69,7 +70,7 @@ def _seed_result(folder, mixer, device="NVIDIA H200", forced=(), commit="abc"):
 def test_fla_seed_merges_one_json_per_gpu(tmp_path):
     _seed_result(tmp_path / "a", "gla")
     _seed_result(tmp_path / "b", "gated_deltanet", forced=["gated_deltanet"], commit="def")
-    fla_seed.merge([tmp_path / "a", tmp_path / "b"], tmp_path)
+    fla_seed_merge.merge([tmp_path / "a", tmp_path / "b"], tmp_path)
     merged = json.loads((tmp_path / "fla_seed.json").read_text())
     assert set(merged["parity"]) == {"gla", "gated_deltanet"}
     assert set(merged["timings_ms"]) == {"vision/gla", "vision/gated_deltanet"}
@@ -77,7 +78,7 @@ def test_fla_seed_merges_one_json_per_gpu(tmp_path):
     assert merged["commits"] == {"gla": "abc", "gated_deltanet": "def"} and "commit" not in merged
     _seed_result(tmp_path / "c", "kda", device="NVIDIA H100")
     with pytest.raises(ValueError, match="device"):
-        fla_seed.merge([tmp_path / "a", tmp_path / "c"], tmp_path)
+        fla_seed_merge.merge([tmp_path / "a", tmp_path / "c"], tmp_path)
 
 
 def test_each_mixer_runs_our_op_like_its_float64_loop():
@@ -88,3 +89,41 @@ def test_each_mixer_runs_our_op_like_its_float64_loop():
         ref = ours(as_float64(x), 0.5, op=naive_generalized)
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err < 1e-5, (name, err)
+
+
+def test_benchmark_readme_is_what_the_committed_jsons_give():
+    """benchmarks/README.md's tables are regenerated, never edited: ``python -m tools.benchmark_tables``."""
+    from tools import benchmark_tables
+
+    committed = benchmark_tables.README.read_text()
+    assert benchmark_tables.regenerate(committed) == committed, "run python -m tools.benchmark_tables"
+    assert benchmark_tables.main(["--check"]) == 0
+    for name in sorted(p.name for p in benchmark_tables.RESULTS.glob("*.json")):
+        if name.startswith(("kernels", "fla_seed", "models")):
+            assert f"<!-- table: {name} -->" in committed, name
+
+
+def test_benchmark_tables_replace_edited_numbers_and_refuse_unknown_sources():
+    from tools import benchmark_tables
+
+    committed = benchmark_tables.README.read_text()
+    edited = committed.replace("| hdla_tiny | train | 224 | 256 | 166.800 |", "| hdla_tiny | train | 224 | 256 | 1.000 |")
+    assert edited != committed and benchmark_tables.regenerate(edited) == committed
+    with pytest.raises(ValueError, match="no table renderer for 'mystery.json'"):
+        benchmark_tables.regenerate("<!-- table: mystery.json -->\n<!-- end table -->\n")
+    with pytest.raises(ValueError, match="no '<!-- table"):
+        benchmark_tables.regenerate("no tables here\n")
+
+
+def test_benchmark_provenance_names_device_date_and_commit(monkeypatch):
+    import datetime
+    import subprocess
+
+    from tools.provenance import ROOT, provenance
+
+    monkeypatch.setenv("COMMIT", "abc1234")
+    assert provenance("NVIDIA H100") == {"device": "NVIDIA H100", "date": datetime.date.today().isoformat(),
+                                         "commit": "abc1234"}
+    monkeypatch.delenv("COMMIT")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert provenance("cpu")["commit"] == (head.stdout.strip() or "unknown")

@@ -4,7 +4,7 @@
 # unpack the carried fla cache, compile fla's kernels in parallel shards (and ours), forget the
 # shards' autotune choices, then measure (benchmarks/fla_seed.py). If $GPU_FREE_FLAG names a file,
 # the measuring waits until it exists (other work may use the GPU while fla compiles).
-#   bash benchmarks/runs/seed_on_gpu.sh GPU OUT_DIR SHARDS MIXER... [-- FLA_SEED_ARGS...]
+#   bash tools/runs/seed_on_gpu.sh GPU OUT_DIR SHARDS MIXER... [-- FLA_SEED_ARGS...]
 gpu=$1 out=$2 shards=$3; shift 3
 mixers=() extra=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do mixers+=("$1"); shift; done
@@ -13,7 +13,7 @@ export CUDA_VISIBLE_DEVICES=$gpu TRITON_CACHE_DIR=/tmp/tcache_$gpu
 mkdir -p "$out"
 t0=$SECONDS
 for archive in fla_cache/*.tar.xz; do
-  [ -e "$archive" ] && python benchmarks/triton_cache.py unpack "$archive" > /dev/null
+  [ -e "$archive" ] && python -m tools.triton_cache unpack "$archive" > /dev/null
 done
 warm() { timeout "${WARM_S:-200}" python -m benchmarks.fla_seed --warm "$@" "${extra[@]}" >> "$out/warm.log" 2>&1; }
 for m in "${mixers[@]}"; do
@@ -24,7 +24,7 @@ for m in "${mixers[@]}"; do
 done
 wait
 echo "gpu $gpu (${mixers[*]}): compiled in $((SECONDS - t0)) s" | tee -a "$out/warm.log"
-python benchmarks/triton_cache.py drop-autotune >> "$out/warm.log"
+python -m tools.triton_cache drop-autotune >> "$out/warm.log"
 while [ -n "$GPU_FREE_FLAG" ] && [ ! -e "$GPU_FREE_FLAG" ]; do sleep 1; done
 echo "gpu $gpu: measuring from $((SECONDS - t0)) s" >> "$out/warm.log"
 timeout "${SEED_S:-300}" python -m benchmarks.fla_seed --autotune-rep-ms 20 --mixers "${mixers[@]}" --out "$out" \

@@ -1,6 +1,6 @@
 """Time the HDLA forward (chunk_scan) at one shape under several serial-kernel launch configs.
 
-    python benchmarks/sweep_scan.py --shape lm
+    python -m tools.sweep_scan --shape lm
 """
 import argparse
 import itertools

@@ -6,10 +6,10 @@ filled ``TRITON_CACHE_DIR`` (compiled binaries and ``*.autotune.json`` choices),
 every cache entry that is not one of ours into one archive, and ``unpack`` restores it in a later
 call. Our kernels stay out, so their time to first result is still measured from a cold cache.
 
-    python benchmarks/triton_cache.py pack $OUT/fla_triton_cache.tar.xz
-    python benchmarks/triton_cache.py pack /tmp/c.tar && xz -T0 /tmp/c.tar   # uncompressed, then xz on all cores
-    python benchmarks/triton_cache.py unpack fla_cache/fla_triton_cache.tar.xz
-    python benchmarks/triton_cache.py drop-autotune     # forget autotune choices, keep binaries
+    python -m tools.triton_cache pack $OUT/fla_triton_cache.tar.xz
+    python -m tools.triton_cache pack /tmp/c.tar && xz -T0 /tmp/c.tar   # uncompressed, then xz on all cores
+    python -m tools.triton_cache unpack fla_cache/fla_triton_cache.tar.xz
+    python -m tools.triton_cache drop-autotune     # forget autotune choices, keep binaries
 """
 import argparse
 import os

@@ -166,3 +166,26 @@ MIXERS = {
     "gated_deltaproduct_2": (gdp_inputs, gdp_fla, gdp_ours, "chunk_gated_delta_product"),
     "gated_deltaproduct_3": (_gdp3_inputs, gdp_fla, gdp_ours, "chunk_gated_delta_product"),
 }
+
+
+# ---- HDLA as fla's DPLR over the doubled sequence (the kernel benchmark's exact fla baseline) ----
+def fla_dplr_doubled(q, k, v, beta, g):
+    """HDLA as fla's DPLR over 2T steps (kernels/README.md §6): output at the odd steps."""
+    from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
+
+    batch, seq_len, heads, dim = q.shape
+    z = torch.zeros_like(q)
+    bk = beta.unsqueeze(-1) * k
+
+    def interleave(even, odd):
+        return torch.stack([even, odd], dim=2).reshape(batch, 2 * seq_len, heads, -1)
+
+    lam = g.float().exp().to(q.dtype)
+    qq = interleave(z, q)
+    kk = interleave(z, k)
+    vv = interleave(torch.zeros_like(v), v)
+    aa = interleave(-bk, -bk)
+    bb = interleave(lam * k, k)
+    gk = interleave(g, torch.zeros_like(g))
+    o, _ = chunk_dplr_delta_rule(qq, kk, vv, aa, bb, gk, scale=1.0)
+    return o[:, 1::2]

@@ -1,6 +1,6 @@
 """Compile our Triton kernels for sm_90 without a GPU and print registers / spills / shared memory.
 
-    python benchmarks/compile_check.py [--dim 64]
+    python -m tools.compile_check [--dim 64]
 
 Catches compile errors before a device call, and shows register pressure per variant
 (forward, adjoint and recompute passes of chunk_hdla).

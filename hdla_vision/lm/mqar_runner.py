@@ -1,0 +1,502 @@
+"""MQAR recall benchmark (HDLA paper §4 / fig. 2, appendix D) under Zoology's protocol.
+
+Protocol (defaults; Zoology = HazyResearch/zoology ``zoology/train.py``, ``zoology/config.py`` and
+the ICLR'24 figure-2 configs, which the HDLA paper's appendix-D sweeps follow):
+  * data: a fixed training set of 100,000 and a fixed, disjoint test set of 3,000 examples per
+    (length, key-value pairs, seed) (:func:`hdla_vision.lm.mqar.mqar_split`), vocab 8192, power-law
+    query gaps (a = 0.01), filler token 0 (``--filler zero``, Zoology's ``random_non_queries=False``;
+    ``--filler random`` is the ablation that this script's earlier protocol used);
+  * key-value pairs and batch sizes per length: 16 / 64 / 128 / 256 pairs and batches of
+    256 / 128 / 64 / 64 at L = 256 / 512 / 1024 / 2048 (other lengths need ``--kv-pairs`` and
+    ``--batch-size``);
+  * training: 64 epochs over the training set in a fresh shuffled order each epoch (the last
+    batch may be short, as a DataLoader without drop_last); AdamW, weight decay 0.1; cosine
+    schedule stepped once per epoch (T_max = epochs, to 0, no warm-up); embedding dropout 0.1;
+    no gradient clipping; bf16 autocast on CUDA; test accuracy (share of query positions whose
+    argmax is the right value) and loss after every epoch, stop once the accuracy is above 99%;
+  * learning rates: the paper's appendix-D sweeps (logspace(-4, -2, 4) at 256, logspace(-5, -3, 4)
+    at 512, [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2] at 1024 and 2048); seeds are a sweep axis
+    (a seed fixes the datasets, the initialisation, the shuffles and the dropout masks);
+  * models (``PRESETS``): two layers, d_model 128, 2 heads of key dim 64, tied embeddings, SwiGLU
+    whose width balances each preset near the paper's 1.65M parameters (printed and recorded).
+
+Each run lives in ``<state-dir>/<run id>/``: ``run.json`` (protocol, parameter count, learning
+curve, ms/step, status) rewritten after every epoch, ``ckpt.pt`` (model, optimizer, RNG states and
+curve; written atomically, read with ``weights_only=True``) so a run cut by a time limit resumes at
+its last finished epoch with the same curve, and ``DONE`` once finished (the checkpoint is then
+deleted). ``--deadline-s`` stops a run cleanly before an epoch that would not finish in time.
+
+    python -m benchmarks.mqar --presets hdla --lengths 256 --lrs 1e-3 --seeds 0   # one run
+    python -m benchmarks.mqar --write-queue tools/mqar_queue.txt                   # the sweep, one run a line
+    bash tools/mqar_device.sh                                                      # the queue on a GPU machine
+    python -m benchmarks.mqar_report .mqar --out-dir benchmarks/results/mqar_zoology
+    python -m benchmarks.mqar --tiny                                               # CPU smoke run
+
+(``benchmarks/mqar.py`` is the command line; this module, in the package, is what it runs and
+what the tests import.)
+"""
+import argparse
+import fcntl
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hdla_vision.lm import HDLAConfig, HDLAForCausalLM
+from hdla_vision.lm import mixers as lm_mixers
+from hdla_vision.lm.mqar import check_mqar_args, mqar_split
+
+ZOOLOGY_KV_PAIRS = {256: 16, 512: 64, 1024: 128, 2048: 256}
+ZOOLOGY_BATCH = {256: 256, 512: 128, 1024: 64, 2048: 64}
+PAPER_PARAMS = 1.65e6
+
+# Each preset: HDLAConfig settings; "value_expand" multiplies head_dim into head_dim_v.
+PRESETS = {
+    # today's HDLA with its deliberate choices: short conv, full-rank decay with a bias (lambda in
+    # (0.9, 0.999) at init), per-head RMSNorm then a SiLU gate
+    "hdla": dict(mixer="hdla", short_conv_size=4, gate_act="silu", value_expand=1, mixer_kwargs={}),
+    # HDLA as the authors' layer builds it: no short conv, bias-free rank-16 decay (lambda ~ 0.5),
+    # rank-16 sigmoid gate before one RMSNorm over all heads
+    "hdla_authors": dict(mixer="hdla_authors", short_conv_size=0, gate_act="sigmoid", value_expand=1,
+                         mixer_kwargs={"decay_rank": 16, "gate_rank": 16}),
+    # fla's / Zoology's Gated DeltaNet: expand_v = 2, beta in (0, 1)
+    "gated_deltanet": dict(mixer="gated_deltanet", short_conv_size=4, gate_act="silu", value_expand=2,
+                           mixer_kwargs={"beta_range": 1.0}),
+    # fla's Gated DeltaProduct, n_h = 2: expand_v = 2, negative eigenvalues allowed (beta in (0, 2))
+    "gated_deltaproduct_2": dict(mixer="gated_deltaproduct", short_conv_size=4, gate_act="silu", value_expand=2,
+                                 mixer_kwargs={"num_householder": 2, "beta_range": 2.0}),
+}
+
+# protocol keys that must match for a checkpoint to be resumed
+RESUME_KEYS = ("preset", "model_config", "length", "num_kv_pairs", "lr", "seed", "filler", "batch_size", "epochs",
+               "num_train", "num_test", "weight_decay", "embedding_dropout", "early_stop", "vocab_size")
+
+
+def paper_lr_sweep(length: int):
+    """HDLA paper appendix D; lengths it does not list use the 256 sweep."""
+    if length >= 1024:
+        return [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2]
+    if length == 512:
+        return np.logspace(-5, -3, 4).tolist()
+    return np.logspace(-4, -2, 4).tolist()
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    p.add_argument("--kv-pairs", type=int, nargs="+", default=None, help="one per length (default: Zoology's)")
+    p.add_argument("--batch-size", type=int, nargs="+", default=None, help="one per length (default: Zoology's)")
+    p.add_argument("--lrs", type=float, nargs="+", default=None, help="one sweep for all lengths (default: paper's)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--filler", choices=("zero", "random"), default="zero")
+    p.add_argument("--epochs", type=int, default=64)
+    p.add_argument("--num-train", type=int, default=100_000)
+    p.add_argument("--num-test", type=int, default=3_000)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--embedding-dropout", type=float, default=0.1)
+    p.add_argument("--early-stop", type=float, default=0.99, help="stop once test accuracy is above this (>1: never)")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--num-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--target-params", type=float, default=PAPER_PARAMS,
+                   help="the SwiGLU width of each preset is chosen to bring it nearest this parameter count")
+    p.add_argument("--intermediate-size", type=int, default=None, help="fixed SwiGLU width (skips the balancing)")
+    p.add_argument("--eval-batch-size", type=int, default=250)
+    p.add_argument("--state-dir", default=None, help="runs' folders (default: $OUT/mqar or .mqar)")
+    p.add_argument("--data-dir", default=None, help="cached datasets (default: <state-dir>/data)")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="seconds from now: no epoch is started that would not end before (resume later)")
+    p.add_argument("--stop-after-epochs", type=int, default=None,
+                   help="checkpoint and stop each run after this many epochs in this call (resume later)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--cpu-threads", type=int, default=2, help="torch CPU threads (several runs share a machine)")
+    p.add_argument("--chunk-backend", default="auto", choices=lm_mixers.CHUNK_BACKENDS)
+    p.add_argument("--write-queue", default=None, metavar="FILE",
+                   help="no training: write the planned runs to FILE, one '<run id> <arguments>' line each")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke sizes for the settings not given")
+    args = p.parse_args(argv)
+    args.defaults = {action.dest: action.default for action in p._actions}
+    if args.tiny:
+        apply_tiny(args, p)
+    check_args(args)
+    if args.state_dir is None:
+        args.state_dir = os.path.join(os.environ["OUT"], "mqar") if os.environ.get("OUT") else ".mqar"
+    if args.data_dir is None:
+        args.data_dir = os.path.join(args.state_dir, "data")
+    return args
+
+
+TINY = dict(lengths=[16], kv_pairs=[4], batch_size=[16], lrs=[3e-3], seeds=[0], vocab_size=64, d_model=16,
+            num_heads=2, head_dim=8, num_train=64, num_test=32, epochs=2, eval_batch_size=32, intermediate_size=32)
+
+
+def apply_tiny(args, parser) -> None:
+    """CPU smoke sizes (``TINY``) for every setting left at its default (seconds for all presets)."""
+    for name, value in TINY.items():
+        if getattr(args, name) == parser.get_default(name):
+            setattr(args, name, value)
+
+
+def check_args(args) -> None:
+    """Per-length lists have one value per length; lengths without Zoology's values need them."""
+    for name, table in (("kv_pairs", ZOOLOGY_KV_PAIRS), ("batch_size", ZOOLOGY_BATCH)):
+        given, flag = getattr(args, name), "--" + name.replace("_", "-")
+        if given is not None and len(given) != len(args.lengths):
+            raise ValueError(f"{flag} needs one value per length ({len(args.lengths)}), got {given}")
+        if given is None:
+            missing = [n for n in args.lengths if n not in table]
+            if missing:
+                raise ValueError(f"{flag} is needed for lengths without Zoology's values: {missing}")
+    for name in ("epochs", "num_train", "num_test", "eval_batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0.0 <= args.embedding_dropout < 1.0:
+        raise ValueError(f"--embedding-dropout must be in [0, 1), got {args.embedding_dropout}")
+    for length in args.lengths:
+        check_mqar_args(args.vocab_size, length, per_length(args, "kv_pairs", length))
+
+
+def per_length(args, name: str, length: int) -> int:
+    """``--kv-pairs`` / ``--batch-size`` for one length (Zoology's value when not given)."""
+    given = getattr(args, name)
+    if given is not None:
+        return given[args.lengths.index(length)]
+    return (ZOOLOGY_KV_PAIRS if name == "kv_pairs" else ZOOLOGY_BATCH)[length]
+
+
+# -- models -------------------------------------------------------------------------------------
+def model_config(args, preset: str, intermediate_size: int) -> HDLAConfig:
+    """HDLAConfig of one preset at one SwiGLU width."""
+    settings = dict(PRESETS[preset])
+    expand = settings.pop("value_expand")
+    return HDLAConfig(vocab_size=args.vocab_size, hidden_size=args.d_model, num_hidden_layers=2,
+                      num_heads=args.num_heads, head_dim=args.head_dim, head_dim_v=expand * args.head_dim,
+                      intermediate_size=intermediate_size, tie_word_embeddings=True, use_cache=False, **settings)
+
+
+def count_params(config: HDLAConfig) -> int:
+    """Parameters of the model (tied embeddings counted once)."""
+    return sum(p.numel() for p in HDLAForCausalLM(config).parameters())
+
+
+def balanced_intermediate_size(args, preset: str) -> int:
+    """SwiGLU width (a multiple of 8) bringing the preset nearest ``--target-params``."""
+    if args.intermediate_size is not None:
+        return args.intermediate_size
+    base = count_params(model_config(args, preset, 8))
+    per_unit = (count_params(model_config(args, preset, 16)) - base) / 8
+    width = 8 + (args.target_params - base) / per_unit
+    return max(8, 8 * round(width / 8))
+
+
+def build_model(config: HDLAConfig, seed: int, device: str) -> HDLAForCausalLM:
+    torch.manual_seed(seed)
+    return HDLAForCausalLM(config).to(device)
+
+
+# -- data ---------------------------------------------------------------------------------------
+def compact(t: torch.Tensor) -> torch.Tensor:
+    """Token ids (and -100 labels) in int16 where the vocabulary fits, to keep 100k x L sets small."""
+    return t.to(torch.int16) if int(t.max()) < 2 ** 15 else t.to(torch.int32)
+
+
+def save_atomic(obj, path: Path) -> None:
+    """torch.save to a temporary file beside ``path``, then rename (a cut never leaves half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def load_split(args, length: int, num_kv: int, seed: int):
+    """The fixed (train, test) sets of one (length, pairs, seed), cached in ``--data-dir``; a file
+    lock lets one of several concurrent runs draw them while the others wait and read the file."""
+    name = f"mqar_v{args.vocab_size}_L{length}_kv{num_kv}_s{seed}_{args.filler}_n{args.num_train}_{args.num_test}.pt"
+    path = Path(args.data_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            (tx, ty), (sx, sy) = mqar_split(args.vocab_size, length, num_kv, seed, args.num_train, args.num_test,
+                                            random_non_queries=args.filler == "random")
+            save_atomic(dict(train_x=compact(tx), train_y=compact(ty), test_x=compact(sx), test_y=compact(sy)), path)
+    data = torch.load(path, weights_only=True)
+    return (data["train_x"], data["train_y"]), (data["test_x"], data["test_y"])
+
+
+def epoch_order(num: int, seed: int, epoch: int) -> torch.Tensor:
+    """The shuffled order of epoch ``epoch``: a function of (seed, epoch) alone, so resumes match."""
+    return torch.randperm(num, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+# -- training -----------------------------------------------------------------------------------
+def autocast(device: str):
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def query_logits(model: HDLAForCausalLM, inputs: torch.Tensor, labels: torch.Tensor, dropout: float):
+    """Logits at the query positions only (the LM head over every position would dominate memory);
+    the embeddings go through dropout (Zoology's embedding dropout) in training mode."""
+    embeds = F.dropout(model.model.embed_tokens(inputs), dropout, model.training)
+    hidden = model.model(inputs_embeds=embeds).last_hidden_state
+    asked = labels != -100
+    return model.lm_head(hidden[asked]).float(), labels[asked]
+
+
+def cosine_lr(peak: float, epoch: int, epochs: int) -> float:
+    """Zoology's CosineAnnealingLR(T_max=epochs, eta_min=0) stepped once per epoch, no warm-up."""
+    return 0.5 * peak * (1 + math.cos(math.pi * epoch / epochs))
+
+
+def train_epoch(model, opt, data, proto, epoch, device) -> dict:
+    """One pass over the training set in the epoch's order; mean loss and ms/step (synchronised)."""
+    model.train()
+    inputs, labels = data
+    order = epoch_order(len(inputs), proto["seed"], epoch).to(inputs.device)
+    batch = proto["batch_size"]
+    total, steps = torch.zeros((), device=device), 0
+    synchronize(device)
+    start = time.time()
+    for i in range(0, len(order), batch):
+        idx = order[i:i + batch]
+        with autocast(device):
+            logits, targets = query_logits(model, inputs[idx].long(), labels[idx].long(), proto["embedding_dropout"])
+        loss = F.cross_entropy(logits, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        total += loss.detach()
+        steps += 1
+    synchronize(device)
+    seconds = time.time() - start
+    return dict(train_loss=total.item() / steps, steps=steps, ms_per_step=round(1000 * seconds / steps, 3),
+                train_seconds=round(seconds, 2))
+
+
+@torch.no_grad()
+def evaluate(model, data, proto, device, eval_batch: int) -> dict:
+    """Test accuracy over all query positions and the mean cross-entropy per query."""
+    model.eval()
+    inputs, labels = data
+    correct = loss = count = 0.0
+    for i in range(0, len(inputs), eval_batch):
+        with autocast(device):
+            logits, targets = query_logits(model, inputs[i:i + eval_batch].long(), labels[i:i + eval_batch].long(), 0.0)
+        correct += (logits.argmax(-1) == targets).sum().item()
+        loss += F.cross_entropy(logits, targets, reduction="sum").item()
+        count += targets.numel()
+    return dict(test_accuracy=correct / count, test_loss=loss / count)
+
+
+# -- runs: protocol, checkpoints, resume ----------------------------------------------------------
+def run_id(proto: dict) -> str:
+    return (f"{proto['preset']}_L{proto['length']}_kv{proto['num_kv_pairs']}_lr{proto['lr']:.3g}_s{proto['seed']}"
+            f"_{proto['filler']}")
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def protocol(args, preset, length, lr, seed, intermediate_size, params: int) -> dict:
+    """Everything that defines one run (and some that describe where it ran)."""
+    config = model_config(args, preset, intermediate_size)
+    return dict(
+        preset=preset, model_config=dict(mixer=config.mixer, mixer_kwargs=config.mixer_kwargs,
+                                         hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
+                                         num_heads=config.num_heads, head_dim=config.head_dim,
+                                         head_dim_v=config.head_dim_v, short_conv_size=config.short_conv_size,
+                                         gate_act=config.gate_act, intermediate_size=config.intermediate_size,
+                                         tie_word_embeddings=True),
+        params=params, length=length, num_kv_pairs=per_length(args, "kv_pairs", length), lr=lr,
+        seed=seed, filler=args.filler, batch_size=per_length(args, "batch_size", length), epochs=args.epochs,
+        num_train=args.num_train, num_test=args.num_test, vocab_size=args.vocab_size, power_a=0.01,
+        weight_decay=args.weight_decay, embedding_dropout=args.embedding_dropout, early_stop=args.early_stop,
+        optimizer="AdamW(betas=(0.9, 0.999), eps=1e-8)", schedule="cosine per epoch, T_max=epochs, eta_min=0, no warm-up",
+        grad_clip=None, precision="bf16 autocast" if args.device.startswith("cuda") else "fp32",
+        device=torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else args.device,
+        chunk_backend=args.chunk_backend, torch=str(torch.__version__), commit=git_commit(),
+        runs_per_gpu=int(os.environ.get("MQAR_RUNS_PER_GPU", "1")),
+    )
+
+
+def rng_state(device: str) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.startswith("cuda"):
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: str) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_checkpoint(path: Path, proto: dict, model, opt, device: str) -> list:
+    """Restore model, optimizer and RNG from ``path``; returns the curve so far. The run's protocol
+    must match (``RESUME_KEYS``), else the error names what differs."""
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    differ = [k for k in RESUME_KEYS if ckpt["protocol"].get(k) != proto[k]]
+    if differ:
+        raise ValueError(f"checkpoint {path} was written for another protocol ({', '.join(differ)} differ): "
+                         f"remove it or use another --state-dir")
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    set_rng_state(ckpt["rng"], device)
+    return ckpt["curve"]
+
+
+def run_record(proto: dict, curve: list, status: str, stop_reason=None) -> dict:
+    """run.json: protocol, curve and the summary numbers the report reads."""
+    accs = [c["test_accuracy"] for c in curve]
+    times = sorted(c["ms_per_step"] for c in curve)
+    return dict(run_id=run_id(proto), protocol=proto, params=proto["params"], status=status, stop_reason=stop_reason,
+                epochs_run=len(curve), best_accuracy=max(accs, default=None),
+                final_accuracy=accs[-1] if accs else None,
+                ms_per_step=times[len(times) // 2] if times else None, curve=curve)
+
+
+def stop_reason(curve: list, proto: dict):
+    """'early_stop' above the threshold, 'epochs' after the last epoch, else None (go on)."""
+    if curve and curve[-1]["test_accuracy"] > proto["early_stop"]:
+        return "early_stop"
+    if len(curve) >= proto["epochs"]:
+        return "epochs"
+    return None
+
+
+def time_left_for_epoch(curve: list, deadline) -> bool:
+    """True without a deadline or when an epoch (train + test; the faster of the last two, since the
+    first after a start also compiles the kernels) fits 1.2 times before it."""
+    if deadline is None or not curve:
+        return True
+    last = min(c["train_seconds"] + c["eval_seconds"] for c in curve[-2:])
+    return time.time() + 1.2 * last < deadline
+
+
+def train_run(args, proto: dict, deadline=None, stop_after=None) -> dict:
+    """Train (or resume) one run in ``<state-dir>/<run id>``; returns its run.json record."""
+    folder = Path(args.state_dir) / run_id(proto)
+    if (folder / "DONE").exists():
+        return json.loads((folder / "run.json").read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    device = args.device
+    train, test = (tuple(t.to(device) for t in part) for part in load_split(args, proto["length"],
+                                                                             proto["num_kv_pairs"], proto["seed"]))
+    model = build_model(model_config(args, proto["preset"], proto["model_config"]["intermediate_size"]),
+                        proto["seed"], device)
+    opt = torch.optim.AdamW(model.parameters(), lr=proto["lr"], weight_decay=proto["weight_decay"])
+    ckpt = folder / "ckpt.pt"
+    curve = load_checkpoint(ckpt, proto, model, opt, device) if ckpt.exists() else []
+    done_here, reason = 0, stop_reason(curve, proto)
+    while reason is None and time_left_for_epoch(curve, deadline) and (stop_after is None or done_here < stop_after):
+        curve.append(one_epoch(args, model, opt, train, test, proto, len(curve)))
+        save_atomic(dict(protocol=proto, model=model.state_dict(), optimizer=opt.state_dict(), rng=rng_state(device),
+                         curve=curve), ckpt)
+        reason, done_here = stop_reason(curve, proto), done_here + 1
+        write_json_atomic(run_record(proto, curve, "running" if reason is None else "done", reason),
+                          folder / "run.json")
+        print(f"  {run_id(proto)} epoch {len(curve)}: {format_epoch(curve[-1])}", flush=True)
+    record = run_record(proto, curve, "paused" if reason is None else "done", reason)
+    write_json_atomic(record, folder / "run.json")
+    if reason is not None:
+        (folder / "DONE").write_text(reason + "\n")
+        ckpt.unlink(missing_ok=True)
+    return record
+
+
+def one_epoch(args, model, opt, train, test, proto, epoch) -> dict:
+    """Set the epoch's learning rate, train, test: one point of the learning curve."""
+    lr = cosine_lr(proto["lr"], epoch, proto["epochs"])
+    for group in opt.param_groups:
+        group["lr"] = lr
+    point = dict(epoch=epoch + 1, lr=lr, **train_epoch(model, opt, train, proto, epoch, args.device))
+    start = time.time()
+    point.update(evaluate(model, test, proto, args.device, args.eval_batch_size))
+    point["eval_seconds"] = round(time.time() - start, 2)
+    return point
+
+
+def format_epoch(point: dict) -> str:
+    return (f"lr {point['lr']:.2e} train loss {point['train_loss']:.3f} test loss {point['test_loss']:.3f} "
+            f"acc {100 * point['test_accuracy']:.2f}% ({point['ms_per_step']} ms/step)")
+
+
+# -- the sweep ----------------------------------------------------------------------------------
+def plan(args):
+    """Runs, smallest length first: (preset, length, lr, seed)."""
+    runs = []
+    for length in sorted(args.lengths):
+        for seed in args.seeds:
+            for preset in args.presets:
+                for lr in (args.lrs if args.lrs is not None else paper_lr_sweep(length)):
+                    runs.append((preset, length, lr, seed))
+    return runs
+
+
+QUEUE_KEPT = ("epochs", "num_train", "num_test", "weight_decay", "embedding_dropout", "early_stop", "vocab_size",
+              "d_model", "num_heads", "head_dim", "target_params", "intermediate_size", "eval_batch_size",
+              "chunk_backend")
+
+
+def queue_line(args, proto: dict) -> str:
+    """'<run id> <arguments>' for one run (settings off their defaults kept): the workers of
+    tools/mqar_device.sh skip ids that are finished."""
+    words = [f"--presets {proto['preset']}", f"--lengths {proto['length']}", f"--lrs {proto['lr']!r}",
+             f"--seeds {proto['seed']}", f"--filler {proto['filler']}"]
+    if args.kv_pairs is not None or args.batch_size is not None:
+        words += [f"--kv-pairs {proto['num_kv_pairs']}", f"--batch-size {proto['batch_size']}"]
+    for name in QUEUE_KEPT:
+        if getattr(args, name) != args.defaults[name]:
+            words.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    return run_id(proto) + " " + " ".join(words)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    deadline = None if args.deadline_s is None else time.time() + args.deadline_s
+    lm_mixers.set_chunk_backend(args.chunk_backend)
+    torch.set_num_threads(args.cpu_threads)
+    widths = {preset: balanced_intermediate_size(args, preset) for preset in args.presets}
+    params = {preset: count_params(model_config(args, preset, widths[preset])) for preset in args.presets}
+    for preset in args.presets:
+        print(f"  {preset}: SwiGLU {widths[preset]}, {params[preset] / 1e6:.4f}M parameters", flush=True)
+    protos = [protocol(args, preset, length, lr, seed, widths[preset], params[preset])
+              for preset, length, lr, seed in plan(args)]
+    if args.write_queue:
+        Path(args.write_queue).write_text("".join(queue_line(args, p) + "\n" for p in protos))
+        print(f"wrote {len(protos)} runs to {args.write_queue}")
+        return []
+    records = []
+    for proto in protos:
+        records.append(train_run(args, proto, deadline, args.stop_after_epochs))
+        r = records[-1]
+        print(f"{r['run_id']}: {r['status']} after {r['epochs_run']} epochs, best {100 * (r['best_accuracy'] or 0):.2f}%",
+              flush=True)
+    return records

@@ -1,0 +1,148 @@
+"""Regenerate the tables of ``benchmarks/README.md`` from the committed JSONs in ``benchmarks/results``.
+
+The README marks each generated table with a pair of comments naming its source::
+
+    <!-- table: kernels_h100.json -->
+    ...generated, never edited by hand...
+    <!-- end table -->
+
+The source picks the renderer by its file-name prefix (``kernels``, ``fla_seed``, ``models``);
+``index`` is the list of every result JSON with its device, date and commit. Every table starts
+with the line naming its file, device, date and commit, so a number is never shown without the
+run it came from.
+
+    python -m tools.benchmark_tables           # rewrite benchmarks/README.md
+    python -m tools.benchmark_tables --check   # exit 1 if the README is not what the JSONs give
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "benchmarks" / "README.md"
+BLOCK = re.compile(r"(<!-- table: (?P<source>[\w.\-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.DOTALL)
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def commit_of(result: dict) -> str:
+    """``commit``, or for a JSON merged from runs at several commits (``commits``: {part: commit}) each
+    commit with its parts."""
+    if "commit" in result:
+        return str(result["commit"])
+    parts: dict[str, list[str]] = {}
+    for part, commit in result.get("commits", {}).items():
+        parts.setdefault(commit, []).append(part)
+    return "; ".join(f"{commit} ({', '.join(names)})" for commit, names in parts.items()) or "not recorded"
+
+
+def provenance(name: str, result: dict) -> str:
+    """The line above a table: which file, device, date and commit its numbers come from."""
+    return f"`results/{name}`: {result.get('device', '?')}, {result.get('date', '?')}, commit {commit_of(result)}"
+
+
+def markdown(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ms(value) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def render_kernels(name: str) -> str:
+    """Forward and forward+backward median ms per shape and op (``benchmarks.kernels``)."""
+    result = load(name)
+    rows = []
+    for key, timing in result["timings_ms"].items():
+        shape, op = key.split("/", 1)
+        tflops = result.get("tflops", {}).get(shape, {}) if op == "ours" else {}
+        rows.append([shape, op, ms(timing.get("fwd")), ms(timing.get("fwd_bwd")),
+                     f"{tflops['fwd']:.1f} / {tflops['fwd_bwd']:.1f}" if tflops else ""])
+    table = markdown(["shape", "op", "fwd ms", "fwd+bwd ms", "ours TFLOP/s fwd / fwd+bwd"], rows)
+    return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{table}\n"
+
+
+def render_fla_seed(name: str) -> str:
+    """Ours against fla's kernel per seed mixer and use (``benchmarks.fla_seed``)."""
+    result = load(name)
+    rows = []
+    for key, timing in result["timings_ms"].items():
+        use, mixer = key.split("/", 1)
+        ours, fla = timing["ours"], timing["fla"]
+        rows.append([mixer, use, ms(ours["fwd"]), ms(fla["fwd"]), ms(ours["fwd_bwd"]), ms(fla["fwd_bwd"]),
+                     f"{timing['ours_over_fla_fwd_bwd']:.2f}"])
+    table = markdown(["mixer", "use", "ours fwd ms", "fla fwd ms", "ours fwd+bwd ms", "fla fwd+bwd ms",
+                      "ours / fla (fwd+bwd)"], rows)
+    return f"{provenance(name, result)}\n\n{table}\n"
+
+
+def render_models(name: str) -> str:
+    """Step time, throughput and peak memory per model, mode and resolution (``benchmarks.models``)."""
+    result = load(name)
+    rows = [[r["model"], r["mode"], r["resolution"], r["batch"], ms(r["step_ms"]), f"{r['images_per_s']:.1f}",
+             f"{r['peak_mem_mib']:.0f}"] for r in result["rows"]]
+    table = markdown(["model", "mode", "px", "batch", "step ms", "img/s", "peak MiB"], rows)
+    ratios = markdown(["mode", "px", "speed ratio", "memory ratio"],
+                      [[r["mode"], r["resolution"], r["speed_ratio"], r["memory_ratio"]]
+                       for r in result.get("ratios", [])])
+    return f"{provenance(name, result)}, {result.get('autocast', '')} autocast\n\n{table}\n\n{ratios}\n"
+
+
+def render_index(_: str) -> str:
+    """Every result JSON with its device, date and commit."""
+    rows = []
+    for path in sorted(RESULTS.rglob("*.json")):
+        result = json.loads(path.read_text())
+        if isinstance(result, dict) and "device" in result:
+            rows.append([f"`{path.relative_to(RESULTS)}`", result["device"], result.get("date", ""),
+                         commit_of(result)])
+    return markdown(["file", "device", "date", "commit"], rows) + "\n"
+
+
+RENDERERS: dict[str, Callable[[str], str]] = {
+    "index": render_index, "kernels": render_kernels, "fla_seed": render_fla_seed, "models": render_models,
+}
+
+
+def render(source: str) -> str:
+    """The table for a README block's ``source`` (a result file name, or ``index``)."""
+    for prefix, renderer in RENDERERS.items():
+        if source == prefix or source.startswith(prefix + "_"):
+            return renderer(source)
+    raise ValueError(f"benchmarks/README.md: no table renderer for '{source}' (known: {sorted(RENDERERS)})")
+
+
+def regenerate(text: str) -> str:
+    """``text`` with the body of every table block replaced by what its source renders."""
+    if not BLOCK.search(text):
+        raise ValueError("benchmarks/README.md has no '<!-- table: ... -->' blocks")
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group("source")) + m.group(4), text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only compare: exit 1 if the README is stale")
+    args = parser.parse_args(argv)
+    current = README.read_text()
+    fresh = regenerate(current)
+    if args.check:
+        if fresh != current:
+            print("benchmarks/README.md is stale: run python -m tools.benchmark_tables", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(fresh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
