@@ -16,6 +16,7 @@ from tests.oracle import generalized_problem, hdla_problem, rel_err  # noqa: E40
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter tests (TRITON_INTERPRET=1 set before triton was imported)")
 TOL = 1e-4
+HDLA = -1
 SCALE = 0.7
 
 
@@ -80,7 +81,7 @@ def test_fast_gates_vector_decay():
 
 
 def test_chunk_64_batch_2_no_initial_state():
-    _run_generalized(1, 1, 70, 64, batch=2, h0=False, dk=32, dv=16)
+    _run_generalized(1, 1, 70, 64, batch=2, h0=False, dk=16, dv=16)
 
 
 def _run_hdla(seq_len, chunk, reverse=False, g_min=-3.0, beta=None, dk=16, dv=32, states=False):
@@ -107,7 +108,27 @@ def test_hdla_beta_edges_fast_gates(beta):
 
 
 def test_hdla_chunk_64():
-    _run_hdla(70, 64, dk=32, dv=16)
+    _run_hdla(70, 64, dk=16, dv=16)
+
+
+@pytest.mark.parametrize("r_ab", [HDLA, 3])
+def test_fp16_path(r_ab):
+    """fp16 inputs take the 16-bit path (tensor-core operands in fp16, N/Qeff/Mo/h stored in fp16;
+    the interpreter cannot run bf16 dots): against the loop on the same fp16-rounded inputs."""
+    p = hdla_problem(1, 37, 2, 16, 32, g_min=-20.0) if r_ab == HDLA else \
+        generalized_problem(1, 37, 2, 16, 32, 1, r_ab, per_head_g=True)
+    p = {n: x.to(torch.float16) if n != "g" else x.float() for n, x in p.items()}
+    ref = {n: x.double() for n, x in p.items()}
+    if r_ab == HDLA:
+        ref_o, ref_s = naive_hdla(**ref, scale=SCALE, output_final_state=True, reverse=True)
+        o, s, h = generalized_forward(p["q"], p["k"], p["v"], None, None, p["g"], SCALE, p["initial_state"], True,
+                                      hdla_beta=p["beta"], chunk=16)
+    else:
+        ref_o, ref_s = naive_generalized(**ref, scale=SCALE, output_final_state=True)
+        o, s, h = generalized_forward(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], SCALE, p["initial_state"],
+                                      False, chunk=16)
+    assert o.dtype == h.dtype == torch.float16 and s.dtype == torch.float32
+    assert rel_err(o, ref_o) < 2e-3 and rel_err(s, ref_s) < 2e-3, (rel_err(o, ref_o), rel_err(s, ref_s))
 
 
 def test_prepare_layout():

@@ -59,12 +59,14 @@ CHUNKS = (16, 32, 64)
 # ----------------------------------------------------------------------------- small helpers
 @triton.jit
 def _mm(x, y, F32: tl.constexpr, LOWP: tl.constexpr):
-    """x @ y with fp32 accumulation: exact fp32 (``ieee``) for fp32 inputs, else operands in the
-    input's 16-bit dtype when LOWP, TF32 otherwise."""
+    """x @ y with fp32 accumulation: exact fp32 (``ieee``) for fp32 inputs; else operands in bf16
+    (LOWP = 1) or fp16 (LOWP = 2), the input's 16-bit dtype, or TF32 (LOWP = 0)."""
     if F32:
         return tl.dot(x, y, input_precision="ieee")
-    elif LOWP:
+    elif LOWP == 1:
         return tl.dot(x.to(tl.bfloat16), y.to(tl.bfloat16))
+    elif LOWP == 2:
+        return tl.dot(x.to(tl.float16), y.to(tl.float16))
     else:
         return tl.dot(x, y, input_precision="tf32")
 
@@ -355,11 +357,11 @@ def chunk_prepare_kernel(
             tkn, rkn, t_kn, v_kn = _steps(c, n * SUB, SUB, RKP, T, C, REVERSE)
             gk_n = _load_cumsum(gs_ptr, bh, c, tkn, cols, NT, C, BK, SCALAR)
             k_n = _key_rows(k_ptr, skb, skt, skh, skr, i_b, i_h, t_kn, v_kn, rkn, cols, cmask, RKV, HDLA)
-            l_ab, l_ab_d = _gram(b_n, gp_b, ref, a_all, ga_all, a_n, ga_n, n, True, RAP, RAP, C, SCALAR, F32, False)
-            l_kb, l_kb_d = _gram(b_n, gp_b, ref, k_all, gk_all, k_n, gk_n, n, True, RAP, RKP, C, SCALAR, F32, False)
+            l_ab, l_ab_d = _gram(b_n, gp_b, ref, a_all, ga_all, a_n, ga_n, n, True, RAP, RAP, C, SCALAR, F32, 0)
+            l_kb, l_kb_d = _gram(b_n, gp_b, ref, k_all, gk_all, k_n, gk_n, n, True, RAP, RKP, C, SCALAR, F32, 0)
             t_nn = _unit_lower_inverse(l_ab_d, RAP)
-            w_n = _mm(t_nn, _decay_rows(b_n, gp_b, SCALAR) - _mm(l_ab, w_all, F32, False), F32, False)
-            u_n = _mm(t_nn, l_kb - _mm(l_ab, u_all, F32, False), F32, False)
+            w_n = _mm(t_nn, _decay_rows(b_n, gp_b, SCALAR) - _mm(l_ab, w_all, F32, 0), F32, 0)
+            u_n = _mm(t_nn, l_kb - _mm(l_ab, u_all, F32, 0), F32, 0)
             in_block = ((rows_a // RAP) // SUB == n)[:, None]
             w_all = tl.where(in_block, _tile_rows(w_n, C // SUB, SUB * RAP, BK), w_all)
             u_all = tl.where(in_block, _tile_rows(u_n, C // SUB, SUB * RAP, C * RKP), u_all)
@@ -367,14 +369,14 @@ def chunk_prepare_kernel(
         n_mat = _mm(tl.trans(at), w_all, F32, LOWP)  # N = At^T W  [K, K]
         n_off = (bh * NT + c).to(tl.int64) * K * K + cols[:, None] * K + cols[None, :]
         tl.store(n_ptr + n_off, n_mat.to(n_ptr.dtype.element_ty), mask=cmask[:, None] & cmask[None, :])
-        keff = keff - _mm(tl.trans(u_all), at, F32, False)
+        keff = keff - _mm(tl.trans(u_all), at, F32, 0)
 
     # Cc = (Kt - U^T At)^T Vbar  [K, V]
     for i_v in range(tl.cdiv(V, BV)):
         vcols = i_v * BV + tl.arange(0, BV)
         vmask = vcols < V
         vb = _key_rows(v_ptr, svb, svt, svh, svr, i_b, i_h, t_k, v_k, rk, vcols, vmask, RKV, HDLA)
-        cc = _mm(tl.trans(keff), vb, F32, False)
+        cc = _mm(tl.trans(keff), vb, F32, 0)
         cc_off = (bh * NT + c).to(tl.int64) * K * V + cols[:, None] * V + vcols[None, :]
         tl.store(cc_ptr + cc_off, cc, mask=cmask[:, None] & vmask[None, :])
 
@@ -399,8 +401,8 @@ def chunk_prepare_kernel(
                                 beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_an, v_an, ran, cols,
                                 cmask, RAB, HDLA)
             m_qa, m_qa_d = _gram(q_n, gq_n, ref, a_all, ga_all, a_n, ga_n, n, False, 1, RAP, C, SCALAR, F32, LOWP)
-            q_eff = q_eff - _mm(m_qa, w_all, F32, False)
-            mo = mo - _mm(m_qa, u_all, F32, False)
+            q_eff = q_eff - _mm(m_qa, w_all, F32, 0)
+            mo = mo - _mm(m_qa, u_all, F32, 0)
         qrow = (bh * NT + c).to(tl.int64) * C + tq
         tl.store(qe_ptr + qrow[:, None] * K + cols[None, :], q_eff.to(qe_ptr.dtype.element_ty), mask=cmask[None, :])
         tl.store(mo_ptr + qrow[:, None] * (C * RKV) + mo_col[None, :], mo.to(mo_ptr.dtype.element_ty),
@@ -575,7 +577,7 @@ def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, 
         *_strides(q, 3), *k_str, *v_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
         seq_len, heads, dk, dv, n_chunks, float(scale),
         RAB=r_ab, RAP=rap, RKV=r_kv, RKP=rkp, C=c, BK=bk, BV=bv, SCALAR=scalar, HDLA=hdla, REVERSE=bool(reverse),
-        F32=f32, LOWP=not f32, num_warps=num_warps,
+        F32=f32, LOWP=0 if f32 else (1 if q.dtype == torch.bfloat16 else 2), num_warps=num_warps,
     )
     return dict(N=n_mat, Cc=cc, Qeff=qe, Mo=mo, gamma=gamma, G=gs, chunk=c, r_kv=r_kv, r_ab=r_ab, hdla=hdla,
                 seq_len=seq_len, dtype=q.dtype)
