@@ -49,10 +49,12 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.runtime.errors import OutOfResources
+
 from ..utils import LOG_ZERO_FP32
 
 LOG_ZERO = tl.constexpr(LOG_ZERO_FP32)
-SUB = 16  # tokens per row block (the exact diagonal block and the inverse's diagonal block)
+SUB = tl.constexpr(16)  # tokens per row block (the exact diagonal block and the inverse's diagonal block)
 CHUNKS = (16, 32, 64)
 
 
@@ -486,11 +488,16 @@ def _pow2(n: int) -> int:
 
 
 def default_chunk(r_ab: int, r_kv: int, dk: int) -> int:
-    """C = 64 where r_ab*C <= 128 and r_kv*C <= 128 (K <= 128), else 32, else 16 (kernel_plan.md)."""
+    """C = 64 where r_ab*C <= 128 and r_kv*C <= 128 (K <= 128), else 32, else 16 (kernel_plan.md);
+    at K > 128 the stacks are kept to 64 rows (F1's shared memory on an H100, sm_90 compile)."""
+    rows = 128 if dk <= 128 else 64
     for c in (64, 32):
-        if _pow2(max(r_ab, 1)) * c <= 128 and _pow2(r_kv) * c <= 128 and (c < 64 or dk <= 128):
+        if _pow2(max(r_ab, 1)) * c <= rows and _pow2(r_kv) * c <= rows and (c < 64 or dk <= 128):
             return c
     return 16
+
+
+_TOO_BIG = set()  # F1 configurations whose shared memory exceeds the GPU's: the next smaller chunk is used
 
 
 def _strides(x: Optional[torch.Tensor], n: int):
@@ -546,12 +553,33 @@ def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, 
     dv = v.shape[-1]
     r_kv = 1 if hdla else k.shape[3]
     r_ab = 2 if hdla else a.shape[3]
-    c = chunk or default_chunk(r_ab, r_kv, dk)
+    q, k, v, a, b, g, hdla_beta = (_last_contiguous(x) for x in (q, k, v, a, b, g, hdla_beta))
+    key = (r_ab, r_kv, dk, dv, g.dim(), hdla, q.dtype, num_warps)
+    if chunk is not None:
+        candidates = [chunk]
+    else:
+        c0 = default_chunk(r_ab, r_kv, dk)
+        candidates = [c for c in CHUNKS[::-1] if c <= c0 and key + (c,) not in _TOO_BIG] or [16]
+    for c in candidates:
+        try:
+            return _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps)
+        except OutOfResources:  # raised when the binary is loaded, before anything ran
+            if c == candidates[-1]:
+                raise
+            _TOO_BIG.add(key + (c,))
+
+
+def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps):
+    """F1 launch with chunk size c (see :func:`chunk_prepare`)."""
+    hdla = hdla_beta is not None
+    batch, seq_len, heads, dk = q.shape
+    dv = v.shape[-1]
+    r_kv = 1 if hdla else k.shape[3]
+    r_ab = 2 if hdla else a.shape[3]
     n_chunks = triton.cdiv(seq_len, c)
     f32 = q.dtype == torch.float32
     store_dtype = torch.float32 if f32 else q.dtype
     scalar = g.dim() == 3
-    q, k, v, a, b, g, hdla_beta = (_last_contiguous(x) for x in (q, k, v, a, b, g, hdla_beta))
     bk = max(16, triton.next_power_of_2(dk))
     bv = max(16, min(64, triton.next_power_of_2(dv)))
     dev = q.device
@@ -569,7 +597,7 @@ def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, 
     bb_str = (0,) * 4 if hdla or r_ab == 0 else _strides(b, 4)
     dummy = gs
     if num_warps is None:
-        num_warps = 4 if max(rap, rkp) * c * bk <= 64 * 64 else 8
+        num_warps = 4 if max(rap, rkp) * c * bk <= 32 * 64 else 8  # 4 warps spill heavily above (sm_90 compile)
     chunk_prepare_kernel[(n_chunks, batch * heads)](
         q, k, v, a if r_ab and not hdla else dummy, b if r_ab and not hdla else dummy, g,
         hdla_beta if hdla else dummy,
