@@ -42,6 +42,12 @@ Layout notes for the backward (bwd.py):
 * Steps past T in the last chunk have g = 0 and q = k = v = a = b = 0 (identity, nothing written).
 * HDLA (``hdla_beta`` given): A = [beta u, k], B = [k, beta u - beta^2 s k], u = e^g k, s = k.u are
   built in registers from (k, beta, g) (rank slot 0 and 1 in that order); g is then per channel.
+* ``prep["chunk"]`` is the chunk actually used (the default rule, or a smaller one when F1's shared
+  memory does not fit); always read it from there.
+
+Status: exact under the interpreter (fp32, fp16); compiled for sm_90 without a GPU (ptxas: F1
+spills 1-9 KB per thread, the speed work is still to do). Not yet run on a GPU: F1 passes G
+between threads through global scratch and ``tl.debug_barrier`` (one CTA), to be confirmed there.
 """
 from typing import Optional
 
