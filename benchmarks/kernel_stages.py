@@ -3,6 +3,13 @@
     python -m benchmarks.kernel_stages --part fwd              # time F1/F2/F3 and the whole forward
     python -m benchmarks.kernel_stages --part fwd-parity       # bf16 parity sweep, one process per case
     python -m benchmarks.kernel_stages --case 2 1 64 64        # one parity case: r_ab r_kv K V (r_ab -1: HDLA)
+    python -m benchmarks.kernel_stages --part aot              # compile the forward for the H100, no GPU
+
+``--part aot`` compiles every forward kernel (``tools/aot_check.py``: Triton's pipeline down to an
+sm_90a cubin, nothing launched) for each mixer (HDLA; KDA-like r_ab = 1 vector decay; GLA r_ab = 0;
+GDN r_ab = 1 scalar decay; Gated DeltaProduct r_ab = r_kv = 2 scalar decay) at the benchmark shapes
+and at head dims 16, 32, 256 and K != V, and prints registers, spill bytes, shared memory and wgmma
+use per kernel, with a FLOP and byte estimate per kernel at the LM shape (:func:`stage_costs`).
 
 ``--part fwd`` times (``triton.testing.do_bench``, median, bf16) at the vision, high-res, LM and
 (2, 16384, 3, 64) shapes: the new forward (``kernels/generalized/fwd.py``) for HDLA and for rank 1
@@ -190,14 +197,95 @@ def _variants(d):
     return [(None, None, None), (64, 32, 4), (32, None, None)]
 
 
+# ----------------------------------------------------------------------------- compile check (no GPU)
+AOT_MIXERS = {"hdla": (HDLA, 1, False), "kda": (1, 1, False), "gla": (0, 1, False), "gdn": (1, 1, True),
+              "gdp": (2, 2, True)}  # (r_ab, r_kv, one decay per head)
+AOT_CASES = {**{n: (*s, s[-1]) for n, s in SHAPES.items()},
+             "d16": (8, 4096, 3, 16, 16), "d32": (8, 4096, 3, 32, 32), "d256": (8, 4096, 3, 256, 256),
+             "k64v256": (8, 4096, 3, 64, 256), "k256v64": (8, 4096, 3, 256, 64)}  # (B, T, H, K, V)
+SMEM_LIMIT_KB = 227  # an H100's shared memory per block (opt-in)
+
+
+def stage_costs(mixer, batch, seq_len, heads, dk, dv, bv=64):
+    """Estimated matmul GFLOP and DRAM MB per forward kernel (bf16 inputs, g fp32; every chunk-local
+    product counted as the kernels compute it: Gram row blocks full width, not triangular).
+    F0 cumsum (G, gamma), F1a WY (L_AB, L_KB, W, U, N, Cc), F1b Qeff/Mo, F2 state pass, F3 output."""
+    from hdla_vision.kernels.generalized.fwd import default_chunk
+    r_ab, r_kv, per_head = AOT_MIXERS[mixer]
+    hdla = r_ab == HDLA
+    r_ab = 2 if hdla else r_ab
+    c = default_chunk(r_ab, r_kv, dk)
+    ra, rk, kg = r_ab * c, r_kv * c, 1 if per_head else dk
+    n = batch * heads * -(-seq_len // c)
+    vb = -(-dv // bv)
+    ab_bytes = (dk * c * 2 + c * 2) if hdla else 2 * ra * dk * 2
+    per_chunk = {
+        "F0 cumsum": (0, c * kg * 8 + dk * 4),
+        "F1a+F1c wy, N, Cc": (2 * ra * dk * (ra + rk) + 2 * ra * ra * (dk + rk) + 2 * 16 * max(r_ab, 1) * ra * (dk + rk)
+                   + 2 * dk * dk * ra + 2 * rk * dk * ra + 2 * dk * dv * rk,
+                   ab_bytes + rk * dk * 2 + rk * dv * 2 + c * kg * 4 + ra * (dk + rk) * 4 + dk * dk * 2 + dk * dv * 4),
+        "F1b qeff": (2 * c * dk * (rk + 2 * ra) + 2 * c * ra * rk,
+                     c * dk * 2 + rk * dk * 2 + ab_bytes + c * kg * 4 + ra * (dk + rk) * 4 + c * (dk + rk) * 2),
+        "F2 state": (2 * dk * dk * dv + 2 * dk * dv, vb * dk * dk * 2 + dk * dv * 4 + dk * 4 + dk * dv * 2),
+        "F3 output": (2 * c * dv * (dk + rk), vb * c * (dk + rk) * 2 + dk * dv * 2 + rk * dv * 2 + c * dv * 2),
+    }
+    if r_ab == 0:
+        per_chunk["F1a+F1c wy, N, Cc"] = (2 * dk * dv * rk, rk * dk * 2 + rk * dv * 2 + c * kg * 4 + dk * dv * 4)
+        per_chunk["F1b qeff"] = (2 * c * dk * rk, c * dk * 2 + rk * dk * 2 + c * kg * 4 + c * (dk + rk) * 2)
+        per_chunk["F2 state"] = (2 * dk * dv, dk * dv * 6 + dk * 4)
+    return {k: dict(gflop=f * n / 1e9, mb=b * n / 1e6, chunk=c) for k, (f, b) in per_chunk.items()}
+
+
+def aot_inputs(mixer, batch, seq_len, heads, dk, dv):
+    """Uninitialised CPU inputs of the real shapes (bf16, g fp32) for :func:`_forward_stages`."""
+    r_ab, r_kv, per_head = AOT_MIXERS[mixer]
+    bf = torch.bfloat16
+    e = lambda *s, dtype=bf: torch.empty(*s, dtype=dtype)  # noqa: E731
+    q = e(batch, seq_len, heads, dk)
+    if r_ab == HDLA:
+        return dict(q=q, k=e(batch, seq_len, heads, dk), v=e(batch, seq_len, heads, dv), a=None, b=None,
+                    g=e(batch, seq_len, heads, dk, dtype=torch.float32), beta=e(batch, seq_len, heads))
+    g = e(batch, seq_len, heads, *(() if per_head else (dk,)), dtype=torch.float32)
+    return dict(q=q, k=e(batch, seq_len, heads, r_kv, dk), v=e(batch, seq_len, heads, r_kv, dv),
+                a=e(batch, seq_len, heads, r_ab, dk), b=e(batch, seq_len, heads, r_ab, dk), g=g, beta=None)
+
+
+def _forward_stages(p):
+    from hdla_vision.kernels.generalized import fwd
+    return fwd.generalized_forward(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 0.125, None, False,
+                                   hdla_beta=p["beta"])
+
+
+def aot_compile(mixers, cases):
+    """One row per (mixer, case, kernel): registers, spill bytes, shared memory (KB), wgmma."""
+    from tools.aot_check import compile_only
+    rows = []
+    for mixer in mixers:
+        for case in cases:
+            with compile_only() as records:
+                _forward_stages(aot_inputs(mixer, *AOT_CASES[case]))
+            for r in records:
+                row = dict(mixer=mixer, case=case, kernel=r["kernel"], warps=r["num_warps"], stages=r["num_stages"],
+                           regs=r["reg"], spill=max(r["stack"], 0) + max(r["local"], 0),
+                           smem_kb=round(r["dyn_shared"] / 1024, 1), wgmma=r["wgmma"],
+                           tiles={k: v for k, v in r["constexprs"].items() if k in ("C", "BK", "BV", "BT")})
+                print(f"{mixer:5s} {case:8s} {row['kernel'][:26]:26s} w{row['warps']} s{row['stages']} "
+                      f"regs {row['regs']:3d} spill {row['spill']:6d} smem {row['smem_kb']:6.1f} "
+                      f"wgmma {str(row['wgmma']):5s} {row['tiles']}", flush=True)
+                rows.append(row)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["fwd", "fwd-parity"], default="fwd")
+    parser.add_argument("--part", choices=["fwd", "fwd-parity", "aot"], default="fwd")
     parser.add_argument("--case", nargs=4, type=int, metavar=("R_AB", "R_KV", "K", "V"))
     parser.add_argument("--per-head", action="store_true")
     parser.add_argument("--reverse", action="store_true")
     parser.add_argument("--g-min", type=float, default=None)
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--mixers", default=",".join(AOT_MIXERS))
+    parser.add_argument("--cases", default=",".join(AOT_CASES))
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     if args.case:
@@ -207,7 +295,16 @@ def main():
                 date=datetime.datetime.now().isoformat(timespec="seconds"),
                 commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                       text=True).stdout.strip() or os.environ.get("COMMIT", "?"))
-    if args.part == "fwd-parity":
+    if args.part == "aot":
+        rows = aot_compile(args.mixers.split(","), args.cases.split(","))
+        costs = {m: stage_costs(m, *AOT_CASES["lm"]) for m in AOT_MIXERS}
+        bad = [r for r in rows if r["spill"] > 0 or r["smem_kb"] > SMEM_LIMIT_KB]
+        print(f"{len(bad)} of {len(rows)} kernel compilations spill or exceed {SMEM_LIMIT_KB} KB shared memory")
+        for m, cost in costs.items():
+            print(m, "at lm:", ", ".join(f"{k} {v['gflop']:.1f} GFLOP {v['mb']:.0f} MB" for k, v in cost.items()))
+        out = dict(meta, rows=rows, lm_costs=costs)
+        name = "kernel_stages_aot.json"
+    elif args.part == "fwd-parity":
         res = parity_sweep()
         out = dict(meta, tol=TOL, passed=sum(r["ok"] for r in res), total=len(res), cases=res)
         name = "kernel_stages_fwd_parity.json"

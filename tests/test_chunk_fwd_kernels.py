@@ -141,3 +141,18 @@ def test_prepare_layout():
         chunk_prepare(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 1.0, False, chunk=48)
     with pytest.raises(ValueError, match="g must be"):
         chunk_prepare(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"][..., :3], 1.0, False)
+
+
+@pytest.mark.parametrize("per_head_g", [False, True])
+def test_cumsum_stage(per_head_g):
+    """F0: G is the chunk-local inclusive cumsum of the clamped g in scan order (reversed here) and
+    gamma = e^{G at the chunk's last step}; steps past T add 0."""
+    p = _fp32(generalized_problem(1, 20, 2, 16, 32, 1, 1, g_min=-20.0, per_head_g=per_head_g))
+    prep = chunk_prepare(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 1.0, True, chunk=16)
+    g = torch.flip(p["g"], [1]).clamp_min(-110.0).transpose(1, 2)  # [B, H, T(, K)] in scan order
+    g = torch.cat([g, g.new_zeros(g.shape[0], g.shape[1], 12, *g.shape[3:])], 2)
+    ref = g.reshape(2, 2, 16, *g.shape[3:]).cumsum(2)
+    G = prep["G"].view(2, 2, 16, -1)[..., :16] if not per_head_g else prep["G"].view(2, 2, 16)
+    assert torch.allclose(G, ref, atol=1e-5)
+    last = ref[:, :, -1] if not per_head_g else ref[:, :, -1, None].expand(2, 2, 16)
+    assert torch.allclose(prep["gamma"][0], last.exp(), rtol=1e-5)

@@ -15,15 +15,22 @@ with G the inclusive and G' = G - g the exclusive chunk-local cumsum of the clam
 
 (the products with e^{-G} are written as one factor only; every decay is evaluated as below).
 
-Kernels
-    F1 ``chunk_prepare_kernel``  grid (NT, B*H): everything above that does not need the state.
-    F2 ``chunk_state_kernel``    grid (V/BV, B*H), serial over chunks: one [K x K].[K x BV] product
-                                 per chunk on the chain; gamma (.) S exact in fp32.
-    F3 ``chunk_output_kernel``   grid (NT, V/BV, B*H): O = Qeff h + Mo Vbar.
+Kernels (grid (NT, B*H) unless said; num_warps from :func:`launch_warps`, a host-side table)
+    F0  ``chunk_cumsum_kernel``  G (chunk-local inclusive cumsum of the clamped g, fp32) and gamma.
+    F1a ``chunk_wy_kernel``      W (PART 0) or U (PART 1): two launches, one accumulator each,
+                                 stored fp32 ``[B*H*NT, C*RAP, BK]`` / ``[B*H*NT, C*RAP, C*RKP]``.
+    F1b ``chunk_qeff_kernel``    Qeff and Mo per 16-query row block (W, U read from F1a's output).
+    F1c ``chunk_nc_kernel``      N = At^T W and Cc = (Kt - U^T At)^T Vbar (64+-row wgmma products).
+    F2  ``chunk_state_kernel``   grid (V/BV, B*H), serial over chunks: one [K x K].[K x BV] product
+                                 per chunk on the chain; gamma (.) S exact in fp32; in 16-bit mode N
+                                 (16-bit) times S split as hi + lo in N's dtype (two products).
+    F3  ``chunk_output_kernel``  grid (NT, V/BV, B*H): O = Qeff h + Mo Vbar.
+Every kernel reads what an earlier launch wrote (no cross-thread scratch inside a launch).
 
-Decays (design/KERNELS.md "Numerics"). F1 walks the chunk in 16-token row blocks n. Entries
-between row block n and earlier tokens i < 16n factor through the reference R_n = G'_{16n}:
-e^{X_t - R_n} <= 1 and e^{R_n - G_i} <= 1 (X = G' or G), one tensor-core product per block.
+Decays (design/KERNELS.md "Numerics"). F1a/F1b walk the chunk in 16-token row blocks n. The
+entries between row block n and an earlier 16-token column block m < n (loaded directly, 16 rows)
+factor through the reference R_m = G at block m's last token: e^{X_t - R_m} <= 1 and
+e^{R_m - G_i} <= 1 (X = G' or G), one tensor-core product per sub-block.
 The diagonal 16 x 16 token block is built column by column with the exact pairwise e^{X_t - G_i}
 (masked with ``tl.where`` before ``exp``), so gates down to -20 per step (and g = -inf, clamped at
 ``LOG_ZERO_FP32``) are exact with no data-dependent branch. Scalar decay per head (g [B, T, H])
@@ -45,9 +52,9 @@ Layout notes for the backward (bwd.py):
 * ``prep["chunk"]`` is the chunk actually used (the default rule, or a smaller one when F1's shared
   memory does not fit); always read it from there.
 
-Status: exact under the interpreter (fp32, fp16); compiled for sm_90 without a GPU (ptxas: F1
-spills 1-9 KB per thread, the speed work is still to do). Not yet run on a GPU: F1 passes G
-between threads through global scratch and ``tl.debug_barrier`` (one CTA), to be confirmed there.
+Status: exact under the interpreter (fp32, fp16); compiled for sm_90a without a GPU
+(``python -m benchmarks.kernel_stages --part aot`` prints registers, spills, shared memory per
+kernel); not yet run on a GPU.
 """
 from typing import Optional
 
@@ -187,47 +194,39 @@ def _diag_exact(x, gx, y_d, gy_d, STRICT: tl.constexpr, RPR: tl.constexpr, RPC: 
 
 
 @triton.jit
-def _gram_vector(x, gx, ref, y, gy, y_d, gy_d, n, STRICT: tl.constexpr, RPR: tl.constexpr,
-                 RPC: tl.constexpr, C: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
-    """Row block n of ``M[t, i] = sum_k x_t y_i e^{gx_t - gy_i}`` over token(i) < token(t)
-    (<= unless STRICT), per-channel decay. x, gx ``[16 RPR, BK]`` (block n's rows); y, gy
-    ``[C RPC, BK]`` (all writer rows); y_d, gy_d their block-n rows; ref ``[BK]`` = G'_{16 n}.
-    Returns the row block ``[16 RPR, C RPC]`` and its diagonal token block ``[16 RPR, 16 RPC]``."""
-    tok_c = tl.arange(0, C * RPC) // RPC
-    left = x * tl.exp(gx - ref[None, :])
-    right = y * tl.exp(tl.where((tok_c < SUB * n)[:, None], ref[None, :] - gy, float("-inf")))
-    off = _mm(left, tl.trans(right), F32, LOWP)
-    diag = _diag_exact(x, gx, y_d, gy_d, STRICT, RPR, RPC)
-    full = _tile_cols(diag, C // SUB, SUB * RPR, SUB * RPC)
-    return tl.where((tok_c // SUB == n)[None, :], full, off), diag
-
-
-@triton.jit
-def _gram_scalar(x, gx, y, gy, y_d, gy_d, n, STRICT: tl.constexpr, RPR: tl.constexpr,
-                 RPC: tl.constexpr, C: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
-    """As :func:`_gram_vector` for one decay per head: (x y^T) times the exact pairwise decay
-    matrix; gx ``[16 RPR]``, gy ``[C RPC]``, gy_d ``[16 RPC]``."""
-    tok_r = SUB * n + tl.arange(0, SUB * RPR) // RPR
-    tok_c = tl.arange(0, C * RPC) // RPC
-    tok_d = SUB * n + tl.arange(0, SUB * RPC) // RPC
-    if STRICT:
-        live = tok_c[None, :] < tok_r[:, None]
-        live_d = tok_d[None, :] < tok_r[:, None]
-    else:
-        live = tok_c[None, :] <= tok_r[:, None]
-        live_d = tok_d[None, :] <= tok_r[:, None]
-    full = _mm(x, tl.trans(y), F32, LOWP) * tl.exp(tl.where(live, gx[:, None] - gy[None, :], float("-inf")))
-    diag = _mm(x, tl.trans(y_d), F32, LOWP) * tl.exp(tl.where(live_d, gx[:, None] - gy_d[None, :], float("-inf")))
-    return full, diag
-
-
-@triton.jit
-def _gram(x, gx, ref, y, gy, y_d, gy_d, n, STRICT: tl.constexpr, RPR: tl.constexpr, RPC: tl.constexpr,
-          C: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+def _gram_add_block(out, x, gx, y_m, gy_m, ref_m, m, RPC: tl.constexpr, C: tl.constexpr,
+                    SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """Column block m < n of a Gram row block n: ``sum_k x_t y_i e^{gx_t - gy_i}`` for the 16 tokens i
+    of block m (all earlier than every row t), through the reference ref_m = G at block m's last token:
+    e^{gx_t - ref_m} <= 1 and e^{ref_m - gy_i} <= 1 (vector decay); scalar decay multiplies the plain
+    product by the exact decay matrix. x, gx ``[rows, BK]`` (``[rows]``); y_m, gy_m ``[16 RPC, BK]``."""
     if SCALAR:
-        return _gram_scalar(x, gx, y, gy, y_d, gy_d, n, STRICT, RPR, RPC, C, F32, LOWP)
+        blk = _mm(x, tl.trans(y_m), F32, LOWP) * tl.exp(gx[:, None] - gy_m[None, :])
     else:
-        return _gram_vector(x, gx, ref, y, gy, y_d, gy_d, n, STRICT, RPR, RPC, C, F32, LOWP)
+        blk = _mm(x * tl.exp(gx - ref_m[None, :]), tl.trans(y_m * tl.exp(ref_m[None, :] - gy_m)), F32, LOWP)
+    tok_c = tl.arange(0, C * RPC) // RPC
+    full = _tile_cols(blk, C // SUB, x.shape[0], SUB * RPC)
+    return tl.where((tok_c // SUB == m)[None, :], full, out)
+
+
+@triton.jit
+def _gram_add_diag(out, x, gx, y_d, gy_d, n, STRICT: tl.constexpr, RPR: tl.constexpr, RPC: tl.constexpr,
+                   C: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """The diagonal token block n of a Gram row block, exact pairwise decays (:func:`_diag_exact`; scalar decay: the plain product times the exact decay matrix);
+    returns (row block with it written, the diagonal block ``[16 RPR, 16 RPC]``)."""
+    if SCALAR:
+        tok_r = tl.arange(0, SUB * RPR) // RPR
+        tok_d = tl.arange(0, SUB * RPC) // RPC
+        if STRICT:
+            live_d = tok_d[None, :] < tok_r[:, None]
+        else:
+            live_d = tok_d[None, :] <= tok_r[:, None]
+        diag = _mm(x, tl.trans(y_d), F32, LOWP) * tl.exp(tl.where(live_d, gx[:, None] - gy_d[None, :], float("-inf")))
+    else:
+        diag = _diag_exact(x, gx, y_d, gy_d, STRICT, RPR, RPC)
+    tok_c = tl.arange(0, C * RPC) // RPC
+    full = _tile_cols(diag, C // SUB, SUB * RPR, SUB * RPC)
+    return tl.where((tok_c // SUB == n)[None, :], full, out), diag
 
 
 @triton.jit
@@ -309,109 +308,242 @@ def _from_last(x, g_last, g_rows, SCALAR: tl.constexpr):
 
 
 @triton.jit
-def chunk_prepare_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, g_ptr, beta_ptr,
-    gs_ptr, n_ptr, cc_ptr, qe_ptr, mo_ptr, gamma_ptr,
-    sqb, sqt, sqh, skb, skt, skh, skr, svb, svt, svh, svr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
-    sgb, sgt, sgh, sbeb, sbet, sbeh,
-    T, H, K, V, NT, scale,
-    RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
-    F32: tl.constexpr, LOWP: tl.constexpr,
-):
-    """F1 for chunk ``program_id(0)`` of head ``program_id(1)``: G (scratch), N, Cc, Qeff, Mo, gamma."""
+def _hold(x, F32: tl.constexpr, LOWP: tl.constexpr):
+    """A tile kept only as a tensor-core operand: fp32 for fp32 input, else the input's 16-bit dtype
+    (half the registers; every product rounds its operands to it anyway)."""
+    if F32:
+        return x
+    elif LOWP == 2:
+        return x.to(tl.float16)
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def chunk_cumsum_kernel(g_ptr, gs_ptr, gamma_ptr, sgb, sgt, sgh, T, H, K, NT,
+                        C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr):
+    """F0 for chunk ``program_id(0)`` of head ``program_id(1)``: G, the chunk-local inclusive cumsum of
+    the clamped g (scan order, fp32, ``[C, BK]`` or ``[C]``), and gamma = e^{G_last} ``[K]``. Its own
+    kernel so that F1a / F1b (and the backward) read G from memory written by a finished launch."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
     i_h = bh % H
     cols = tl.arange(0, BK)
     cmask = cols < K
-    # chunk-local inclusive cumsum of the clamped g, through scratch: every tile below reads one G
     tok, rank, t, valid = _steps(c, 0, C, 1, T, C, REVERSE)
     g_cum = tl.cumsum(_load_gate(g_ptr, sgb, sgt, sgh, i_b, i_h, t, valid, cols, cmask, SCALAR), 0)
     row = (bh * NT + c).to(tl.int64) * C + tok
+    last = (tok == C - 1)
     if SCALAR:
         tl.store(gs_ptr + row, g_cum)
+        g_last = tl.sum(tl.where(last, g_cum, 0.0), 0) + tl.zeros([BK], tl.float32)
     else:
         tl.store(gs_ptr + row[:, None] * BK + cols[None, :], g_cum)
-    tl.debug_barrier()
-    g_last = _cumsum_at(gs_ptr, bh, c, C - 1, cols, NT, C, BK, SCALAR)
-    tl.store(gamma_ptr + (bh * NT + c).to(tl.int64) * K + cols, tl.exp(g_last + tl.zeros([BK], tl.float32)),
-             mask=cmask)
+        g_last = tl.sum(tl.where(last[:, None], g_cum, 0.0), 0)
+    tl.store(gamma_ptr + (bh * NT + c).to(tl.int64) * K + cols, tl.exp(g_last), mask=cmask)
 
-    # every writer row of the chunk (K and A stacks) with its G
+
+@triton.jit
+def _wy_rows(x_all, x_n, w_all, l_ab, t_nn, n, RAP: tl.constexpr, C: tl.constexpr, F32: tl.constexpr):
+    """One row block of a forward substitution X = (I + L_AB)^{-1} R: X_n = T_nn (R_n - L_AB[n, <n] X_<n),
+    written into x_all (rows of the other blocks kept)."""
+    rows_a = tl.arange(0, C * RAP)
+    x_n = _mm(t_nn, x_n - _mm(l_ab, x_all, F32, 0), F32, 0)
+    in_block = ((rows_a // RAP) // SUB == n)[:, None]
+    return tl.where(in_block, _tile_rows(x_n, C // SUB, SUB * RAP, x_all.shape[1]), x_all)
+
+
+@triton.jit
+def _gram_rows_a(x, gx, x_rows: tl.constexpr, n, STRICT: tl.constexpr, RPR: tl.constexpr,
+                 a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                 beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr,
+                 i_b, i_h, bh, c, T, NT, cols, cmask, RAB: tl.constexpr, RAP: tl.constexpr, C: tl.constexpr,
+                 BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
+                 F32: tl.constexpr, LOWP: tl.constexpr):
+    """Row block n of ``x_t^T diag(e^{gx_t - G_i}) A_i`` over writer tokens i before (or at) t:
+    ``[x_rows, C RAP]`` and its diagonal block. Every 16-token column block of A is loaded directly."""
+    out = tl.zeros([x_rows, C * RAP], dtype=tl.float32)
+    for m in range(n):  # a loop, not unrolled: one column block live at a time
+        tm, rm, t_m, v_m = _steps(c, m * SUB, SUB, RAP, T, C, REVERSE)
+        a_m, b_m = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                            beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_m, v_m, rm, cols,
+                            cmask, RAB, HDLA)
+        ga_m = _load_cumsum(gs_ptr, bh, c, tm, cols, NT, C, BK, SCALAR)
+        ref_m = _cumsum_at(gs_ptr, bh, c, m * SUB + SUB - 1, cols, NT, C, BK, SCALAR)
+        out = _gram_add_block(out, x, gx, a_m, ga_m, ref_m, m, RAP, C, SCALAR, F32, LOWP)
+    tn, rn, t_n, v_n = _steps(c, n * SUB, SUB, RAP, T, C, REVERSE)
+    a_n, b_n = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                        beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_n, v_n, rn, cols,
+                        cmask, RAB, HDLA)
+    ga_n = _load_cumsum(gs_ptr, bh, c, tn, cols, NT, C, BK, SCALAR)
+    return _gram_add_diag(out, x, gx, a_n, ga_n, n, STRICT, RPR, RAP, C, SCALAR, F32, LOWP)
+
+
+@triton.jit
+def _gram_rows_k(x, gx, x_rows: tl.constexpr, n, STRICT: tl.constexpr, RPR: tl.constexpr,
+                 k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, T, NT, cols, cmask,
+                 RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr,
+                 HDLA: tl.constexpr, REVERSE: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """As :func:`_gram_rows_a` against the write keys K: ``[x_rows, C RKP]`` and its diagonal block."""
+    out = tl.zeros([x_rows, C * RKP], dtype=tl.float32)
+    for m in range(n):  # a loop, not unrolled: one column block live at a time
+        tm, rm, t_m, v_m = _steps(c, m * SUB, SUB, RKP, T, C, REVERSE)
+        k_m = _key_rows(k_ptr, skb, skt, skh, skr, i_b, i_h, t_m, v_m, rm, cols, cmask, RKV, HDLA)
+        gk_m = _load_cumsum(gs_ptr, bh, c, tm, cols, NT, C, BK, SCALAR)
+        ref_m = _cumsum_at(gs_ptr, bh, c, m * SUB + SUB - 1, cols, NT, C, BK, SCALAR)
+        out = _gram_add_block(out, x, gx, k_m, gk_m, ref_m, m, RKP, C, SCALAR, F32, LOWP)
+    tn, rn, t_n, v_n = _steps(c, n * SUB, SUB, RKP, T, C, REVERSE)
+    k_n = _key_rows(k_ptr, skb, skt, skh, skr, i_b, i_h, t_n, v_n, rn, cols, cmask, RKV, HDLA)
+    gk_n = _load_cumsum(gs_ptr, bh, c, tn, cols, NT, C, BK, SCALAR)
+    return _gram_add_diag(out, x, gx, k_n, gk_n, n, STRICT, RPR, RKP, C, SCALAR, F32, LOWP)
+
+
+@triton.jit
+def chunk_wy_kernel(
+    k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr,
+    skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
+    T, H, K, NT,
+    RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
+    BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
+    F32: tl.constexpr, LOWP: tl.constexpr, PART: tl.constexpr,
+):
+    """F1a for chunk ``program_id(0)`` of head ``program_id(1)`` (r_ab > 0): W = (I + L_AB)^{-1} Bh
+    (PART = 0) or U = (I + L_AB)^{-1} L_KB (PART = 1) by block forward substitution, stored fp32 with
+    padded rank slots (rows ``[C * RAP]``). Two launches, so that each keeps a single accumulator live
+    across the row blocks (both build the L_AB row blocks). G comes from F0."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    i_b = bh // H
+    i_h = bh % H
+    chunk = (bh * NT + c).to(tl.int64)
+    cols = tl.arange(0, BK)
+    cmask = cols < K
+    tk, rk, t_k, v_k = _steps(c, 0, C, RKP, T, C, REVERSE)
+    ta, ra, t_a, v_a = _steps(c, 0, C, RAP, T, C, REVERSE)
+    rows_a = tl.arange(0, C * RAP)
+    mcols = tl.arange(0, C * RKP)
+    if PART == 0:
+        acc = tl.zeros([C * RAP, BK], dtype=tl.float32)
+    else:
+        acc = tl.zeros([C * RAP, C * RKP], dtype=tl.float32)
+    for n in range(C // SUB):
+        tb, rb, t_b, v_b = _steps(c, n * SUB, SUB, RAP, T, C, REVERSE)
+        a_n, b_n = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                            beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_b, v_b, rb, cols,
+                            cmask, RAB, HDLA)
+        ga_n = _load_cumsum(gs_ptr, bh, c, tb, cols, NT, C, BK, SCALAR)
+        gp_b, ref = _exclusive(ga_n, _load_gate(g_ptr, sgb, sgt, sgh, i_b, i_h, t_b, v_b, cols, cmask, SCALAR),
+                               RAP, SCALAR)
+        l_ab, l_ab_d = _gram_rows_a(b_n, gp_b, SUB * RAP, n, True, RAP, a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt,
+                                    sbh, sbr, k_ptr, skb, skt, skh, beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh,
+                                    gs_ptr, i_b, i_h, bh, c, T, NT, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA,
+                                    REVERSE, F32, 0)
+        t_nn = _unit_lower_inverse(l_ab_d, RAP)
+        if PART == 0:
+            acc = _wy_rows(acc, _decay_rows(b_n, gp_b, SCALAR), acc, l_ab, t_nn, n, RAP, C, F32)
+        else:
+            l_kb, l_kb_d = _gram_rows_k(b_n, gp_b, SUB * RAP, n, True, RAP, k_ptr, skb, skt, skh, skr, gs_ptr,
+                                        i_b, i_h, bh, c, T, NT, cols, cmask, RKV, RKP, C, BK, SCALAR, HDLA, REVERSE,
+                                        F32, 0)
+            acc = _wy_rows(acc, l_kb, acc, l_ab, t_nn, n, RAP, C, F32)
+    wu_row = chunk * (C * RAP) + rows_a
+    if PART == 0:
+        tl.store(w_ptr + wu_row[:, None] * BK + cols[None, :], acc)
+    else:
+        tl.store(u_ptr + wu_row[:, None] * (C * RKP) + mcols[None, :], acc)
+
+
+@triton.jit
+def chunk_nc_kernel(
+    k_ptr, v_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr, n_ptr, cc_ptr,
+    skb, skt, skh, skr, svb, svt, svh, svr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
+    sgb, sgt, sgh, sbeb, sbet, sbeh,
+    T, H, K, V, NT,
+    RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
+    F32: tl.constexpr, LOWP: tl.constexpr,
+):
+    """F1c for chunk ``program_id(0)`` of head ``program_id(1)``: N = At^T W ``[K, K]`` (r_ab > 0) and
+    Cc = (Kt - U^T At)^T Vbar ``[K, V]`` (Kt^T Vbar at r_ab = 0), from W, U (F1a) and G (F0)."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    i_b = bh // H
+    i_h = bh % H
+    chunk = (bh * NT + c).to(tl.int64)
+    cols = tl.arange(0, BK)
+    cmask = cols < K
+    g_last = _cumsum_at(gs_ptr, bh, c, C - 1, cols, NT, C, BK, SCALAR)
     tk, rk, t_k, v_k = _steps(c, 0, C, RKP, T, C, REVERSE)
     gk_all = _load_cumsum(gs_ptr, bh, c, tk, cols, NT, C, BK, SCALAR)
     k_all = _key_rows(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k, v_k, rk, cols, cmask, RKV, HDLA)
     keff = _from_last(k_all, g_last, gk_all, SCALAR)  # Kt, then Kt - U^T At
-    ta, ra, t_a, v_a = _steps(c, 0, C, RAP, T, C, REVERSE)
-    ga_all = _load_cumsum(gs_ptr, bh, c, ta, cols, NT, C, BK, SCALAR)
-    w_all = tl.zeros([C * RAP, BK], dtype=tl.float32)
-    u_all = tl.zeros([C * RAP, C * RKP], dtype=tl.float32)
-    rows_a = tl.arange(0, C * RAP)
     if RAB > 0:
+        ta, ra, t_a, v_a = _steps(c, 0, C, RAP, T, C, REVERSE)
+        ga_all = _load_cumsum(gs_ptr, bh, c, ta, cols, NT, C, BK, SCALAR)
         a_all, b_all = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
                                 beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_a, v_a, ra, cols,
                                 cmask, RAB, HDLA)
-        # W = (I + L_AB)^{-1} Bh, U = (I + L_AB)^{-1} L_KB by block forward substitution
-        for n in tl.static_range(C // SUB):
-            tb, rb, t_b, v_b = _steps(c, n * SUB, SUB, RAP, T, C, REVERSE)
-            a_n, b_n = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                                beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_b, v_b, rb, cols,
-                                cmask, RAB, HDLA)
-            ga_n = _load_cumsum(gs_ptr, bh, c, tb, cols, NT, C, BK, SCALAR)
-            gp_b, ref = _exclusive(ga_n, _load_gate(g_ptr, sgb, sgt, sgh, i_b, i_h, t_b, v_b, cols, cmask, SCALAR),
-                                   RAP, SCALAR)
-            tkn, rkn, t_kn, v_kn = _steps(c, n * SUB, SUB, RKP, T, C, REVERSE)
-            gk_n = _load_cumsum(gs_ptr, bh, c, tkn, cols, NT, C, BK, SCALAR)
-            k_n = _key_rows(k_ptr, skb, skt, skh, skr, i_b, i_h, t_kn, v_kn, rkn, cols, cmask, RKV, HDLA)
-            l_ab, l_ab_d = _gram(b_n, gp_b, ref, a_all, ga_all, a_n, ga_n, n, True, RAP, RAP, C, SCALAR, F32, 0)
-            l_kb, l_kb_d = _gram(b_n, gp_b, ref, k_all, gk_all, k_n, gk_n, n, True, RAP, RKP, C, SCALAR, F32, 0)
-            t_nn = _unit_lower_inverse(l_ab_d, RAP)
-            w_n = _mm(t_nn, _decay_rows(b_n, gp_b, SCALAR) - _mm(l_ab, w_all, F32, 0), F32, 0)
-            u_n = _mm(t_nn, l_kb - _mm(l_ab, u_all, F32, 0), F32, 0)
-            in_block = ((rows_a // RAP) // SUB == n)[:, None]
-            w_all = tl.where(in_block, _tile_rows(w_n, C // SUB, SUB * RAP, BK), w_all)
-            u_all = tl.where(in_block, _tile_rows(u_n, C // SUB, SUB * RAP, C * RKP), u_all)
         at = _from_last(a_all, g_last, ga_all, SCALAR)
+        wu_row = chunk * (C * RAP) + tl.arange(0, C * RAP)
+        w_all = tl.load(w_ptr + wu_row[:, None] * BK + cols[None, :])
         n_mat = _mm(tl.trans(at), w_all, F32, LOWP)  # N = At^T W  [K, K]
-        n_off = (bh * NT + c).to(tl.int64) * K * K + cols[:, None] * K + cols[None, :]
+        n_off = chunk * K * K + cols[:, None] * K + cols[None, :]
         tl.store(n_ptr + n_off, n_mat.to(n_ptr.dtype.element_ty), mask=cmask[:, None] & cmask[None, :])
+        u_all = tl.load(u_ptr + wu_row[:, None] * (C * RKP) + tl.arange(0, C * RKP)[None, :])
         keff = keff - _mm(tl.trans(u_all), at, F32, 0)
-
-    # Cc = (Kt - U^T At)^T Vbar  [K, V]
     for i_v in range(tl.cdiv(V, BV)):
         vcols = i_v * BV + tl.arange(0, BV)
         vmask = vcols < V
         vb = _key_rows(v_ptr, svb, svt, svh, svr, i_b, i_h, t_k, v_k, rk, vcols, vmask, RKV, HDLA)
         cc = _mm(tl.trans(keff), vb, F32, 0)
-        cc_off = (bh * NT + c).to(tl.int64) * K * V + cols[:, None] * V + vcols[None, :]
+        cc_off = chunk * K * V + cols[:, None] * V + vcols[None, :]
         tl.store(cc_ptr + cc_off, cc, mask=cmask[:, None] & vmask[None, :])
 
-    # Qeff = Qh - M_QA W, Mo = M_QK - M_QA U, per row block of queries
+
+@triton.jit
+def chunk_qeff_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr,
+    gs_ptr, w_ptr, u_ptr, qe_ptr, mo_ptr,
+    sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
+    sgb, sgt, sgh, sbeb, sbet, sbeh,
+    T, H, K, NT, scale,
+    RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
+    BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
+    F32: tl.constexpr, LOWP: tl.constexpr,
+):
+    """F1b for chunk ``program_id(0)`` of head ``program_id(1)``, one 16-query row block at a time:
+    Qeff = Qh - M_QA W and Mo = M_QK - M_QA U (W, U from F1a, G from F0)."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    i_b = bh // H
+    i_h = bh % H
+    chunk = (bh * NT + c).to(tl.int64)
+    cols = tl.arange(0, BK)
+    cmask = cols < K
+    tk, rk, t_k, v_k = _steps(c, 0, C, RKP, T, C, REVERSE)
+    ta, ra, t_a, v_a = _steps(c, 0, C, RAP, T, C, REVERSE)
+    rows_a = tl.arange(0, C * RAP)
     mcols = tl.arange(0, C * RKP)
     mo_col = (mcols // RKP) * RKV + mcols % RKP
-    for n in tl.static_range(C // SUB):
+    for n in range(C // SUB):
         tq, rq, t_q, v_q = _steps(c, n * SUB, SUB, 1, T, C, REVERSE)
         q_n = _load_stack(q_ptr, sqb, sqt, sqh, 0, i_b, i_h, t_q, v_q, rq, cols, cmask, 1) * scale
         gq_n = _load_cumsum(gs_ptr, bh, c, tq, cols, NT, C, BK, SCALAR)
-        gp_q, ref = _exclusive(gq_n, _load_gate(g_ptr, sgb, sgt, sgh, i_b, i_h, t_q, v_q, cols, cmask, SCALAR),
-                               1, SCALAR)
-        tkn, rkn, t_kn, v_kn = _steps(c, n * SUB, SUB, RKP, T, C, REVERSE)
-        gk_n = _load_cumsum(gs_ptr, bh, c, tkn, cols, NT, C, BK, SCALAR)
-        k_n = _key_rows(k_ptr, skb, skt, skh, skr, i_b, i_h, t_kn, v_kn, rkn, cols, cmask, RKV, HDLA)
-        mo, mo_d = _gram(q_n, gq_n, ref, k_all, gk_all, k_n, gk_n, n, False, 1, RKP, C, SCALAR, F32, LOWP)
+        mo, mo_d = _gram_rows_k(q_n, gq_n, SUB, n, False, 1, k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c,
+                                T, NT, cols, cmask, RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, F32, LOWP)
         q_eff = _decay_rows(q_n, gq_n, SCALAR)
         if RAB > 0:
-            tan, ran, t_an, v_an = _steps(c, n * SUB, SUB, RAP, T, C, REVERSE)
-            ga_n = _load_cumsum(gs_ptr, bh, c, tan, cols, NT, C, BK, SCALAR)
-            a_n, b_n = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                                beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_an, v_an, ran, cols,
-                                cmask, RAB, HDLA)
-            m_qa, m_qa_d = _gram(q_n, gq_n, ref, a_all, ga_all, a_n, ga_n, n, False, 1, RAP, C, SCALAR, F32, LOWP)
+            m_qa, m_qa_d = _gram_rows_a(q_n, gq_n, SUB, n, False, 1, a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt,
+                                        sbh, sbr, k_ptr, skb, skt, skh, beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt,
+                                        sgh, gs_ptr, i_b, i_h, bh, c, T, NT, cols, cmask, RAB, RAP, C, BK, SCALAR,
+                                        HDLA, REVERSE, F32, LOWP)
+            wu_row = chunk * (C * RAP) + rows_a
+            w_all = tl.load(w_ptr + wu_row[:, None] * BK + cols[None, :])
+            u_all = tl.load(u_ptr + wu_row[:, None] * (C * RKP) + mcols[None, :])
             q_eff = q_eff - _mm(m_qa, w_all, F32, 0)
             mo = mo - _mm(m_qa, u_all, F32, 0)
-        qrow = (bh * NT + c).to(tl.int64) * C + tq
+        qrow = chunk * C + tq
         tl.store(qe_ptr + qrow[:, None] * K + cols[None, :], q_eff.to(qe_ptr.dtype.element_ty), mask=cmask[None, :])
         tl.store(mo_ptr + qrow[:, None] * (C * RKV) + mo_col[None, :], mo.to(mo_ptr.dtype.element_ty),
                  mask=(mcols % RKP < RKV)[None, :])
@@ -447,7 +579,11 @@ def chunk_state_kernel(n_ptr, cc_ptr, gamma_ptr, h0_ptr, h_ptr, final_ptr, NT, K
             if F32:
                 nxt -= tl.dot(n_mat, state, input_precision="ieee")
             else:
-                nxt -= tl.dot(n_mat.to(tl.float32), state, input_precision="tf32")
+                # N is 16-bit already; S = hi + lo in N's dtype, two 16-bit products: S to ~2^-16
+                # relative (TF32 would round it to 2^-11) at TF32's cost, half its operand registers
+                s_hi = state.to(n_mat.dtype)
+                s_lo = (state - s_hi.to(tl.float32)).to(n_mat.dtype)
+                nxt -= tl.dot(n_mat, s_hi) + tl.dot(n_mat, s_lo)
         state = nxt
     tl.store(final_ptr + bh.to(tl.int64) * K * V + s_off, state, mask=smask)
 
@@ -501,6 +637,20 @@ def default_chunk(r_ab: int, r_kv: int, dk: int) -> int:
         if _pow2(max(r_ab, 1)) * c <= rows and _pow2(r_kv) * c <= rows and (c < 64 or dk <= 128):
             return c
     return 16
+
+
+def launch_warps(stage: str, c: int, rap: int, rkp: int, bk: int) -> int:
+    """num_warps per forward stage from the tile sizes (chunk c, padded ranks, key block bk): the
+    host-side table that an autotuner would replace once a GPU can time the choices; each entry is
+    the smallest count that compiles for sm_90a without spills (``--part aot``)."""
+    rows = c * max(rap, rkp)
+    if stage == "F0":
+        return 4 if c * bk <= 64 * 64 else 8
+    if stage in ("F1a", "F1b", "F1c"):
+        return 4 if rows * bk <= 64 * 64 else 8
+    if stage == "F2":
+        return 4 if bk <= 64 else 8
+    raise ValueError(f"unknown stage {stage!r}")
 
 
 _TOO_BIG = set()  # F1 configurations whose shared memory exceeds the GPU's: the next smaller chunk is used
@@ -602,22 +752,40 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps):
     ab_str = (0,) * 4 if hdla or r_ab == 0 else _strides(a, 4)
     bb_str = (0,) * 4 if hdla or r_ab == 0 else _strides(b, 4)
     dummy = gs
-    if num_warps is None:
-        num_warps = 4 if max(rap, rkp) * c * bk <= 32 * 64 else 8  # 4 warps spill heavily above (sm_90 compile)
-    chunk_prepare_kernel[(n_chunks, batch * heads)](
-        q, k, v, a if r_ab and not hdla else dummy, b if r_ab and not hdla else dummy, g,
-        hdla_beta if hdla else dummy,
-        gs, n_mat if r_ab else dummy, cc, qe, mo, gamma,
-        *_strides(q, 3), *k_str, *v_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
-        seq_len, heads, dk, dv, n_chunks, float(scale),
-        RAB=r_ab, RAP=rap, RKV=r_kv, RKP=rkp, C=c, BK=bk, BV=bv, SCALAR=scalar, HDLA=hdla, REVERSE=bool(reverse),
-        F32=f32, LOWP=0 if f32 else (1 if q.dtype == torch.bfloat16 else 2), num_warps=num_warps,
+    lowp = 0 if f32 else (1 if q.dtype == torch.bfloat16 else 2)
+    grid = (n_chunks, batch * heads)
+    tiles = dict(C=c, BK=bk, SCALAR=scalar, REVERSE=bool(reverse))
+    chunk_cumsum_kernel[grid](g, gs, gamma, *_strides(g, 3), seq_len, heads, dk, n_chunks, **tiles,
+                              num_warps=launch_warps("F0", c, rap, rkp, bk))
+    a_in, b_in = (a, b) if r_ab and not hdla else (dummy, dummy)
+    beta_in = hdla_beta if hdla else dummy
+    w_mat = torch.empty(bhn * c * rap * bk if r_ab else 1, device=dev, dtype=torch.float32)
+    u_mat = torch.empty(bhn * c * rap * c * rkp if r_ab else 1, device=dev, dtype=torch.float32)
+    ranks = dict(RAB=r_ab, RAP=rap, RKV=r_kv, RKP=rkp, HDLA=hdla, F32=f32, LOWP=lowp)
+    for part in (0, 1) if r_ab else ():  # W, then U
+        chunk_wy_kernel[grid](
+            k, a_in, b_in, g, beta_in, gs, w_mat, u_mat,
+            *k_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
+            seq_len, heads, dk, n_chunks, **ranks, **tiles, PART=part,
+            num_warps=num_warps or launch_warps("F1a", c, rap, rkp, bk),
+        )
+    chunk_nc_kernel[grid](
+        k, v, a_in, b_in, g, beta_in, gs, w_mat, u_mat, n_mat if r_ab else dummy, cc,
+        *k_str, *v_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
+        seq_len, heads, dk, dv, n_chunks, **ranks, **tiles, BV=bv,
+        num_warps=num_warps or launch_warps("F1c", c, rap, rkp, bk),
+    )
+    chunk_qeff_kernel[grid](
+        q, k, a_in, b_in, g, beta_in, gs, w_mat, u_mat, qe, mo,
+        *_strides(q, 3), *k_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
+        seq_len, heads, dk, n_chunks, float(scale), **ranks, **tiles,
+        num_warps=num_warps or launch_warps("F1b", c, rap, rkp, bk),
     )
     return dict(N=n_mat, Cc=cc, Qeff=qe, Mo=mo, gamma=gamma, G=gs, chunk=c, r_kv=r_kv, r_ab=r_ab, hdla=hdla,
                 seq_len=seq_len, dtype=q.dtype)
 
 
-def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stages=2):
+def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stages=None):
     """F2. Returns (h [B, H, NT, K, V] the state entering each chunk, in q's dtype (fp32 for fp32 q),
     final [B, H, K, V] fp32)."""
     cc = prep["Cc"]
@@ -632,7 +800,9 @@ def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stag
         while bv > 16 and batch * heads * triton.cdiv(dv, bv) < 264:
             bv //= 2
     if num_warps is None:
-        num_warps = 4 if bk * bv <= 64 * 64 else 8
+        num_warps = launch_warps("F2", 0, 1, 1, bk)
+    if num_stages is None:
+        num_stages = 2 if bk <= 128 else 1  # two stages of a 16-bit 256 x 256 N need 256 KB of shared memory
     if initial_state is not None:
         if initial_state.shape != (batch, heads, dk, dv):
             raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, "
