@@ -19,7 +19,6 @@ A = [beta u, k], B = [k, beta u - beta^2 s k], u = exp(g) k, s = k.u.
 Flat rank rows are token-major, rank fastest (row t*RP + j; RP = rank padded to a power of 2,
 padded rows are zero). g is clamped at LOG_ZERO_FP32 as loaded, dg = 0 below it.
 """
-from typing import Optional
 
 import torch
 import triton
@@ -510,7 +509,7 @@ def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
 
 
 def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, reverse, hdla_beta=None,
-                         prep=None):
+                         prep=None, stages=None):
     """Gradients of the chunked generalized op by B1 and B2 (module docstring).
 
     Args (kernel_plan.md): do ``[B, T, H, V]``; dht ``[B, H, K, V]`` or None; q ``[B, T, H, K]``;
@@ -518,6 +517,8 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
         ``[B, T, H, K]``, v ``[B, T, H, V]``, a = b = None, ``hdla_beta [B, T, H]``); g ``[B, T, H, K]``
         or ``[B, T, H]``; h ``[B, H, NT, K, V]`` the states entering each chunk (the forward's);
         prep: the forward's ``chunk_prepare`` dict if the caller kept it (else recomputed).
+        stages: a dict that, if given, receives ``b1`` and ``b2``: closures that relaunch each kernel
+            with the same arguments (per-kernel timing, benchmarks/kernel_stages_bwd.py).
     Returns:
         ``(dq, dk, dv, da, db, dg, dh0)`` (HDLA: ``(dq, dk, dv, dbeta, dg, dh0)``), each in its input's
         dtype (dg in g's shape; dh0 fp32, None without an initial state).
@@ -542,12 +543,15 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     ds = torch.empty(batch, heads, nt, dk, dv, **f32)
     dh0 = torch.empty(batch, heads, dk, dv, **f32)
     bv1 = max(16, min(64, triton.next_power_of_2(dv)))
-    _bwd_state_kernel[(triton.cdiv(dv, bv1), batch * heads)](
-        prep["N"].contiguous(), prep["Qeff"].contiguous(), prep["gamma"].contiguous(), do,
-        dht.contiguous() if dht is not None else ds, ds, dh0, seq_len, heads, dk, dv, nt,
-        C=c, BK=bk, BV=bv1, REVERSE=reverse, HAS_DHT=dht is not None, LOWP=lowp,
-        num_warps=4 if bk <= 64 else 8,
-    )
+    b1_args = (prep["N"].contiguous(), prep["Qeff"].contiguous(), prep["gamma"].contiguous(), do,
+               dht.contiguous() if dht is not None else ds, ds, dh0, seq_len, heads, dk, dv, nt)
+    b1_meta = dict(C=c, BK=bk, BV=bv1, REVERSE=reverse, HAS_DHT=dht is not None, LOWP=lowp,
+                   num_warps=4 if bk <= 64 else 8)
+
+    def b1():
+        _bwd_state_kernel[(triton.cdiv(dv, bv1), batch * heads)](*b1_args, **b1_meta)
+
+    b1()
     empty = torch.empty(0, **f32)
     dq, dk_, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg = torch.empty_like(g)
@@ -560,14 +564,19 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
         a_, b_ = a.contiguous(), b.contiguous()
         da, db = torch.empty_like(a_), torch.empty_like(b_)
     bv2 = max(16, min(64, triton.next_power_of_2(dv)))
-    _bwd_chunk_kernel[(nt, batch * heads)](
-        q, k, v, a_ if r_ab else empty, b_ if r_ab else empty, beta, g, h.contiguous(), ds, do,
-        dq, dk_, dv_, da if r_ab else empty, db if r_ab else empty, dbeta, dg,
-        seq_len, heads, dk, dv, nt, float(scale),
-        C=c, BK=bk, BV=bv2, RKV=r_kv, RKP=_pow2(r_kv), RAB=r_ab, RAP=_pow2(r_ab) if r_ab else 1,
-        HDLA=hdla, SCALAR_G=g.dim() == 3, REVERSE=reverse, LOWP=lowp, SUBC=SUB, LOG_ZERO=LOG_ZERO_FP32,
-        num_warps=4 if bk * c <= 4096 else 8,
-    )
+    b2_args = (q, k, v, a_ if r_ab else empty, b_ if r_ab else empty, beta, g, h.contiguous(), ds, do,
+               dq, dk_, dv_, da if r_ab else empty, db if r_ab else empty, dbeta, dg,
+               seq_len, heads, dk, dv, nt, float(scale))
+    b2_meta = dict(C=c, BK=bk, BV=bv2, RKV=r_kv, RKP=_pow2(r_kv), RAB=r_ab, RAP=_pow2(r_ab) if r_ab else 1,
+                   HDLA=hdla, SCALAR_G=g.dim() == 3, REVERSE=reverse, LOWP=lowp, SUBC=SUB, LOG_ZERO=LOG_ZERO_FP32,
+                   num_warps=4 if bk * c <= 4096 else 8)
+
+    def b2():
+        _bwd_chunk_kernel[(nt, batch * heads)](*b2_args, **b2_meta)
+
+    b2()
+    if stages is not None:
+        stages.update(b1=b1, b2=b2)
     dh0 = dh0 if initial_state is not None else None
     if hdla:
         return dq, dk_, dv_, dbeta, dg, dh0
