@@ -67,3 +67,18 @@ def test_backward_kernels_match_float64_loop(interpreted_errors, case):
     assert len(errors) >= 5, errors  # every input's gradient was compared
     bad = {name: err for name, err in errors.items() if not err < TOL}  # NaN fails too
     assert not bad, f"{case}: relative errors above {TOL}: {bad}"
+
+
+def test_bad_shapes_raise_before_launch():
+    from kernels.generalized.bwd import generalized_backward
+
+    p = generalized_problem(1, 5, 1, 8, 4, 1, 1)
+    args = [p[n].float() for n in ("q", "k", "v", "a", "b", "g")]
+    h = torch.zeros(1, 1, 1, 8, 4)
+    with pytest.raises(ValueError, match="do must be"):
+        generalized_backward(torch.zeros(1, 5, 1, 3), None, *args, 1.0, None, h, False)
+    with pytest.raises(ValueError, match="a and b"):
+        generalized_backward(torch.zeros(1, 5, 1, 4), None, *args[:3], args[3], args[4][:, :, :, :, :4], args[5],
+                             1.0, None, h, False)
+    with pytest.raises(ValueError, match="h must be"):
+        generalized_backward(torch.zeros(1, 5, 1, 4), None, *args, 1.0, None, h[0], False)
