@@ -29,6 +29,7 @@ SHAPES = {
     "vision": (128, 196, 3, 64),
     "hires": (8, 4096, 3, 64),
     "lm": (4, 4096, 16, 128),
+    "long": (2, 16384, 3, 64),  # the 2048 px backbone's shape: few programs
 }
 
 
@@ -48,7 +49,9 @@ def hdla_chunk_flops(batch, seq_len, heads, dk, dv, chunk=64, r_ab=2):
     return batch * heads * triton.cdiv(seq_len, chunk) * per_chunk
 
 
-def make_inputs(batch, seq_len, heads, dim, dtype, device, seed=0):
+def make_inputs(batch, seq_len, heads, dim, dtype, device, seed=0, fast_forgetting=False):
+    """Random (q, k, v, beta, g) with unit k and beta in (0, 2). ``fast_forgetting``: every eighth
+    key channel decays at log lambda = -20 per step (the gates that once sent chunks to a slow path)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
     q = rnd(batch, seq_len, heads, dim)
@@ -56,6 +59,8 @@ def make_inputs(batch, seq_len, heads, dim, dtype, device, seed=0):
     v = rnd(batch, seq_len, heads, dim)
     beta = 2 * torch.sigmoid(rnd(batch, seq_len, heads))
     g = F.logsigmoid(rnd(batch, seq_len, heads, dim) + 2.0)
+    if fast_forgetting:
+        g[..., ::8] = -20.0
     return [t.to(dtype).requires_grad_() for t in (q, k, v, beta, g)]
 
 
@@ -118,6 +123,17 @@ def time_op(fn, inputs):
     return t_fwd, t_all
 
 
+def peak_memory_mib(fn, inputs):
+    """Peak memory of one fwd+bwd above what was allocated before it (the inputs), MiB."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(*inputs)
+    torch.autograd.grad(out, inputs[:3], torch.ones_like(out))
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
 def first_call_seconds(fn, inputs):
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -154,12 +170,14 @@ def check_fla_oracle(device):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", default="ours,sdpa")
-    parser.add_argument("--shapes", default="vision,hires,lm")
+    parser.add_argument("--shapes", default="vision,hires,lm,long")
+    parser.add_argument("--fast-gates", default="hires,lm",
+                        help="shape names: also time ours with fast-forgetting gates (log lambda = -20 on 1/8 of channels)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--check-fla", action="store_true", help="compare with fla's DPLR over 2T")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--autotune-rep-ms", type=float, default=None, help="time each fla autotune config this long")
-    parser.add_argument("--profile", default="", help="shape names: print the top kernels of our fwd+bwd there")
+    parser.add_argument("--profile", default="", help="shape names: per-kernel breakdown of our fwd+bwd there")
     args = parser.parse_args()
     device = "cuda"
     if args.autotune_rep_ms:
@@ -187,8 +205,13 @@ def main():
         for op in ops:
             t0 = time.perf_counter()
             t_fwd, t_all = time_op(OPS[op], inputs)
-            result["timings_ms"][f"{name}/{op}"] = {"fwd": t_fwd, "fwd_bwd": t_all, "wall_s": time.perf_counter() - t0}
+            result["timings_ms"][f"{name}/{op}"] = {"fwd": t_fwd, "fwd_bwd": t_all, "wall_s": time.perf_counter() - t0,
+                                                    "peak_mib": peak_memory_mib(OPS[op], inputs)}
             print(f"{name:7s} {op:9s} fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
+        if "ours" in ops and name in args.fast_gates.split(","):
+            t_fwd, t_all = time_op(ours, make_inputs(*shape, dtype, device, fast_forgetting=True))
+            result["timings_ms"][f"{name}/ours_fast_gates"] = {"fwd": t_fwd, "fwd_bwd": t_all}
+            print(f"{name:7s} fast gates fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
         if "ours" in ops:
             flops = hdla_chunk_flops(*shape, shape[-1])
             t = result["timings_ms"][f"{name}/ours"]
@@ -201,7 +224,7 @@ def main():
         result["fla_oracle"] = check_fla_oracle(device)
     for name in filter(None, args.profile.split(",")):
         print(f"profile {name} {SHAPES[name]}")
-        profile_ours(make_inputs(*SHAPES[name], dtype, device))
+        result.setdefault("profile_us_per_call", {})[name] = profile_ours(make_inputs(*SHAPES[name], dtype, device))
     write_json(result, args.out)
     print_table(result)
 
@@ -212,23 +235,32 @@ def write_json(result, out_dir):
         json.dump(result, f, indent=1)
 
 
-def profile_ours(inputs):
-    """Top CUDA kernels of five fwd+bwd calls of our op."""
+def profile_ours(inputs, calls=5):
+    """Per-kernel breakdown of our fwd+bwd: ``{kernel: (µs per call, launches per call)}``; prints
+    the profiler's table of the top kernels."""
     grad = torch.randn_like(ours(*inputs))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
+        for _ in range(calls):
             torch.autograd.grad(ours(*inputs), inputs, grad)
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
+    events = prof.key_averages()
+    print(events.table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
+    per_call = {}
+    for e in events:
+        device_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if device_us > 0 and e.count >= calls:
+            per_call[e.key[:80]] = (device_us / calls, e.count / calls)
+    return dict(sorted(per_call.items(), key=lambda kv: -kv[1][0]))
 
 
 def print_table(result):
     print(f"\n{result['device']}  {result['date']}  commit {result['commit']}  {result['dtype']}")
-    print(f"{'shape':8s}{'op':10s}{'fwd ms':>10s}{'f+b ms':>10s}{'ours/op f+b':>13s}")
+    print(f"{'shape':8s}{'op':16s}{'fwd ms':>10s}{'f+b ms':>10s}{'ours/op f+b':>13s}{'peak MiB':>10s}")
     for key, t in result["timings_ms"].items():
         shape, op = key.split("/")
         ours_t = result["timings_ms"].get(f"{shape}/ours", {}).get("fwd_bwd", float("nan"))
-        print(f"{shape:8s}{op:10s}{t['fwd']:10.3f}{t['fwd_bwd']:10.3f}{ours_t / t['fwd_bwd']:13.2f}")
+        peak = t.get("peak_mib", float("nan"))
+        print(f"{shape:8s}{op:16s}{t['fwd']:10.3f}{t['fwd_bwd']:10.3f}{ours_t / t['fwd_bwd']:13.2f}{peak:10.0f}")
     for shape, tf in result.get("tflops", {}).items():
         print(f"{shape:8s} ours TFLOP/s fwd {tf['fwd']:.1f} fwd+bwd {tf['fwd_bwd']:.1f}; first call {result['first_call_s'][shape]:.1f} s")
     for key in ("check_bf16", "check_fp32", "fla_oracle"):
