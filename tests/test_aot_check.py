@@ -1,0 +1,41 @@
+"""tools/aot_check.py: Triton launches compile for the H100 (sm_90a) on a machine without a GPU."""
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("compiles real kernels: not under the interpreter", allow_module_level=True)
+
+import triton.language as tl  # noqa: E402
+
+from tools.aot_check import compile_only, format_records  # noqa: E402
+
+
+@triton.jit
+def _square_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    rows = tl.arange(0, BLOCK)
+    tile = tl.load(x_ptr + rows[:, None] * BLOCK + rows[None, :])
+    tl.store(y_ptr + rows[:, None] * BLOCK + rows[None, :], tl.dot(tile, tile))
+
+
+def test_launch_compiles_for_the_h100_and_runs_nothing():
+    x = torch.ones(64, 64, dtype=torch.bfloat16)
+    y = torch.full((64, 64), -1.0)
+    with compile_only() as records:
+        _square_kernel[(1,)](x, y, BLOCK=64, num_warps=4)
+    assert (y == -1).all()  # nothing ran
+    (record,) = records
+    assert record["kernel"] == "_square_kernel" and record["constexprs"] == {"BLOCK": 64}
+    assert record["wgmma"] and record["reg"] > 0 and record["stack"] == 0
+    assert "_square_kernel" in format_records(records)
+
+
+def test_the_driver_is_restored():
+    from triton.runtime.driver import driver
+
+    before = driver._active
+    with compile_only():
+        pass
+    assert driver._active is before

@@ -1,0 +1,177 @@
+"""Compile the Triton kernels an op launches for an H100 (sm_90a) on a machine without a GPU, and
+report each kernel's registers, local-memory spills, shared memory and whether it uses wgmma.
+
+    python -m tools.aot_check                 # the chunk ops at the benchmark shapes (bf16)
+    python -m tools.aot_check --shapes lm     # one shape
+
+A launch ``kernel[grid](...)`` inside :func:`compile_only` compiles exactly what the GPU would
+(the same specialisation, constexprs, num_warps and num_stages) through Triton's own pipeline down to
+a cubin, and returns without running it; the op's outputs are then garbage. It catches, before any
+device time is spent, kernels that fail to compile or that spill registers at the real shapes.
+Autotuned kernels compile every config. Timing still needs the device (benchmarks/kernels.py).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from typing import Dict, List
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver as triton_driver
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
+
+H100 = GPUTarget("cuda", 90, 32)
+
+
+class _CompileOnlyDriver:
+    """Stands in for the CUDA driver: a device 0 of the given target, no stream, nothing launched."""
+
+    def __init__(self, target: GPUTarget):
+        self.target = target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_device_interface(self):
+        return torch.cuda
+
+
+def _cuobjdump() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resource_usage(cubin: bytes) -> Dict[str, int]:
+    """Registers, stack / local bytes (spills) and static shared memory of one cubin (cuobjdump -res-usage)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True).stdout
+    usage = {}
+    for key in ("REG", "STACK", "SHARED", "LOCAL"):
+        match = re.search(rf"\b{key}:(\d+)", text)
+        usage[key.lower()] = int(match.group(1)) if match else -1
+    return usage
+
+
+@contextmanager
+def compile_only(target: GPUTarget = H100):
+    """Within the block, Triton launches compile for ``target`` and return without running; yields the
+    list of records ``{kernel, num_warps, num_stages, constexprs, reg, stack, local, shared, dyn_shared, wgmma}``."""
+    records: List[dict] = []
+    old_driver = triton_driver._active
+    old_run, old_tune = JITFunction.run, Autotuner.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        kernel = old_run(self, *args, grid=grid, warmup=True, **kwargs)
+        ptx = kernel.asm.get("ptx", "")
+        constexprs = {k: v for k, v in kwargs.items() if k.isupper()}
+        records.append(dict(kernel=self.__name__, num_warps=kernel.metadata.num_warps,
+                            num_stages=kernel.metadata.num_stages, constexprs=constexprs,
+                            dyn_shared=kernel.metadata.shared, wgmma="wgmma.mma_async" in ptx,
+                            **resource_usage(kernel.asm["cubin"])))
+        return kernel
+
+    def tune(self, *args, **kwargs):  # every config, no benchmarking
+        for config in self.configs:
+            self.fn.run(*args, **dict(kwargs, **config.all_kwargs()))
+
+    triton_driver.set_active(_CompileOnlyDriver(target))
+    JITFunction.run, Autotuner.run = run, tune
+    try:
+        yield records
+    finally:
+        JITFunction.run, Autotuner.run = old_run, old_tune
+        triton_driver._active = old_driver
+
+
+def format_records(records: List[dict]) -> str:
+    lines = [f"{'kernel':36s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'spill B':>9s}{'smem KB':>9s}{'wgmma':>7s}  constexprs"]
+    for r in records:
+        spill = max(r["stack"], 0) + max(r["local"], 0)
+        const = ", ".join(f"{k}={v}" for k, v in r["constexprs"].items())
+        lines.append(f"{r['kernel'][:36]:36s}{r['num_warps']:6d}{r['num_stages']:7d}{r['reg']:6d}{spill:9d}"
+                     f"{r['dyn_shared'] / 1024:9.1f}{str(r['wgmma']):>7s}  {const}")
+    return "\n".join(lines)
+
+
+@contextmanager
+def triton_path_for_cpu_tensors():
+    """Route CPU tensors to the Triton path of the public ops (``use_triton`` answers True in every
+    kernels module that imported it), so that :func:`compile_only` sees the launches a GPU would."""
+    patched = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith(("hdla_vision.kernels", "kernels")) and hasattr(module, "use_triton"):
+            patched.append((module, module.use_triton))
+            module.use_triton = lambda x: True
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module.use_triton = original
+
+
+def op_inputs(op: str, batch: int, seq_len: int, heads: int, dim: int, dtype=torch.bfloat16):
+    """Zero inputs of the real shapes (CPU) for ``op``: ``hdla`` (q, k, v, beta, g) or a generalized
+    op (q, k, v, a, b, g): ``kda`` (r_ab = 1, vector decay), ``gla`` (r_ab = 0), ``gdn`` (r_ab = 1, decay per head)."""
+    q = torch.zeros(batch, seq_len, heads, dim, dtype=dtype, requires_grad=True)
+    if op == "hdla":
+        beta = torch.zeros(batch, seq_len, heads, dtype=dtype, requires_grad=True)
+        return q, torch.zeros_like(q, requires_grad=True), torch.zeros_like(q, requires_grad=True), beta, \
+            torch.zeros_like(q, requires_grad=True)
+    r_ab = {"kda": 1, "gla": 0, "gdn": 1}[op]
+    kv = torch.zeros(batch, seq_len, heads, 1, dim, dtype=dtype, requires_grad=True)
+    ab = [torch.zeros(batch, seq_len, heads, r_ab, dim, dtype=dtype, requires_grad=True) for _ in range(2)]
+    g_shape = (batch, seq_len, heads) if op == "gdn" else (batch, seq_len, heads, dim)
+    g = torch.zeros(*g_shape, dtype=dtype, requires_grad=True)
+    return (q, kv, torch.zeros_like(kv, requires_grad=True), *ab, g)
+
+
+def compile_op(op: str, shape, backward: bool) -> List[dict]:
+    """Compile the kernels of one forward (and backward) of ``op`` at ``shape`` for the H100."""
+    from hdla_vision import kernels
+
+    inputs = op_inputs(op, *shape)
+    fn = kernels.chunk_hdla if op == "hdla" else kernels.chunk_generalized
+    with triton_path_for_cpu_tensors(), compile_only() as records:
+        o, _ = fn(*inputs)
+        if backward:
+            torch.autograd.grad(o, inputs, torch.zeros_like(o), allow_unused=True)
+    return records
+
+
+def main(argv=None):
+    from benchmarks.kernels import SHAPES
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--ops", default="hdla,kda,gla,gdn")
+    parser.add_argument("--no-backward", action="store_true", help="compile the forward kernels only")
+    args = parser.parse_args(argv)
+    spills = 0
+    for op in args.ops.split(","):
+        for name in args.shapes.split(","):
+            records = compile_op(op, SHAPES[name], not args.no_backward)
+            print(f"\n== {op} at {name} {SHAPES[name]} (bf16, sm_90a)")
+            print(format_records(records))
+            spills += sum(r["stack"] > 0 or r["local"] > 0 for r in records)
+    print(f"\n{spills} kernel compilations spill registers")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
