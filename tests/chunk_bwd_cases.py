@@ -17,6 +17,8 @@ CASES.update({
                                         per_head_g=True), 32, True, True),
     "rab1_c32_resets": ("gen", dict(batch=1, seq_len=40, heads=1, dk=8, dv=8, r_kv=1, r_ab=1, resets=0.05),
                         32, False, True),
+    "rab1_k160_b1_split": ("gen", dict(batch=1, seq_len=20, heads=1, dk=160, dv=8, r_kv=1, r_ab=1), 16, False,
+                           True),
     "hdla": ("hdla", dict(batch=2, seq_len=37, heads=1, dk=8, dv=6), 16, False, True),
     "hdla_c32_rev_gates20_beta02": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=16, dv=8, g_min=-20.0),
                                     32, True, True),
