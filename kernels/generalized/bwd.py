@@ -545,7 +545,9 @@ def b1_config(dk: int, dv: int) -> dict:
     two = bk > 128
     bk = bk // 2 if two else bk
     bv = max(16, min(64 if bk <= 64 else 32, triton.next_power_of_2(dv)))
-    return dict(BK=bk, BV=bv, TWO=two, num_warps=4 if bk * bv <= 64 * 64 else 8)
+    if two:  # K = 256: pipelining the four N blocks would need 316-458 KB of shared memory (AOT)
+        return dict(BK=bk, BV=bv, TWO=two, num_warps=8, num_stages=1)
+    return dict(BK=bk, BV=bv, TWO=two, num_warps=4 if bk * bv <= 64 * 64 else 8, num_stages=3)
 
 
 def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int) -> dict:
