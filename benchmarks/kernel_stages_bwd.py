@@ -10,8 +10,8 @@ decay per head) and Gated DeltaProduct (r_ab = r_kv = 2, decay per head), with p
 estimates at the LM shape.
 
 The forward's per-chunk tensors (N, Qeff, gamma, h) are random tensors of the right shapes and
-dtypes: the kernels' run time does not depend on their values, and the float64 stand-in of the
-forward does not fit in memory at the LM shape. Variants: HDLA, and r_ab = 1 with vector decay.
+dtypes: the kernels' run time does not depend on their values, and the backward is timed on its own
+(the forward's kernels: ``benchmarks.kernel_stages``). Variants: HDLA, and r_ab = 1 with vector decay.
 """
 import argparse
 import datetime
@@ -65,7 +65,7 @@ def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=to
 
 def default_chunk(kind, dk):
     """The forward's chunk size for this variant (kernel_plan.md's rule)."""
-    from kernels.generalized.prepare_standin import default_chunk as rule
+    from kernels.generalized.fwd import default_chunk as rule
     r_ab, r_kv, _ = VARIANTS["kda" if kind == "rab1" else kind]
     return rule(r_ab, r_kv, dk)
 

@@ -10,9 +10,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
-from kernels.generalized.bwd import generalized_backward  # noqa: E402
+from kernels.generalized.bwd import _chunk_prepare, generalized_backward  # noqa: E402
+from kernels.generalized.fwd import chunk_state_pass  # noqa: E402
 from kernels.generalized.naive import naive_generalized  # noqa: E402
-from kernels.generalized.prepare_standin import prepare_reference, state_pass_reference  # noqa: E402
 from kernels.hdla.naive import naive_hdla  # noqa: E402
 from tests.chunk_bwd_cases import CASES, SCALE  # noqa: E402
 from tests.oracle import generalized_problem, hdla_problem, rel_err  # noqa: E402
@@ -39,11 +39,11 @@ def _run(kind, problem, chunk, reverse, with_dht):
     h0f = None if h0 is None else h0.float()
     if kind == "hdla":
         args = (f["q"], f["k"], f["v"], None, None, f["g"])
-        prep = prepare_reference(*args, SCALE, reverse, hdla_beta=f["beta"], chunk=chunk)
+        prep = _chunk_prepare(*args, SCALE, reverse, hdla_beta=f["beta"], chunk=chunk)
     else:
         args = tuple(f[n] for n in names)
-        prep = prepare_reference(*args, SCALE, reverse, chunk=chunk)
-    h, _ = state_pass_reference(prep, h0f)
+        prep = _chunk_prepare(*args, SCALE, reverse, chunk=chunk)
+    h, _ = chunk_state_pass(prep, h0f)
     out = generalized_backward(do.float(), None if dht is None else dht.float(), *args, SCALE, h0f, h, reverse,
                                hdla_beta=f.get("beta"), prep=prep)
     grad_names = names + (["h0"] if h0 is not None else [])

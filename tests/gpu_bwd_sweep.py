@@ -27,8 +27,8 @@ def run_case(name):
     import torch
     import torch.nn.functional as F
 
-    from kernels.generalized.bwd import generalized_backward
-    from kernels.generalized.prepare_standin import prepare_reference, state_pass_reference
+    from kernels.generalized.bwd import _chunk_prepare, generalized_backward
+    from kernels.generalized.fwd import chunk_state_pass
     from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
     from tests.oracle import rel_err
 
@@ -49,7 +49,7 @@ def run_case(name):
         beta = (2 * unif(batch, seq_len, heads)).float()
         g = (g_min * unif(batch, seq_len, heads, dk)).float()
         args = (q, k, v, None, None, g)
-        prep = prepare_reference(*args, 0.5, reverse, hdla_beta=beta)
+        prep = _chunk_prepare(*args, 0.5, reverse, hdla_beta=beta)
         ref = hdla_backward_reference(do.double(), dht, q.double(), k.double(), v.double(), beta.double(),
                                       g.double(), 0.5, h0, reverse, prep["chunk"])
         names = ["dq", "dk", "dv", "dbeta", "dg", "dh0"]
@@ -61,12 +61,12 @@ def run_case(name):
         b = (rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5).to(bf)
         g = (g_min * unif(batch, seq_len, heads, *(() if cfg.get("per_head") else (dk,)))).float()
         args = (q, k, v, a, b, g)
-        prep = prepare_reference(*args, 0.5, reverse)
+        prep = _chunk_prepare(*args, 0.5, reverse)
         ref = generalized_backward_reference(do.double(), dht, *(x.double() for x in args), 0.5, h0, reverse,
                                              prep["chunk"])
         names = ["dq", "dk", "dv", "da", "db", "dg", "dh0"]
         beta = None
-    h, _ = state_pass_reference(prep, h0.float())
+    h, _ = chunk_state_pass(prep, h0.float())
     out = generalized_backward(do, dht.float(), *args, 0.5, h0.float(), h, reverse, hdla_beta=beta, prep=prep)
     torch.cuda.synchronize()
     errs = {n: rel_err(m.float(), r) for n, m, r in zip(names, out, ref)}

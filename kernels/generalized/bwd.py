@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..utils import LOG_ZERO_FP32
+from . import fwd
 
 SUB = 16  # token sub-block of the exact decays
 
@@ -563,13 +564,17 @@ def _pow2(n: int) -> int:
     return 1 if n <= 1 else triton.next_power_of_2(n)
 
 
-def _chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None):
-    """The one call site of the forward's chunk preparation (N, Qeff, gamma per chunk, and the chunk
-    size). TEMPORARY: points at the PyTorch stand-in until ``kernels.generalized.fwd.chunk_prepare``
-    is merged; then this body becomes ``return fwd.chunk_prepare(q, k, v, a, b, g, scale, reverse,
-    hdla_beta=hdla_beta)``."""
-    from .prepare_standin import prepare_reference
-    return prepare_reference(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta)
+def _chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None):
+    """The forward's chunk preparation (``fwd.chunk_prepare``: N, Qeff, gamma per chunk and the chunk
+    size, with the same default chunk rule, so it matches the forward's h; ``chunk`` forces one, for tests). The layouts agree with B1/B2:
+    N ``[B, H, NT, K, K]``, Qeff ``[B, H, NT*C, K]`` in scan order, gamma ``[B, H, NT, K]`` fp32. At
+    r_ab = 0 the forward has no N (its state pass skips the product); B1 always reads one, so it gets
+    zeros here. B2 reads none of prep (it recomputes its Gram matrices); G, W, U are not reused."""
+    prep = fwd.chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta, chunk=chunk)
+    if prep["N"] is None:
+        batch, heads, n_chunks, dk = prep["gamma"].shape
+        prep["N"] = prep["Qeff"].new_zeros(batch, heads, n_chunks, dk, dk)
+    return prep
 
 
 def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
