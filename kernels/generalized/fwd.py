@@ -710,12 +710,8 @@ def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, 
     r_kv = 1 if hdla else k.shape[3]
     r_ab = 2 if hdla else a.shape[3]
     q, k, v, a, b, g, hdla_beta = (_last_contiguous(x) for x in (q, k, v, a, b, g, hdla_beta))
-    key = (r_ab, r_kv, dk, dv, g.dim(), hdla, q.dtype, num_warps)
-    if chunk is not None:
-        candidates = [chunk]
-    else:
-        c0 = default_chunk(r_ab, r_kv, dk)
-        candidates = [c for c in CHUNKS[::-1] if c <= c0 and key + (c,) not in _TOO_BIG] or [16]
+    key = (r_ab, r_kv, dk, dv, g.dim() == 3, hdla, q.dtype, num_warps)
+    candidates = [chunk] if chunk is not None else _chunk_candidates(key)
     for c in candidates:
         try:
             return _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps)
@@ -723,6 +719,25 @@ def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, 
             if c == candidates[-1]:
                 raise
             _TOO_BIG.add(key + (c,))
+
+
+def _chunk_candidates(key) -> list:
+    """Chunk sizes to try for an F1 configuration ``key = (r_ab, r_kv, dk, dv, scalar decay, hdla,
+    dtype, num_warps)``, largest first: the default rule, less the sizes that did not fit earlier."""
+    r_ab, r_kv, dk = key[:3]
+    c0 = default_chunk(r_ab, r_kv, dk)
+    return [c for c in CHUNKS[::-1] if c <= c0 and key + (c,) not in _TOO_BIG] or [16]
+
+
+def planned_chunk(r_ab: int, r_kv: int, dk: int, dv: int, scalar: bool, hdla: bool, dtype: torch.dtype) -> int:
+    """The chunk :func:`chunk_prepare` (``chunk=None``, default warps) uses for this configuration: the
+    host rule the custom ops' fake implementations use for h's shape ``[B, H, cdiv(T, C), K, V]``.
+    It equals the real one unless this process has not yet met a configuration whose F1 does not fit
+    the GPU's shared memory (then the first real call falls back, and later ones follow the fallback)."""
+    if not _TOO_BIG:  # nothing fell back: no lookup (fake tensors may carry symbolic, unhashable sizes)
+        return default_chunk(r_ab, r_kv, dk)
+    key = tuple(int(x) if isinstance(x, torch.SymInt) else x for x in (r_ab, r_kv, dk, dv))
+    return _chunk_candidates(key + (scalar, hdla, dtype, None))[0]
 
 
 def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps):
