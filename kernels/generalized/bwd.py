@@ -361,8 +361,8 @@ def _bwd_chunk_kernel(
                 l_row = _row(L_AB, ra, r)
                 new = tl.where(ra == r, 1.0, 0.0) - tl.sum(l_row[:, None] * Tm, 0)
                 Tm = tl.where(ra[:, None] == r, new[None, :], Tm)
-            W = tl.dot(Tm, Bh, input_precision="ieee")
-            U = tl.dot(Tm, L_KB, input_precision="ieee")
+            W = _mm(Tm, Bh, LOWP)
+            U = _mm(Tm, L_KB, LOWP)
             Mo = M_QK - _mm(M_QA, U, LOWP)
             Et = Kt - _mm(tl.trans(U), At, LOWP)  # E^T = Kt - U^T At  [C*RKP, BK]
         else:
@@ -400,8 +400,8 @@ def _bwd_chunk_kernel(
             dU = -_mm(At, dE, LOWP) - _mm(tl.trans(M_QA), dMo, LOWP)
             dW = _mm(At, dN, LOWP) - _mm(tl.trans(M_QA), dQeff, LOWP)
             dM_QA = -_mm(dQeff, tl.trans(W), LOWP) - _mm(dMo, tl.trans(U), LOWP)
-            dWp = tl.dot(tl.trans(Tm), dW, input_precision="ieee")
-            dUp = tl.dot(tl.trans(Tm), dU, input_precision="ieee")
+            dWp = _mm(tl.trans(Tm), dW, LOWP)
+            dUp = _mm(tl.trans(Tm), dU, LOWP)
             dL_AB = -_mm(dWp, tl.trans(W), LOWP) - _mm(dUp, tl.trans(U), LOWP)
             dL_AB = tl.where(ta[None, :] < ta[:, None], dL_AB, 0.0)
             dL_KB = tl.where(tk[None, :] < ta[:, None], dUp, 0.0)
