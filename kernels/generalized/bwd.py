@@ -304,7 +304,8 @@ def _bwd_chunk_kernel(
             Bf = _load_rows(b_ptr, tok, valid, RAB, RAP, C, K, BKS, k0)
     tk = tl.arange(0, C * RKP) // RKP  # token of each K row
     Gk = _expand(G, C, RKP, BKS)
-    Kt = Kf * tl.exp(GL[None, :] - Gk)
+    if STAGE != 1:  # stage 1 builds the decayed stacks after the inverse (fewer live tiles in its Gram pass)
+        Kt = Kf * tl.exp(GL[None, :] - Gk)
     el_q = tl.exp(G - Rtok)
     if SCALAR_G:
         Gs = _row(tl.trans(G), ck, k0)  # [C]: the per-head cumsum
@@ -315,8 +316,9 @@ def _bwd_chunk_kernel(
         ta = tl.arange(0, C * RAP) // RAP
         Ga = _expand(G, C, RAP, BKS)
         Gpb = _expand(Gp, C, RAP, BKS)
-        At = Af * tl.exp(GL[None, :] - Ga)
-        Bh = Bf * tl.exp(Gpb)
+        if STAGE != 1:
+            At = Af * tl.exp(GL[None, :] - Ga)
+            Bh = Bf * tl.exp(Gpb)
         el_b = tl.exp(Gpb - _expand(Rtok, C, RAP, BKS))
         if SCALAR_G:
             Gas = tl.reshape(tl.broadcast_to(Gs[:, None], (C, RAP)), (C * RAP,)) if RAP > 1 else Gs
@@ -368,6 +370,7 @@ def _bwd_chunk_kernel(
                         L_KB = tl.where(ck_cols[None, :] == i * RKP + l,
                                         L_KB + tl.sum(e_gpb * y[None, :], 1)[:, None], L_KB)
         # ---- T = (I + L_AB)^-1 by forward substitution (fp32), W = T Bh, U = T L_KB
+        Kt = Kf * tl.exp(GL[None, :] - Gk)
         if RAB > 0:
             ra = tl.arange(0, C * RAP)
             Tm = tl.where(ra[:, None] == ra[None, :], 1.0, 0.0)
@@ -375,8 +378,9 @@ def _bwd_chunk_kernel(
                 l_row = _row(L_AB, ra, r)
                 new = tl.where(ra == r, 1.0, 0.0) - tl.sum(l_row[:, None] * Tm, 0)
                 Tm = tl.where(ra[:, None] == r, new[None, :], Tm)
-            W = _mm(Tm, Bh, LOWP)
+            W = _mm(Tm, Bf * tl.exp(Gpb), LOWP)
             U = _mm(Tm, L_KB, LOWP)
+            At = Af * tl.exp(GL[None, :] - Ga)
             Mo = M_QK - _mm(M_QA, U, LOWP)
             Et = Kt - _mm(tl.trans(U), At, LOWP)  # E^T = Kt - U^T At  [C*RKP, BK]
         else:
@@ -603,10 +607,10 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int) -> dict:
     """B2's tiles and warps per shape, the one place to tune (or autotune) B2: BV (stage 1's V block),
     BKS (the K columns of one stage-2/3 program), warps and pipeline stages of stages 1, 2, 3."""
     bk = max(16, triton.next_power_of_2(dk))
-    bks = min(bk, 64)
+    bks = min(bk, 32)
     rows = chunk * max(_pow2(r_ab), _pow2(r_kv), 1)
     warps1 = 4 if bk * rows <= 4096 else 8
-    warps2 = 4 if bks * rows <= 2048 else 8
+    warps2 = 4 if bks * rows < 2048 else 8
     # one stage in flight: the V loop of stage 1 stays under the 227 KB of shared memory at K = 128
     return dict(BV=max(16, min(64, triton.next_power_of_2(dv))), BKS=bks, num_warps=(warps1, warps2, 4),
                 num_stages=(1, 1, 1))
