@@ -8,7 +8,8 @@ Per batch b, head h and chunk c (scan order, C tokens; t = p or T-1-p when rever
 B1 (``_bwd_state_kernel``, grid V/BV x B*H, serial over chunks): the cotangent of the state leaving
 each chunk, dS_{c-1} = gamma (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, stored per chunk, and dh0.
 
-B2 (``_bwd_chunk_kernel``, grid NT x B*H, no atomics: each program owns its chunk's rows): the chunk
+B2 (``_bwd_chunk_kernel``, one source launched as two or three stages, no atomics: each program owns
+its chunk's rows; stage 1 on a grid NT x B*H with the full K, stages 2 and 3 on NT x B*H x K/BKS): the chunk
 VJP given S_{c-1} (the forward's h) and dS_c. It recomputes the Gram matrices (exact decays:
 off-diagonal 16-token blocks factor through the reference G' at the block's first token, both
 factors <= 1; diagonal blocks use pairwise exp(X_t - G_i), masked before exp), T = (I + L_AB)^-1,
@@ -249,16 +250,19 @@ def _bwd_chunk_kernel(
     HDLA: tl.constexpr, SCALAR_G: tl.constexpr, REVERSE: tl.constexpr, LOWP: tl.constexpr,
     SUBC: tl.constexpr, LOG_ZERO: tl.constexpr, STAGE: tl.constexpr,
 ):
-    """B2, in two launches (STAGE, module docstring). Stack tiles: K rows [C*RKP, BK], A and B rows
-    [C*RAP, BK]; token tiles [C, BKS].
+    """B2, in two or three launches (STAGE, module docstring). Stack tiles: K rows [C*RKP, BKS], A and
+    B rows [C*RAP, BKS]; token tiles [C, BKS], columns k0 .. k0+BKS (stage 1: BKS = BK, k0 = 0).
 
     STAGE 1: recompute the Gram matrices, T, W, U; the V contractions (dv stored); back through Mo,
     Qeff, N, E, W, U and T to the cotangents of the Gram matrices. Stores per chunk (fp32 scratch,
     padded tiles): dQeff [C, BK] (sq), dKt [C*RKP, BK] (sk), dgamma [BK] (sgam), dAt, dW' = T^T dW
     [C*RAP, BK] (sa, sb) and the Gram cotangents dM_QK [C, C*RKP], dM_QA [C, C*RAP], dL_AB
     [C*RAP, C*RAP], dL_KB [C*RAP, C*RKP] (dqk, dqa, dab, dkb).
-    STAGE 2: the Gram VJP into dq, dk, da, db, the decays' chain rule, dg by the chunk-local reverse
-    cumsum, HDLA's chain rule; stores the gradients."""
+    STAGE 2 (one K tile of BKS columns): the Gram VJP into dq, dk, da, db, the decays' chain rule, dg by
+    the chunk-local reverse cumsum, HDLA's chain rule except its full-K sums; stores the gradients and,
+    for HDLA or a per-head decay, the tile's partial sums [C] x 2 in red [blocks, NKT, 2, C].
+    STAGE 3 (HDLA, or per-head decay): sums the partials over the K tiles; HDLA adds the s = k.u terms
+    to dk and dg (read back in their dtype: one more rounding for bf16) and stores dbeta; a per-head decay stores dg [C]."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
