@@ -262,7 +262,8 @@ def _bwd_chunk_kernel(
     the chunk-local reverse cumsum, HDLA's chain rule except its full-K sums; stores the gradients and,
     for HDLA or a per-head decay, the tile's partial sums [C] x 2 in red [blocks, NKT, 2, C].
     STAGE 3 (HDLA, or per-head decay): sums the partials over the K tiles; HDLA adds the s = k.u terms
-    to dk and dg (read back in their dtype: one more rounding for bf16) and stores dbeta; a per-head decay stores dg [C]."""
+    to dk and dg (read back in their dtype: one more rounding for bf16) and stores dbeta; a per-head
+    decay stores dg [C]."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -437,25 +438,23 @@ def _bwd_chunk_kernel(
         dQeff = tl.load(sq_ptr + blk * C * BK + ct[:, None] * BK + ck[None, :])
         dKt = tl.load(sk_ptr + blk * C * RKP * BK + ckr[:, None] * BK + ck[None, :])
         dgam = tl.load(sgam_ptr + blk * BK + ck)
-        dMo = tl.load(dqk_ptr + blk * C * C * RKP + ct[:, None] * (C * RKP) + ckr[None, :])
         if RAB > 0:
             dAt = tl.load(sa_ptr + blk * C * RAP * BK + car[:, None] * BK + ck[None, :])
             dWp = tl.load(sb_ptr + blk * C * RAP * BK + car[:, None] * BK + ck[None, :])
-            dM_QA = tl.load(dqa_ptr + blk * C * C * RAP + ct[:, None] * (C * RAP) + car[None, :])
-            dL_AB = tl.load(dab_ptr + blk * C * RAP * C * RAP + car[:, None] * (C * RAP) + car[None, :])
-            dL_KB = tl.load(dkb_ptr + blk * C * RAP * C * RKP + car[:, None] * (C * RKP) + ckr[None, :])
-        # ---- stage 2: the direct (elementwise) terms, then the Gram VJP
+        # ---- stage 2: the direct (elementwise) terms, then the Gram VJP; each Gram cotangent is loaded
+        # right before its matmuls so that no two of the full tiles are live at once
         dGL = tl.exp(GL) * dgam + tl.sum(Kt * dKt, 0)
         dKf = dKt * tl.exp(GL[None, :] - Gk)
         dGk = -(Kt * dKt)
         dq_acc = dQeff * tl.exp(G)  # d(scale q) from Qh = scale q e^G
         dG = xq * dq_acc
         if SCALAR_G:
-            Dq = dMo * dec_qk
+            Dq = _tile(dqk_ptr, blk, ct, ckr, C, C * RKP) * dec_qk
             dxq = _mm(Dq, Kf, LOWP)
             dyk = _mm(tl.trans(Dq), xq, LOWP)
         else:
-            dxq, dyk = _gram_off_vjp(dMo, xq, Kf, Gp, el_q, tk, ct, C, Gk, 1, BKS, SUBC, LOWP)
+            dxq, dyk = _gram_off_vjp(_tile(dqk_ptr, blk, ct, ckr, C, C * RKP),
+                                     xq, Kf, Gp, el_q, tk, ct, C, Gk, 1, BKS, SUBC, LOWP)
         if RAB > 0:
             dGL += tl.sum(At * dAt, 0)
             dAf = dAt * tl.exp(GL[None, :] - Ga)
@@ -463,21 +462,24 @@ def _bwd_chunk_kernel(
             dBf = dWp * tl.exp(Gpb)
             dGpb = Bh * dWp
             if SCALAR_G:
-                D1 = dM_QA * dec_qa
+                D1 = _tile(dqa_ptr, blk, ct, car, C, C * RAP) * dec_qa
                 dxq += _mm(D1, Af, LOWP)
                 dya = _mm(tl.trans(D1), xq, LOWP)
-                D2 = dL_AB * dec_ab
+                D2 = _tile(dab_ptr, blk, car, car, C * RAP, C * RAP) * dec_ab
                 dxb = _mm(D2, Af, LOWP)
                 dya += _mm(tl.trans(D2), Bf, LOWP)
-                D3 = dL_KB * dec_kb
+                D3 = _tile(dkb_ptr, blk, car, ckr, C * RAP, C * RKP) * dec_kb
                 dxb += _mm(D3, Kf, LOWP)
                 dyk += _mm(tl.trans(D3), Bf, LOWP)
             else:
-                dx1, dya = _gram_off_vjp(dM_QA, xq, Af, Gp, el_q, ta, ct, C, Ga, 1, BKS, SUBC, LOWP)
+                dx1, dya = _gram_off_vjp(_tile(dqa_ptr, blk, ct, car, C, C * RAP),
+                                         xq, Af, Gp, el_q, ta, ct, C, Ga, 1, BKS, SUBC, LOWP)
                 dxq += dx1
-                dxb, dy2 = _gram_off_vjp(dL_AB, Bf, Af, Gp, el_b, ta, ct, C, Ga, RAP, BKS, SUBC, LOWP)
+                dxb, dy2 = _gram_off_vjp(_tile(dab_ptr, blk, car, car, C * RAP, C * RAP),
+                                         Bf, Af, Gp, el_b, ta, ct, C, Ga, RAP, BKS, SUBC, LOWP)
                 dya += dy2
-                dx3, dy3 = _gram_off_vjp(dL_KB, Bf, Kf, Gp, el_b, tk, ct, C, Gk, RAP, BKS, SUBC, LOWP)
+                dx3, dy3 = _gram_off_vjp(_tile(dkb_ptr, blk, car, ckr, C * RAP, C * RKP),
+                                         Bf, Kf, Gp, el_b, tk, ct, C, Gk, RAP, BKS, SUBC, LOWP)
                 dxb += dx3
                 dyk += dy3
         if not SCALAR_G:
@@ -573,6 +575,12 @@ def _bwd_chunk_kernel(
                 tl.store(dbeta_ptr + tok, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
         else:
             tl.store(dg_ptr + tok, tl.where(g_raw < LOG_ZERO, 0.0, p1).to(dg_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _tile(ptr, blk, rows, cols, NR: tl.constexpr, NC: tl.constexpr):
+    """Chunk blk's [NR, NC] scratch tile, rows x cols of it."""
+    return tl.load(ptr + blk * NR * NC + rows[:, None] * NC + cols[None, :])
 
 
 @triton.jit
