@@ -19,8 +19,11 @@ CASES.update({
                         32, False, True),
     "rab1_k160_b1_split": ("gen", dict(batch=1, seq_len=20, heads=1, dk=160, dv=8, r_kv=1, r_ab=1), 16, False,
                            True),
+    "rab2_rkv2_k80_scalar_ktiles": ("gen", dict(batch=1, seq_len=20, heads=1, dk=80, dv=8, r_kv=2, r_ab=2,
+                                                per_head_g=True), 16, False, True),
     "hdla": ("hdla", dict(batch=2, seq_len=37, heads=1, dk=8, dv=6), 16, False, True),
     "hdla_c32_rev_gates20_beta02": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=16, dv=8, g_min=-20.0),
                                     32, True, True),
+    "hdla_k80_ktiles": ("hdla", dict(batch=1, seq_len=20, heads=1, dk=80, dv=8), 16, False, True),
     "hdla_noh0_nodht": ("hdla", dict(batch=1, seq_len=19, heads=1, dk=8, dv=8, h0=False), 16, False, False),
 })
