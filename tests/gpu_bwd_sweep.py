@@ -3,7 +3,7 @@ chunk-algorithm reference (tests/chunk_bwd_reference.py, itself checked against 
 subprocess per case so that a crash (an illegal memory access) fails that case only.
 
     python -m tests.gpu_bwd_sweep OUT.json          # the sweep
-    python -m tests.gpu_bwd_sweep --case NAME       # one case, prints its errors as JSON
+    python -m tests.gpu_bwd_sweep --case NAME [C]   # one case (C: force the chunk), prints its errors as JSON
 """
 import json
 import subprocess
@@ -23,7 +23,7 @@ CASES["rab4_rkv1_k128"] = dict(kind="gen", r_ab=4, r_kv=1, dk=128, dv=128)
 CASES["hdla_k64_gates20_rev"] = dict(kind="hdla", dk=64, dv=64, g_min=-20.0, reverse=True)
 
 
-def run_case(name):
+def run_case(name, chunk=None):
     import torch
     import torch.nn.functional as F
 
@@ -49,7 +49,7 @@ def run_case(name):
         beta = (2 * unif(batch, seq_len, heads)).float()
         g = (g_min * unif(batch, seq_len, heads, dk)).float()
         args = (q, k, v, None, None, g)
-        prep = _chunk_prepare(*args, 0.5, reverse, hdla_beta=beta)
+        prep = _chunk_prepare(*args, 0.5, reverse, hdla_beta=beta, chunk=chunk)
         ref = hdla_backward_reference(do.double(), dht, q.double(), k.double(), v.double(), beta.double(),
                                       g.double(), 0.5, h0, reverse, prep["chunk"])
         names = ["dq", "dk", "dv", "dbeta", "dg", "dh0"]
@@ -61,7 +61,7 @@ def run_case(name):
         b = (rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5).to(bf)
         g = (g_min * unif(batch, seq_len, heads, *(() if cfg.get("per_head") else (dk,)))).float()
         args = (q, k, v, a, b, g)
-        prep = _chunk_prepare(*args, 0.5, reverse)
+        prep = _chunk_prepare(*args, 0.5, reverse, chunk=chunk)
         ref = generalized_backward_reference(do.double(), dht, *(x.double() for x in args), 0.5, h0, reverse,
                                              prep["chunk"])
         names = ["dq", "dk", "dv", "da", "db", "dg", "dh0"]
@@ -102,6 +102,6 @@ def report(name, errs):
 
 if __name__ == "__main__":
     if sys.argv[1] == "--case":
-        print(json.dumps(run_case(sys.argv[2])))
+        print(json.dumps(run_case(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
     else:
         sweep(sys.argv[1])
