@@ -11,9 +11,11 @@ Every output is a tensor (custom ops cannot return None):
 * ``state``: the final state ``[B, H, K, V]`` in the accumulation dtype (fp32 on the Triton path;
   fp32, or float64 for float64 q, on the PyTorch chunk form) when ``output_final_state``, else an
   empty ``[0]`` tensor. The public functions (``kernels/ops.py``) cast it to q's dtype or drop it;
-* ``x``: what the Triton backward needs from the forward, the reads ``X_t = S_{t-1}^T B_t``
-  ``[B, T, H, r_ab, V]`` fp32 (``[B, T, H, 2, V]`` for HDLA); empty on the PyTorch chunk form and at
-  ``r_ab = 0``. Not differentiable.
+* ``x``: what the Triton backward needs from the forward; not differentiable. On the chunk16
+  kernels the reads ``X_t = S_{t-1}^T B_t`` ``[B, T, H, r_ab, V]`` fp32 (``[B, T, H, 2, V]`` for
+  HDLA; empty at ``r_ab = 0``); on the chunk64 kernels ``h [B, H, NT, K, V]``, the state entering
+  each chunk (NT = cdiv(T, C), C from ``fwd.planned_chunk``), fp32 for fp32 q, else q's dtype;
+  empty on the PyTorch chunk form.
 
 The backward is a second pair of custom ops (``*_backward``), so a compiled backward graph holds
 one opaque node too: the Triton backward (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``)
@@ -21,16 +23,19 @@ or, on the PyTorch chunk form, autograd through the chunk form recomputed from t
 same autograd graph as differentiating the chunk form directly, so the gradients are those of the
 eager chunk form, at the cost of a second forward in the backward.
 
-The path (Triton or chunk form) is chosen inside the ops by the same rule as before
-(``utils.use_triton``, ``utils.triton_supports_ranks``). The shape, dtype and device checks stay in
+The path is chosen inside the ops: the Triton kernels where ``utils.use_triton`` says so, of the
+family ``utils.kernel_family`` names (env ``HDLA_VISION_KERNELS`` = ``chunk16``, the default, or
+``chunk64``), else the PyTorch chunk form. chunk16 sends the ranks ``utils.triton_supports_ranks``
+excludes to the chunk form; chunk64 runs r_ab 0..4, r_kv 1..4 at every head dim
+(``utils.chunk64_supports_ranks``) and sends float64 inputs to the chunk form (its kernels run
+fp32/bf16/fp16). The shape, dtype and device checks stay in
 the public functions, before the op is called; the value check ``g <= 0`` (CPU tensors) runs inside
 the ops, where it sees real tensors in eager and compiled code alike (traced by dynamo it would be a
 data-dependent branch, i.e. a graph break).
 
 ``chunk_generalized`` takes ``g`` per key channel ``[B, T, H, K]`` or per head ``[B, T, H]`` (its
-gradient comes back in g's shape). The Triton path broadcasts a per-head g to ``[B, T, H, K]``
-for now; the kernels' scalar-decay specialisation comes with the kernel rewrite
-(``design/KERNELS.md``).
+gradient comes back in g's shape). The chunk16 kernels get a per-head g broadcast to
+``[B, T, H, K]``; the chunk64 kernels take it as it is (their scalar-decay specialisation).
 """
 import warnings
 from contextlib import contextmanager
@@ -42,15 +47,33 @@ from torch._C import DispatchKey
 
 from .generalized.torch_chunk import chunk_form, per_channel
 from .hdla.naive import hdla_decay_factors
-from .utils import check_log_decay, triton_supports_ranks, use_triton
+from .utils import chunk64_supports_ranks, check_log_decay, kernel_family, triton_supports_ranks, use_triton
 
 NAMESPACE = "hdla_vision"
 
 
 # ----------------------------------------------------------------------------- helpers
-def _generalized_on_triton(q: Tensor, k: Tensor, a: Tensor) -> bool:
-    """Whether the generalized op runs the Triton kernels (shapes as the op's inputs)."""
-    return use_triton(q) and triton_supports_ranks(q.shape[-1], k.shape[-2], a.shape[-2])
+FORM = "form"  # the PyTorch chunk form
+
+
+def _generalized_path(q: Tensor, k: Tensor, a: Tensor) -> str:
+    """Where the generalized op runs: ``"chunk16"`` / ``"chunk64"`` (that Triton family) or ``FORM``.
+    Raises ValueError for a bad ``HDLA_VISION_KERNELS`` whatever the device."""
+    family = kernel_family()
+    if not use_triton(q):
+        return FORM
+    r_kv, r_ab = k.shape[-2], a.shape[-2]
+    if family == "chunk64":
+        return family if q.dtype != torch.float64 and chunk64_supports_ranks(r_kv, r_ab) else FORM
+    return family if triton_supports_ranks(q.shape[-1], r_kv, r_ab) else FORM
+
+
+def _hdla_path(q: Tensor) -> str:
+    """Where the HDLA op runs (as :func:`_generalized_path`; HDLA has r_ab = 2, r_kv = 1)."""
+    family = kernel_family()
+    if not use_triton(q) or (family == "chunk64" and q.dtype == torch.float64):
+        return FORM
+    return family
 
 
 def _state_dtype(q: Tensor, on_triton: bool) -> torch.dtype:
@@ -72,13 +95,31 @@ def _contiguous(*tensors: Tensor) -> Tuple[Tensor, ...]:
     return tuple(t.contiguous() for t in tensors)
 
 
-def _fake_outputs(q: Tensor, v: Tensor, output_final_state: bool, on_triton: bool, r_ab: int):
-    """Fake ``(o, state, x)``: shapes and dtypes only."""
+def _chunk64_states(q: Tensor, dv: int, r_ab: int, r_kv: int, scalar: bool, hdla: bool) -> Tensor:
+    """Fake chunk64 ``x = h [B, H, NT, K, V]``, with the chunk the forward's host rule picks."""
+    from .generalized import fwd  # imports triton: only on the Triton path
+
+    batch, seq_len, heads, dk = q.shape
+    chunk = fwd.planned_chunk(r_ab, r_kv, dk, dv, scalar, hdla, q.dtype)
+    n_chunks = -(-seq_len // chunk)
+    dtype = torch.float32 if q.dtype == torch.float32 else q.dtype
+    return q.new_empty(batch, heads, n_chunks, dk, dv, dtype=dtype)
+
+
+def _fake_outputs(q: Tensor, v: Tensor, output_final_state: bool, path: str, r_ab: int, r_kv: int = 1,
+                  scalar: bool = False, hdla: bool = False):
+    """Fake ``(o, state, x)``: shapes and dtypes only (x as the module docstring says, per path)."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
+    on_triton = path != FORM
     o = q.new_empty(batch, seq_len, heads, dv)
     state = q.new_empty(batch, heads, dk, dv, dtype=_state_dtype(q, on_triton)) if output_final_state else _empty(q)
-    x = q.new_empty(batch, seq_len, heads, r_ab, dv, dtype=torch.float32) if on_triton and r_ab else _empty(q)
+    if path == "chunk64":
+        x = _chunk64_states(q, dv, r_ab, r_kv, scalar, hdla)
+    elif path == "chunk16" and r_ab:
+        x = q.new_empty(batch, seq_len, heads, r_ab, dv, dtype=torch.float32)
+    else:
+        x = _empty(q)
     return o, state, x
 
 
@@ -115,6 +156,11 @@ def _chunk_form_vjp(forward, primals, initial_state, do, dht):
     return (*grads, *(() if initial_state is not None else (_empty(do),)))
 
 
+def _dh0_or_empty(dh0: Optional[Tensor], initial_state: Optional[Tensor], q: Tensor) -> Tensor:
+    """dh0 in the initial state's dtype, or the empty placeholder without an initial state."""
+    return _empty(q) if dh0 is None else dh0.to(initial_state.dtype)
+
+
 def _setup_context(ctx, inputs, output):
     """Save the inputs, the state and x; keep scale, output_final_state and reverse."""
     *tensors, scale, initial_state, output_final_state, reverse = inputs
@@ -142,23 +188,30 @@ def chunk_generalized_op(
     """The generalized op on checked inputs (``ops.chunk_generalized``): ``(o, state, x)``, see the
     module docstring."""
     check_log_decay(g)
-    if _generalized_on_triton(q, k, a):
+    path = _generalized_path(q, k, a)
+    if path == "chunk64":
+        from .generalized import fwd
+
+        o, state, h = fwd.generalized_forward(q, k, v, a, b, g, scale, initial_state, reverse)
+        return _contiguous(o, _state_or_empty(state, q, output_final_state), h)
+    if path == "chunk16":
         from .generalized import chunk as triton_chunk
 
-        g4 = per_channel(g, q.shape[-1])  # scalar decay: broadcast until the kernels specialise it
+        g4 = per_channel(g, q.shape[-1])  # scalar decay: the chunk16 kernels take g per channel
         o, state, x = triton_chunk.triton_generalized_forward(q, k, v, a, b, g4, scale, initial_state, reverse)
         return _contiguous(o, _state_or_empty(state, q, output_final_state), _empty(q) if x is None else x)
     if q.is_cuda:
-        warnings.warn(f"chunk_generalized: r_ab = {a.shape[-2]}, r_kv = {k.shape[-2]} at K = {q.shape[-1]} is "
-                      "outside what the Triton kernels run correctly (kernels/utils.py: triton_supports_ranks); "
-                      "using the slower PyTorch chunk form")
+        warnings.warn(f"chunk_generalized: r_ab = {a.shape[-2]}, r_kv = {k.shape[-2]} at K = {q.shape[-1]} "
+                      f"({q.dtype}) is outside what the {kernel_family()} Triton kernels run (kernels/utils.py: "
+                      "triton_supports_ranks, chunk64_supports_ranks); using the slower PyTorch chunk form")
     o, state = chunk_form(q, k, v, a, b, g, scale, initial_state, reverse)
     return _contiguous(o, _state_or_empty(state, q, output_final_state), _empty(q))
 
 
 @chunk_generalized_op.register_fake
 def _(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
-    return _fake_outputs(q, v, output_final_state, _generalized_on_triton(q, k, a), a.shape[-2])
+    return _fake_outputs(q, v, output_final_state, _generalized_path(q, k, a), a.shape[-2], k.shape[-2],
+                         scalar=g.dim() == 3)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_backward", mutates_args=())
@@ -168,7 +221,13 @@ def chunk_generalized_backward_op(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, da, db, dg, dh0)`` in the inputs' dtypes and shapes (dg in g's shape); dh0 is
     empty without an initial state. ``dht`` is the final state's cotangent or None."""
-    if _generalized_on_triton(q, k, a):
+    path = _generalized_path(q, k, a)
+    if path == "chunk64":
+        from .generalized import bwd
+
+        *grads, dh0 = bwd.generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, x, reverse)
+        return _contiguous(*grads, _dh0_or_empty(dh0, initial_state, q))
+    if path == "chunk16":
         from .generalized import chunk as triton_chunk
 
         g4 = per_channel(g, q.shape[-1])
@@ -214,7 +273,13 @@ def chunk_hdla_op(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The HDLA op on checked inputs (``ops.chunk_hdla``): ``(o, state, x)``, see the module docstring."""
     check_log_decay(g)
-    if use_triton(q):
+    path = _hdla_path(q)
+    if path == "chunk64":
+        from .generalized import fwd
+
+        o, state, h = fwd.generalized_forward(q, k, v, None, None, g, scale, initial_state, reverse, hdla_beta=beta)
+        return _contiguous(o, _state_or_empty(state, q, output_final_state), h)
+    if path == "chunk16":
         from .hdla import chunk as triton_hdla
 
         o, state, x = triton_hdla.triton_hdla_forward(q, k, v, beta, g, scale, initial_state, reverse)
@@ -225,7 +290,7 @@ def chunk_hdla_op(
 
 @chunk_hdla_op.register_fake
 def _(q, k, v, beta, g, scale, initial_state, output_final_state, reverse):
-    return _fake_outputs(q, v, output_final_state, use_triton(q), 2)
+    return _fake_outputs(q, v, output_final_state, _hdla_path(q), 2, 1, hdla=True)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::chunk_hdla_backward", mutates_args=())
@@ -234,7 +299,14 @@ def chunk_hdla_backward_op(
     initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, reverse: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dbeta, dg, dh0)`` in the inputs' dtypes; dh0 is empty without an initial state."""
-    if use_triton(q):
+    path = _hdla_path(q)
+    if path == "chunk64":
+        from .generalized import bwd
+
+        *grads, dh0 = bwd.generalized_backward(do, dht, q, k, v, None, None, g, scale, initial_state, x, reverse,
+                                               hdla_beta=beta)
+        return _contiguous(*grads, _dh0_or_empty(dh0, initial_state, q))
+    if path == "chunk16":
         from .hdla import chunk as triton_hdla
 
         *grads, dh0 = triton_hdla.triton_hdla_backward(

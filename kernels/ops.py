@@ -1,7 +1,9 @@
 """Public ops: validate inputs, then call the custom ops of ``custom_ops.py`` (one opaque node
 each under ``torch.compile``), which run the Triton kernels (CUDA tensors, or any tensor under
-``TRITON_INTERPRET=1``) or the vectorised PyTorch chunk form (CPU tensors, and the rank / head-dim
-combinations the Triton kernels do not cover: ``utils.triton_supports_ranks``).
+``TRITON_INTERPRET=1``) of the family ``HDLA_VISION_KERNELS`` selects (``chunk16``, the default, or
+``chunk64``: kernels/README.md §8) or the vectorised PyTorch chunk form (CPU tensors, and what the
+family does not cover: ``utils.triton_supports_ranks`` for chunk16, ranks above 4 and float64 for
+chunk64).
 
 Under ONNX export (``torch.onnx.export``, both the dynamo exporter and the legacy TorchScript one
 set ``torch.onnx.is_in_onnx_export()``) the custom ops, which ONNX cannot know, are not called:

@@ -9,6 +9,27 @@ def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# The Triton kernel family of the chunk ops (kernels/README.md §8):
+#   chunk16: the 16-token chunk kernels (generalized/chunk.py, scan.py; hdla/chunk.py), the default until
+#            the chunk64 kernels have passed the GPU parity sweep and the benchmark;
+#   chunk64: the chunk kernels of issue 11 (generalized/fwd.py, bwd.py): 64-token chunks where the ranks
+#            allow, one [K x K] . [K x BV] product per chunk on the state chain, a chunk-local backward.
+KERNEL_FAMILY_ENV = "HDLA_VISION_KERNELS"
+KERNEL_FAMILIES = ("chunk16", "chunk64")
+DEFAULT_KERNEL_FAMILY = "chunk16"
+
+
+def kernel_family() -> str:
+    """The kernel family the chunk ops' Triton path runs: ``$HDLA_VISION_KERNELS`` (unset or empty: the
+    default, chunk16). Read at every op call, so set it before the first call (a compiled graph keeps
+    the family it was traced with). Any other value raises ValueError."""
+    family = os.environ.get(KERNEL_FAMILY_ENV, "") or DEFAULT_KERNEL_FAMILY
+    if family not in KERNEL_FAMILIES:
+        raise ValueError(f"{KERNEL_FAMILY_ENV}={family!r} is not a kernel family; expected one of "
+                         f"{', '.join(KERNEL_FAMILIES)} (unset means {DEFAULT_KERNEL_FAMILY})")
+    return family
+
+
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 MAX_HEAD_DIM = 256
 MIN_HEAD_DIM = 1
@@ -130,7 +151,9 @@ def check_log_decay_shape(g, q: torch.Tensor) -> None:
 
 
 def triton_supports_ranks(dk: int, r_kv: int, r_ab: int) -> bool:
-    """Whether the Triton kernels run ``(r_ab, r_kv)`` at key head dim ``dk`` correctly.
+    """Whether the chunk16 Triton kernels run ``(r_ab, r_kv)`` at key head dim ``dk`` correctly. It
+    applies to the chunk16 family only; chunk64 runs every rank it accepts
+    (:func:`chunk64_supports_ranks`) at every head dim.
 
     Measured, not derived (``tests/gpu_rank_sweep.py`` on an H100, Triton 3.6; the table is
     ``benchmarks/results/rank_sweep_h100.md``). Outside this region:
@@ -149,6 +172,16 @@ def triton_supports_ranks(dk: int, r_kv: int, r_ab: int) -> bool:
     if r_ab >= 3 and dk <= 16:
         return False
     return dk <= 128 or r_ab + r_kv <= 4
+
+
+CHUNK64_MAX_RANK = 4
+
+
+def chunk64_supports_ranks(r_kv: int, r_ab: int) -> bool:
+    """Whether the chunk64 kernels take ``(r_ab, r_kv)``: r_ab in 0..4 and r_kv in 1..4 at any head dim
+    1..256 (the rank stacks are padded to 4 rows per token at most). Larger ranks run on the PyTorch
+    chunk form."""
+    return 0 <= r_ab <= CHUNK64_MAX_RANK and 1 <= r_kv <= CHUNK64_MAX_RANK
 
 
 def check_hdla_inputs(q, k, v, beta, g, initial_state, scale) -> None:

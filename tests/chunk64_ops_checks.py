@@ -1,0 +1,122 @@
+"""The public ops ``chunk_generalized`` / ``chunk_hdla`` on the chunk64 kernel family
+(``HDLA_VISION_KERNELS=chunk64``: kernels/generalized/fwd.py and bwd.py behind kernels/custom_ops.py),
+under ``TRITON_INTERPRET=1`` on CPU in fp32, against the float64 token loops: the output, the final
+state and every gradient (dh0 included) to a relative error < 1e-4; ``torch.library.opcheck`` of both
+ops; a compiled (``fullgraph=True``) call equal to eager.
+
+Run by tests/test_chunk64_ops.py in a pytest subprocess started with ``TRITON_INTERPRET=1``: Triton
+decides at decoration time (of its own library too, e.g. ``tl.cumsum``) whether a kernel is
+interpreted, so the variable must be set before triton is first imported. The kernel family is set
+per test with ``monkeypatch``. Not collected on its own (no ``test_`` prefix)."""
+import pytest
+import torch
+
+from hdla_vision.kernels import chunk_generalized, chunk_hdla, custom_ops
+from tests.oracle import compare_with_loop, generalized_problem, hdla_problem
+
+TOL = 1e-4
+
+
+@pytest.fixture
+def chunk64(monkeypatch):
+    """The ops' Triton path on CPU tensors (interpreted) with the chunk64 kernels; yields the ``fwd`` module."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from hdla_vision.kernels.generalized import fwd
+
+    assert isinstance(tl.cumsum, InterpretedFunction), "start this module's process with TRITON_INTERPRET=1"
+    monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk64")
+    return fwd
+
+
+def _small_chunk(monkeypatch, fwd, chunk):
+    """Make the forward's host rule (and so the fake shapes and the backward's prep) pick ``chunk``."""
+    if chunk is not None:
+        monkeypatch.setattr(fwd, "default_chunk", lambda r_ab, r_kv, dk: chunk)
+
+
+def _assert_close(errors, expected_names):
+    assert set(expected_names) <= set(errors), errors  # every output and gradient was compared
+    bad = {name: err for name, err in errors.items() if not err < TOL}  # NaN fails too
+    assert not bad, f"relative errors above {TOL}: {bad}"
+
+
+# (r_ab, r_kv, T, decay per head, reverse, g_min, resets, initial state, forced chunk or None for the rule)
+GENERALIZED = {
+    "rab0_rkv2_T70": (0, 2, 70, False, False, -3.0, 0.0, True, None),
+    "rab1_rev_gates20_T70": (1, 1, 70, False, True, -20.0, 0.0, True, None),
+    "rab2_scalar_T70": (2, 1, 70, True, False, -3.0, 0.0, True, None),
+    "rab1_scalar_rev_noh0_c16": (1, 1, 37, True, True, -3.0, 0.0, False, 16),
+    "rab2_resets_c16": (2, 1, 37, False, False, -3.0, 0.05, True, 16),
+}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(GENERALIZED))
+def test_chunk_generalized_matches_float64_loop(chunk64, monkeypatch, case):
+    r_ab, r_kv, seq_len, per_head, reverse, g_min, resets, h0, chunk = GENERALIZED[case]
+    _small_chunk(monkeypatch, chunk64, chunk)
+    p = generalized_problem(1, seq_len, 2, 8, 6, r_kv, r_ab, g_min=g_min, h0=h0, resets=resets,
+                            per_head_g=per_head)
+    errors = compare_with_loop(chunk_generalized, "generalized", p, scale=0.7, reverse=reverse)
+    names = ["o", "final_state", "dq", "dk", "dv", "da", "db", "dg"] + (["dinitial_state"] if h0 else [])
+    _assert_close(errors, names)
+
+
+# (T, reverse, g_min, initial state, forced chunk)
+HDLA = {
+    "hdla_beta02_gates20_T70": (70, False, -20.0, True, None),
+    "hdla_rev_noh0_c16": (37, True, -3.0, False, 16),
+}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(HDLA))
+def test_chunk_hdla_matches_float64_loop(chunk64, monkeypatch, case):
+    seq_len, reverse, g_min, h0, chunk = HDLA[case]
+    _small_chunk(monkeypatch, chunk64, chunk)
+    p = hdla_problem(1, seq_len, 2, 8, 6, g_min=g_min, h0=h0)
+    p["beta"][..., ::3] = 0.0  # beta at both ends of its range
+    p["beta"][..., 1::3] = 2.0
+    errors = compare_with_loop(chunk_hdla, "hdla", p, scale=0.7, reverse=reverse)
+    _assert_close(errors, ["o", "final_state", "dq", "dk", "dv", "dbeta", "dg"] + (["dinitial_state"] if h0 else []))
+
+
+def _leaves(problem):
+    return {n: None if x is None else x.float().requires_grad_() for n, x in problem.items()}
+
+
+@pytest.mark.interpret
+def test_opcheck_chunk64(chunk64, monkeypatch):
+    """Schema, autograd registration, fake implementations (x = h [B, H, NT, K, V] with NT from the host
+    rule: 2 chunks of 16 here) and AOT dispatch, on one small case per op."""
+    _small_chunk(monkeypatch, chunk64, 16)
+    p = _leaves(generalized_problem(1, 20, 1, 8, 4, 1, 1, per_head_g=True))
+    args = (p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 0.5, p["initial_state"], True, False)
+    torch.library.opcheck(custom_ops.chunk_generalized_op, args)
+    _, _, x = custom_ops.chunk_generalized_op(*args)
+    assert tuple(x.shape) == (1, 1, 2, 8, 4) and x.dtype == torch.float32
+    p = _leaves(hdla_problem(1, 20, 1, 8, 4, h0=False))
+    torch.library.opcheck(custom_ops.chunk_hdla_op, (p["q"], p["k"], p["v"], p["beta"], p["g"], 1.0, None, False, True))
+
+
+@pytest.mark.interpret
+def test_compiled_fullgraph_equals_eager(chunk64):
+    """``torch.compile(fullgraph=True)`` (aot_eager: the fake impls trace the forward and backward graphs)."""
+    p = hdla_problem(1, 20, 2, 8, 4)
+
+    def loss(q, k, v, beta, g, h0):
+        o, s = chunk_hdla(q, k, v, beta, g, 0.5, h0, output_final_state=True)
+        return (o * o).sum() + s.sum()
+
+    results = []
+    for fn in (loss, torch.compile(loss, fullgraph=True, backend="aot_eager")):
+        leaves = _leaves(p)
+        names = ["q", "k", "v", "beta", "g", "initial_state"]
+        value = fn(*(leaves[n] for n in names))
+        results.append((value, torch.autograd.grad(value, [leaves[n] for n in names])))
+    (eager, eager_grads), (compiled, compiled_grads) = results
+    torch.testing.assert_close(compiled, eager)
+    for c, e in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(c, e)

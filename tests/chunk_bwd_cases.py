@@ -1,0 +1,29 @@
+"""Cases of the interpreted backward-kernel test (tests/test_chunk_bwd_kernels.py, run by
+tests/chunk_bwd_worker.py): small fp32 problems over ranks, decay kinds, directions and gates."""
+
+SCALE = 0.7
+# name -> (kind, problem kwargs, chunk, reverse, with a final-state cotangent)
+CASES = {f"rab{r}_rkv1": ("gen", dict(batch=2, seq_len=37, heads=1, dk=8, dv=6, r_kv=1, r_ab=r), 16, False, True)
+         for r in range(5)}
+CASES.update({
+    "rab1_rkv2_rev": ("gen", dict(batch=1, seq_len=29, heads=2, dk=8, dv=6, r_kv=2, r_ab=1), 16, True, True),
+    "rab2_rkv2": ("gen", dict(batch=2, seq_len=21, heads=1, dk=8, dv=4, r_kv=2, r_ab=2), 16, False, True),
+    "rab0_rkv2_noh0": ("gen", dict(batch=1, seq_len=21, heads=1, dk=8, dv=4, r_kv=2, r_ab=0, h0=False), 16,
+                       False, False),
+    "rab1_rkv4": ("gen", dict(batch=1, seq_len=20, heads=1, dk=8, dv=4, r_kv=4, r_ab=1), 16, False, True),
+    "rab1_c32_gates20": ("gen", dict(batch=1, seq_len=45, heads=1, dk=16, dv=8, r_kv=1, r_ab=1, g_min=-20.0),
+                         32, False, True),
+    "rab2_c32_scalar_rev": ("gen", dict(batch=1, seq_len=40, heads=2, dk=8, dv=8, r_kv=1, r_ab=2,
+                                        per_head_g=True), 32, True, True),
+    "rab1_c32_resets": ("gen", dict(batch=1, seq_len=40, heads=1, dk=8, dv=8, r_kv=1, r_ab=1, resets=0.05),
+                        32, False, True),
+    "rab1_k160_b1_split": ("gen", dict(batch=1, seq_len=20, heads=1, dk=160, dv=8, r_kv=1, r_ab=1), 16, False,
+                           True),
+    "rab2_rkv2_k80_scalar_ktiles": ("gen", dict(batch=1, seq_len=20, heads=1, dk=80, dv=8, r_kv=2, r_ab=2,
+                                                per_head_g=True), 16, False, True),
+    "hdla": ("hdla", dict(batch=2, seq_len=37, heads=1, dk=8, dv=6), 16, False, True),
+    "hdla_c32_rev_gates20_beta02": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=16, dv=8, g_min=-20.0),
+                                    32, True, True),
+    "hdla_k80_ktiles": ("hdla", dict(batch=1, seq_len=20, heads=1, dk=80, dv=8), 16, False, True),
+    "hdla_noh0_nodht": ("hdla", dict(batch=1, seq_len=19, heads=1, dk=8, dv=8, h0=False), 16, False, False),
+})

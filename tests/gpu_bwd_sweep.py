@@ -1,0 +1,107 @@
+"""GPU parity sweep of the backward kernels (kernels/generalized/bwd.py): bf16 inputs against the float64
+chunk-algorithm reference (tests/chunk_bwd_reference.py, itself checked against the token loops), one
+subprocess per case so that a crash (an illegal memory access) fails that case only.
+
+    python -m tests.gpu_bwd_sweep OUT.json          # the sweep
+    python -m tests.gpu_bwd_sweep --case NAME [C]   # one case (C: force the chunk), prints its errors as JSON
+"""
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+TOL = 5e-3
+CASES = {}
+for r_ab in range(5):
+    CASES[f"rab{r_ab}_k64_v64"] = dict(kind="gen", r_ab=r_ab, r_kv=1, dk=64, dv=64)
+for dk, dv in ((16, 16), (32, 64), (128, 128), (256, 256), (64, 128), (128, 32), (256, 64)):
+    CASES[f"hdla_k{dk}_v{dv}"] = dict(kind="hdla", dk=dk, dv=dv)
+for dk, dv in ((16, 32), (128, 128), (256, 128)):
+    CASES[f"rab1_k{dk}_v{dv}"] = dict(kind="gen", r_ab=1, r_kv=1, dk=dk, dv=dv)
+CASES["rab2_rkv2_scalar_k64"] = dict(kind="gen", r_ab=2, r_kv=2, dk=64, dv=64, per_head=True)
+CASES["rab4_rkv1_k128"] = dict(kind="gen", r_ab=4, r_kv=1, dk=128, dv=128)
+CASES["hdla_k64_gates20_rev"] = dict(kind="hdla", dk=64, dv=64, g_min=-20.0, reverse=True)
+
+
+def run_case(name, chunk=None):
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.generalized.bwd import _chunk_prepare, generalized_backward
+    from kernels.generalized.fwd import chunk_state_pass
+    from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
+    from tests.oracle import rel_err
+
+    cfg = CASES[name]
+    dev, bf = "cuda", torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)
+    batch, seq_len, heads, dk, dv = 2, 300, 2, cfg["dk"], cfg["dv"]
+    rnd = lambda *s: torch.randn(*s, generator=gen, device=dev, dtype=torch.float64)  # noqa: E731
+    unif = lambda *s: torch.rand(*s, generator=gen, device=dev, dtype=torch.float64)  # noqa: E731
+    g_min, reverse = cfg.get("g_min", -3.0), cfg.get("reverse", False)
+    q = rnd(batch, seq_len, heads, dk).to(bf)
+    h0 = rnd(batch, heads, dk, dv)
+    do = rnd(batch, seq_len, heads, dv).to(bf)
+    dht = rnd(batch, heads, dk, dv)
+    if cfg["kind"] == "hdla":
+        k = F.normalize(rnd(batch, seq_len, heads, dk), dim=-1).to(bf)
+        v = rnd(batch, seq_len, heads, dv).to(bf)
+        beta = (2 * unif(batch, seq_len, heads)).float()
+        g = (g_min * unif(batch, seq_len, heads, dk)).float()
+        args = (q, k, v, None, None, g)
+        prep = _chunk_prepare(*args, 0.5, reverse, hdla_beta=beta, chunk=chunk)
+        ref = hdla_backward_reference(do.double(), dht, q.double(), k.double(), v.double(), beta.double(),
+                                      g.double(), 0.5, h0, reverse, prep["chunk"])
+        names = ["dq", "dk", "dv", "dbeta", "dg", "dh0"]
+    else:
+        r_ab, r_kv = cfg["r_ab"], cfg["r_kv"]
+        k = (rnd(batch, seq_len, heads, r_kv, dk) / dk**0.5).to(bf)
+        v = rnd(batch, seq_len, heads, r_kv, dv).to(bf)
+        a = (rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5).to(bf)
+        b = (rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5).to(bf)
+        g = (g_min * unif(batch, seq_len, heads, *(() if cfg.get("per_head") else (dk,)))).float()
+        args = (q, k, v, a, b, g)
+        prep = _chunk_prepare(*args, 0.5, reverse, chunk=chunk)
+        ref = generalized_backward_reference(do.double(), dht, *(x.double() for x in args), 0.5, h0, reverse,
+                                             prep["chunk"])
+        names = ["dq", "dk", "dv", "da", "db", "dg", "dh0"]
+        beta = None
+    h, _ = chunk_state_pass(prep, h0.float())
+    out = generalized_backward(do, dht.float(), *args, 0.5, h0.float(), h, reverse, hdla_beta=beta, prep=prep)
+    torch.cuda.synchronize()
+    errs = {n: rel_err(m.float(), r) for n, m, r in zip(names, out, ref)}
+    errs["nan"] = float(any(bool(torch.isnan(m).any()) for m in out if m is not None))
+    errs["chunk"] = prep["chunk"]
+    return errs
+
+
+def sweep(path):
+    def one(name):
+        proc = subprocess.run([sys.executable, "-m", "tests.gpu_bwd_sweep", "--case", name], capture_output=True,
+                              text=True, timeout=400)
+        if proc.returncode != 0:
+            return name, {"error": proc.stderr[-1500:]}
+        return name, json.loads(proc.stdout.strip().splitlines()[-1])
+
+    results = {}
+    with ThreadPoolExecutor(6) as pool:
+        for name, errs in pool.map(one, CASES):
+            results[name] = errs
+            report(name, errs)
+            with open(path, "w") as f:
+                json.dump(results, f, indent=1)
+
+
+def report(name, errs):
+    """One line per case: ok / FAIL, the errors (or the crash's message)."""
+    bad = "error" in errs or errs.get("nan") or any(v >= TOL for k, v in errs.items() if k.startswith("d"))
+    print(("FAIL " if bad else "ok   ") + name, {k: (round(v, 6) if isinstance(v, float) else v)
+                                                     for k, v in errs.items() if k != "error"},
+              errs.get("error", "")[-600:], flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--case":
+        print(json.dumps(run_case(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
+    else:
+        sweep(sys.argv[1])

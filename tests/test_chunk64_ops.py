@@ -1,0 +1,54 @@
+"""The chunk64 kernel family behind the public ops (``HDLA_VISION_KERNELS=chunk64``): the interpreted
+checks of tests/chunk64_ops_checks.py (outputs, final states, every gradient against the float64 loop,
+opcheck, compile) in one pytest subprocess with ``TRITON_INTERPRET=1``, reported per check; and the
+selector's refusal of an unknown family."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hdla_vision.kernels import chunk_generalized, chunk_hdla
+from tests.oracle import generalized_problem, hdla_problem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKS = "tests/chunk64_ops_checks.py"
+NAMES = ["test_chunk_generalized_matches_float64_loop[rab0_rkv2_T70]",
+         "test_chunk_generalized_matches_float64_loop[rab1_rev_gates20_T70]",
+         "test_chunk_generalized_matches_float64_loop[rab2_scalar_T70]",
+         "test_chunk_generalized_matches_float64_loop[rab1_scalar_rev_noh0_c16]",
+         "test_chunk_generalized_matches_float64_loop[rab2_resets_c16]",
+         "test_chunk_hdla_matches_float64_loop[hdla_beta02_gates20_T70]",
+         "test_chunk_hdla_matches_float64_loop[hdla_rev_noh0_c16]",
+         "test_opcheck_chunk64",
+         "test_compiled_fullgraph_equals_eager"]
+
+
+@pytest.fixture(scope="module")
+def interpreted_outcomes():
+    """``{check name: PASSED / FAILED / ...}`` and the subprocess's output."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    env.pop("HDLA_VISION_KERNELS", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", CHECKS],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    outcomes = dict((name, status) for status, name in
+                    re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED) \S+::(\S+)", proc.stdout, re.M))
+    return outcomes, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("name", NAMES)
+def test_chunk64_interpreted(interpreted_outcomes, name):
+    outcomes, log = interpreted_outcomes
+    assert outcomes.get(name) == "PASSED", f"{name}: {outcomes.get(name, 'not run')}\n{log}"
+
+
+def test_bad_family_raises(monkeypatch):
+    monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk32")
+    p = generalized_problem(1, 5, 1, 4, 4, 1, 1)
+    with pytest.raises(ValueError, match="HDLA_VISION_KERNELS='chunk32' is not a kernel family"):
+        chunk_generalized(*(p[n].float() for n in ("q", "k", "v", "a", "b", "g")))
+    p = hdla_problem(1, 5, 1, 4, 4)
+    with pytest.raises(ValueError, match="HDLA_VISION_KERNELS"):
+        chunk_hdla(*(p[n].float() for n in ("q", "k", "v", "beta", "g")))
