@@ -2,17 +2,12 @@
 checks of tests/chunk64_ops_checks.py (outputs, final states, every gradient against the float64 loop,
 opcheck, compile) in one pytest subprocess with ``TRITON_INTERPRET=1``, reported per check; and the
 selector's refusal of an unknown family."""
-import os
-import re
-import subprocess
-import sys
-
 import pytest
 
 from hdla_vision.kernels import chunk_generalized, chunk_hdla
+from tests.interpreted import run_interpreted_checks
 from tests.oracle import generalized_problem, hdla_problem
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = "tests/chunk64_ops_checks.py"
 NAMES = ["test_chunk_generalized_matches_float64_loop[rab0_rkv2_T70]",
          "test_chunk_generalized_matches_float64_loop[rab1_rev_gates20_T70]",
@@ -28,13 +23,7 @@ NAMES = ["test_chunk_generalized_matches_float64_loop[rab0_rkv2_T70]",
 @pytest.fixture(scope="module")
 def interpreted_outcomes():
     """``{check name: PASSED / FAILED / ...}`` and the subprocess's output."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    env.pop("HDLA_VISION_KERNELS", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", CHECKS],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    outcomes = dict((name, status) for status, name in
-                    re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED) \S+::(\S+)", proc.stdout, re.M))
-    return outcomes, proc.stdout[-6000:] + proc.stderr[-2000:]
+    return run_interpreted_checks(CHECKS)
 
 
 @pytest.mark.interpret

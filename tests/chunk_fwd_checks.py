@@ -1,0 +1,158 @@
+"""The forward kernels of ``kernels/generalized/fwd.py`` (F1 prepare, F2 state pass, F3 output)
+under ``TRITON_INTERPRET=1`` on CPU, fp32, against the float64 token loops: the output, the final
+state and the per-chunk states h (relative error < 1e-4).
+
+Run by tests/test_chunk_fwd_kernels.py in a pytest subprocess started with ``TRITON_INTERPRET=1``
+(tests/interpreted.py says why). Not collected on its own (no ``test_`` prefix)."""
+import os
+
+import pytest
+import torch
+
+from hdla_vision.kernels.generalized.fwd import chunk_prepare, generalized_forward
+from hdla_vision.kernels.generalized.naive import naive_generalized
+from hdla_vision.kernels.hdla.naive import naive_hdla
+from tests.oracle import generalized_problem, hdla_problem, rel_err
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run this module through tests/test_chunk_fwd_kernels.py"
+TOL = 1e-4
+HDLA = -1
+SCALE = 0.7
+
+
+def _fp32(p):
+    return {n: None if x is None else x.float() for n, x in p.items()}
+
+
+def _steps_prefix(p, steps, reverse, names):
+    """The inputs of the first ``steps`` scan steps (the last ``steps`` tokens when reversed)."""
+    seq_len = p["q"].shape[1]
+    sl = slice(seq_len - steps, seq_len) if reverse else slice(0, steps)
+    return {n: (p[n][:, sl] if n in names else p[n]) for n in p}
+
+
+def _check_states(loop, p, h, chunk, reverse, names):
+    """h[:, :, c] equals the loop's state after c * chunk scan steps."""
+    for c in range(1, h.shape[2]):
+        _, ref = loop(**_steps_prefix(p, c * chunk, reverse, names), scale=SCALE, output_final_state=True,
+                      reverse=reverse)
+        assert rel_err(h[:, :, c], ref) < TOL, c
+
+
+def _run_generalized(r_ab, r_kv, seq_len, chunk, reverse=False, per_head_g=False, g_min=-3.0, dk=16, dv=32,
+                     batch=1, h0=True, states=False):
+    p = generalized_problem(batch, seq_len, 2, dk, dv, r_kv, r_ab, g_min=g_min, h0=h0, per_head_g=per_head_g)
+    ref_o, ref_s = naive_generalized(**p, scale=SCALE, output_final_state=True, reverse=reverse)
+    f = _fp32(p)
+    o, s, h = generalized_forward(f["q"], f["k"], f["v"], f["a"], f["b"], f["g"], SCALE, f["initial_state"],
+                                  reverse, chunk=chunk)
+    assert o.dtype == torch.float32 and h.shape == (batch, 2, -(-seq_len // chunk), dk, dv)
+    assert rel_err(o, ref_o) < TOL and rel_err(s, ref_s) < TOL, (rel_err(o, ref_o), rel_err(s, ref_s))
+    if states:
+        _check_states(naive_generalized, p, h, chunk, reverse, ("q", "k", "v", "a", "b", "g"))
+
+
+@pytest.mark.parametrize("r_ab", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("r_kv", [1, 2])
+def test_ranks(r_ab, r_kv):
+    """Every rank pair at T = 37 (C = 16: three chunks, the last one partial)."""
+    _run_generalized(r_ab, r_kv, 37, 16, reverse=(r_ab + r_kv) % 2 == 1)
+
+
+def test_rank_4_4_chunk_16():
+    _run_generalized(4, 4, 20, 16, dk=16, dv=16)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_states_per_chunk(reverse):
+    """h is the state entering each chunk; C = 32 with T = 70 (three chunks, the last partial)."""
+    _run_generalized(2, 1, 70, 32, reverse=reverse, states=True)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scalar_decay(reverse):
+    """g [B, T, H] (one decay per head) with fast gates."""
+    _run_generalized(2, 2, 70, 32, reverse=reverse, per_head_g=True, g_min=-20.0, states=True)
+
+
+def test_fast_gates_vector_decay():
+    """log lambda down to -20 per step: exact diagonal sub-blocks."""
+    _run_generalized(1, 1, 70, 32, g_min=-20.0)
+
+
+def test_chunk_64_batch_2_no_initial_state():
+    _run_generalized(1, 1, 70, 64, batch=2, h0=False, dk=16, dv=16)
+
+
+def _run_hdla(seq_len, chunk, reverse=False, g_min=-3.0, beta=None, dk=16, dv=32, states=False):
+    p = hdla_problem(1, seq_len, 2, dk, dv, g_min=g_min)
+    if beta is not None:
+        p["beta"] = torch.full_like(p["beta"], beta)
+    ref_o, ref_s = naive_hdla(**p, scale=SCALE, output_final_state=True, reverse=reverse)
+    f = _fp32(p)
+    o, s, h = generalized_forward(f["q"], f["k"], f["v"], None, None, f["g"], SCALE, f["initial_state"], reverse,
+                                  hdla_beta=f["beta"], chunk=chunk)
+    assert rel_err(o, ref_o) < TOL and rel_err(s, ref_s) < TOL, (rel_err(o, ref_o), rel_err(s, ref_s))
+    if states:
+        _check_states(naive_hdla, p, h, chunk, reverse, ("q", "k", "v", "beta", "g"))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_hdla(reverse):
+    _run_hdla(70, 32, reverse=reverse, states=True)
+
+
+@pytest.mark.parametrize("beta", [0.0, 2.0])
+def test_hdla_beta_edges_fast_gates(beta):
+    _run_hdla(37, 16, g_min=-20.0, beta=beta)
+
+
+def test_hdla_chunk_64():
+    _run_hdla(70, 64, dk=16, dv=16)
+
+
+@pytest.mark.parametrize("r_ab", [HDLA, 3])
+def test_fp16_path(r_ab):
+    """fp16 inputs take the 16-bit path (tensor-core operands in fp16, N/Qeff/Mo/h stored in fp16;
+    the interpreter cannot run bf16 dots): against the loop on the same fp16-rounded inputs."""
+    p = hdla_problem(1, 37, 2, 16, 32, g_min=-20.0) if r_ab == HDLA else \
+        generalized_problem(1, 37, 2, 16, 32, 1, r_ab, per_head_g=True)
+    p = {n: x.to(torch.float16) if n != "g" else x.float() for n, x in p.items()}
+    ref = {n: x.double() for n, x in p.items()}
+    if r_ab == HDLA:
+        ref_o, ref_s = naive_hdla(**ref, scale=SCALE, output_final_state=True, reverse=True)
+        o, s, h = generalized_forward(p["q"], p["k"], p["v"], None, None, p["g"], SCALE, p["initial_state"], True,
+                                      hdla_beta=p["beta"], chunk=16)
+    else:
+        ref_o, ref_s = naive_generalized(**ref, scale=SCALE, output_final_state=True)
+        o, s, h = generalized_forward(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], SCALE, p["initial_state"],
+                                      False, chunk=16)
+    assert o.dtype == h.dtype == torch.float16 and s.dtype == torch.float32
+    assert rel_err(o, ref_o) < 2e-3 and rel_err(s, ref_s) < 2e-3, (rel_err(o, ref_o), rel_err(s, ref_s))
+
+
+def test_prepare_layout():
+    """N is None at rank 0; shapes of the prepared tensors; bad arguments raise ValueError."""
+    p = _fp32(generalized_problem(1, 20, 2, 16, 32, 2, 0))
+    prep = chunk_prepare(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 1.0, False, chunk=16)
+    assert prep["N"] is None and prep["Mo"].shape == (1, 2, 2, 16, 32) and prep["Qeff"].shape == (1, 2, 32, 16)
+    assert prep["Cc"].shape == (1, 2, 2, 16, 32) and prep["gamma"].shape == (1, 2, 2, 16)
+    with pytest.raises(ValueError, match="chunk"):
+        chunk_prepare(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 1.0, False, chunk=48)
+    with pytest.raises(ValueError, match="g must be"):
+        chunk_prepare(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"][..., :3], 1.0, False)
+
+
+@pytest.mark.parametrize("per_head_g", [False, True])
+def test_cumsum_stage(per_head_g):
+    """F0: G is the chunk-local inclusive cumsum of the clamped g in scan order (reversed here) and
+    gamma = e^{G at the chunk's last step}; steps past T add 0."""
+    p = _fp32(generalized_problem(1, 20, 2, 16, 32, 1, 1, g_min=-20.0, per_head_g=per_head_g))
+    prep = chunk_prepare(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 1.0, True, chunk=16)
+    g = torch.flip(p["g"], [1]).clamp_min(-110.0).transpose(1, 2)  # [B, H, T(, K)] in scan order
+    g = torch.cat([g, g.new_zeros(g.shape[0], g.shape[1], 12, *g.shape[3:])], 2)
+    ref = g.reshape(2, 2, 16, *g.shape[3:]).cumsum(2)
+    G = prep["G"].view(2, 2, 16, -1)[..., :16] if not per_head_g else prep["G"].view(2, 2, 16)
+    assert torch.allclose(G, ref, atol=1e-5)
+    last = ref[:, :, -1] if not per_head_g else ref[:, :, -1, None].expand(2, 2, 16)
+    assert torch.allclose(prep["gamma"][0], last.exp(), rtol=1e-5)
