@@ -17,26 +17,32 @@ with G the inclusive and G' = G - g the exclusive chunk-local cumsum of the clam
 
 Kernels (grid (NT, B*H) unless said; num_warps from :func:`launch_warps`, a host-side table)
     F0  ``chunk_cumsum_kernel``  G (chunk-local inclusive cumsum of the clamped g, fp32) and gamma.
-    F1a ``chunk_wy_kernel``      W (PART 0) or U (PART 1): two launches, one accumulator each,
-                                 stored fp32 ``[B*H*NT, C*RAP, BK]`` / ``[B*H*NT, C*RAP, C*RKP]``.
-    F1b ``chunk_qeff_kernel``    Qeff and Mo per 16-query row block (W, U read from F1a's output).
+    F1ab ``chunk_intra_kernel``  W, U (fp32 ``[B*H*NT, C*RAP, BK]`` / ``[B*H*NT, C*RAP, C*RKP]``, for
+                                 F1c) and Qeff, Mo, one 16-token row block at a time: block forward
+                                 substitution over sub-blocks loaded from memory (details below).
     F1c ``chunk_nc_kernel``      N = At^T W and Cc = (Kt - U^T At)^T Vbar (64+-row wgmma products).
     F2  ``chunk_state_kernel``   grid (V/BV, B*H), serial over chunks: one [K x K].[K x BV] product
                                  per chunk on the chain; gamma (.) S exact in fp32; in 16-bit mode N
                                  (16-bit) times S split as hi + lo in N's dtype (two products).
     F3  ``chunk_output_kernel``  grid (NT, V/BV, B*H): O = Qeff h + Mo Vbar.
-Every kernel reads what an earlier launch wrote (no cross-thread scratch inside a launch).
+Every kernel reads what an earlier launch wrote, except F1ab's own scratch (written and read
+back by one program, across ``tl.debug_barrier``).
 
-Decays (design/KERNELS.md "Numerics"). F1a/F1b walk the chunk in 16-token row blocks n. The
-entries between row block n and an earlier 16-token column block m < n (loaded directly, 16 rows)
-factor through the reference R_m = G at block m's last token: e^{X_t - R_m} <= 1 and
-e^{R_m - G_i} <= 1 (X = G' or G), one tensor-core product per sub-block.
-The diagonal 16 x 16 token block is built column by column with the exact pairwise e^{X_t - G_i}
-(masked with ``tl.where`` before ``exp``), so gates down to -20 per step (and g = -inf, clamped at
-``LOG_ZERO_FP32``) are exact with no data-dependent branch. Scalar decay per head (g [B, T, H])
-multiplies the plain product by the exact C x C decay matrix instead. The inverse is never
-formed: W and U come from block forward substitution, W_n = T_nn (Bh_n - L_AB[n, <n] W_<n)
-(U likewise), with T_nn the inverse of the 16-token diagonal block by doubling (fp32).
+Decays (design/KERNELS.md "Numerics"). F1ab walks the chunk in 16-token row blocks n. The
+entries between row block n and an earlier 16-token column block m < n (A, K loaded directly, 16
+tokens) factor through the reference R_n = G' at row block n's first token: e^{X_t - R_n} <= 1 and
+e^{R_n - G_i} <= 1 (X = G' or G), one tensor-core product per sub-block and Gram. The diagonal
+16 x 16 token blocks are exact: a loop over the block's 16 columns j loads row j of A and K as
+vectors, with one exponential tile e^{G_t - G_j} (t >= j, masked with ``tl.where`` before ``exp``)
+shared by the four Grams (B's rows shifted by one token, as G'_{t+1} = G_t), so gates down to -20 per
+step (and g = -inf, clamped at ``LOG_ZERO_FP32``) are exact with no data-dependent branch. Scalar
+decay per head (g [B, T, H]) multiplies the plain products by the exact decay matrix instead. The
+diagonal blocks go to per-chunk scratch (and L_KB's to U's row block) and come back as tiles after a
+barrier. The inverse is never formed: W_n = T_nn (Bh_n - L_AB[n, <n] W_<n) (U likewise), with T_nn
+the inverse of the 16-token diagonal block by doubling, and W_m, U_m (m < n) read back from this
+program's own stores; then Qeff_n = Qh_n - M_QA[n, <=n] W_<=n, Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n.
+Precision: Gram products with q in the input's 16-bit dtype, products with B, W, U, T in TF32 (exact
+fp32 for fp32 input; the 16-token inverse in exact fp32 at one rank slot), fp32 accumulation.
 
 Layout notes for the backward (bwd.py):
 * Stacks inside a chunk are token-major with the rank fastest: row ``i * r + l`` holds rank l of
@@ -375,27 +381,99 @@ def _store_diag_scalar(x, gx, y, gy, tok_x, tok_y, ptr, ld_rows, ld_cols, STRICT
 
 
 @triton.jit
+def _decayed_mm(x, gx, y, gy, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """An off-diagonal Gram block ``x y^T``: vector decay has its factors in x and y already; scalar
+    decay multiplies by the exact decay matrix e^{gx_t - gy_i} (gx ``[rows, 1]``, gy ``[1, cols]``)."""
+    if SCALAR:
+        return _mm(x, tl.trans(y), F32, LOWP) * tl.exp(gx - gy)
+    else:
+        return _mm(x, tl.trans(y), F32, LOWP)
+
+
+@triton.jit
+def _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m0, T, NT, ref, cols, cmask,
+               RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr,
+               HDLA: tl.constexpr, REVERSE: tl.constexpr):
+    """The write keys of the column block at chunk token m0 ``[16 RKP, BK]``: K e^{R - G} (vector decay,
+    R the row block's reference), or K and its G as a row ``[1, 16 RKP]`` (scalar decay)."""
+    rows_k = tl.arange(0, SUB * RKP)
+    tok = rows_k // RKP + m0
+    t, valid = _tokens(c, tok, T, C, REVERSE)
+    k_m = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t[:, None], valid[:, None], (rows_k % RKP)[:, None],
+                  cols[None, :], cmask[None, :], RKV, HDLA)
+    if SCALAR:
+        return k_m, _cum(gs_ptr, bh, c, NT, tok[None, :], cols, C, BK, SCALAR)
+    else:
+        return k_m * tl.exp(ref - _cum(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, SCALAR)), ref
+
+
+@triton.jit
+def _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh, beta_ptr, sbeb, sbet, sbeh,
+             g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m0, T, NT, ref, cols, cmask,
+             RAB: tl.constexpr, RAP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr,
+             HDLA: tl.constexpr, REVERSE: tl.constexpr):
+    """As :func:`_key_block` for the A stack ``[16 RAP, BK]``."""
+    rows_a = tl.arange(0, SUB * RAP)
+    tok = rows_a // RAP + m0
+    t, valid = _tokens(c, tok, T, C, REVERSE)
+    a_m, b_m = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                        beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t[:, None], valid[:, None],
+                        (rows_a % RAP)[:, None], cols[None, :], cmask[None, :], RAB, HDLA)
+    if SCALAR:
+        return a_m, _cum(gs_ptr, bh, c, NT, tok[None, :], cols, C, BK, SCALAR)
+    else:
+        return a_m * tl.exp(ref - _cum(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, SCALAR)), ref
+
+
+@triton.jit
+def _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh, skb, skt, skh,
+               sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
+               i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, RAB: tl.constexpr, RAP: tl.constexpr,
+               C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr):
+    """The operands of the row block at chunk token n0: scale q ``[16, BK]`` and its G ``[16, BK]``
+    (``[16, 1]`` for scalar decay); A, B ``[16 RAP, BK]`` (row t * RAP + r) and B's G' (0s at r_ab = 0)."""
+    tq = tl.arange(0, SUB)
+    t_q, v_q = _tokens(c, tq + n0, T, C, REVERSE)
+    q_n = _gather(q_ptr, sqb, sqt, sqh, 0, i_b, i_h, t_q[:, None], v_q[:, None], tq[:, None] * 0,
+                  cols[None, :], cmask[None, :], 1) * scale
+    gq = _cum(gs_ptr, bh, c, NT, tq[:, None] + n0, cols[None, :], C, BK, SCALAR)
+    if RAB > 0:
+        rows_a = tl.arange(0, SUB * RAP)
+        tok_b = rows_a // RAP + n0
+        t_b, v_b = _tokens(c, tok_b, T, C, REVERSE)
+        a_n, b_n = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                            beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_b[:, None],
+                            v_b[:, None], (rows_a % RAP)[:, None], cols[None, :], cmask[None, :], RAB, HDLA)
+        gbp = _cum_excl(gs_ptr, bh, c, NT, tok_b[:, None], cols[None, :], C, BK, SCALAR)
+        return q_n, gq, a_n, b_n, gbp
+    else:
+        return q_n, gq, q_n, q_n, gq
+
+
+@triton.jit
 def chunk_intra_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr, scr_ptr, qe_ptr, mo_ptr,
     sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
-    T, H, K, NT, scale,
+    T, H, K, NT, scale, n_blocks, n_cols,
     RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
     BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
     F32: tl.constexpr, LOWP: tl.constexpr, INV_EXACT: tl.constexpr,
 ):
     """F1a+F1b for chunk ``program_id(0)`` of head ``program_id(1)``, one 16-token row block n at a time
-    (kernels/README.md §8, module docstring):
+    (kernels/README.md §8, module docstring), in three steps per row block:
 
-        W_n = T_nn (Bh_n - L_AB[n, <n] W_<n)          U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n)
-        Qeff_n = Qh_n - M_QA[n, <=n] W_<=n            Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n
+    (a) the diagonal blocks (:func:`_diag_vector`, exact, or the scalar-decay product) to per-chunk
+        scratch ``scr`` (the L_AB and M_QA diagonal blocks, the M_QK row block; fp32) and L_KB's to
+        U's row block n;
+    (b) W_n = T_nn (Bh_n - L_AB[n, <n] W_<n),  U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n);
+    (c) Qeff_n = Qh_n - M_QA[n, <=n] W_<=n,     Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n.
 
-    Every operand is a sub-block loaded from memory: the earlier column blocks m < n of A, K (and
-    W_m, U_m from this program's own earlier stores), one tensor-core product per (n, m) and Gram; the
-    diagonal blocks by :func:`_diag_vector` (exact, a loop over 16 columns) or the scalar-decay
-    product, stored to per-chunk scratch (``scr``: the L_AB and M_QA diagonal blocks and the M_QK row
-    block in fp32) and to U's row block n (L_KB's row block), then reloaded as tiles after a barrier.
+    Every operand is a sub-block loaded from memory: the earlier column blocks m < n of A and K, and
+    W_m, U_m from this program's own earlier stores (barriers between), one tensor-core product per
+    (n, m) and Gram; (b) and (c) are separate loops over m so that few tiles are live at once.
     W ``[C RAP, BK]`` and U ``[C RAP, C RKP]`` (token-major stacks, fp32) are stored for F1c; Qeff and
-    Mo (q's dtype) are the outputs. r_ab = 0: Qeff = Qh, Mo = M_QK."""
+    Mo (q's dtype) are outputs. r_ab = 0: Qeff = Qh, Mo = M_QK. ``n_blocks = C / 16`` and ``n_cols = 16``
+    are runtime loop bounds (rolled loops: fewer registers)."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
@@ -415,77 +493,16 @@ def chunk_intra_kernel(
     s_qk = s_qa + SUB * RA                                     # M_QK row block [16, C RKP]
     w_base = w_ptr + chunk * (C * RAP) * BK
     u_base = u_ptr + chunk * (C * RAP) * CK
-    for n in range(C // SUB):
+    for n in range(n_blocks):  # runtime bounds: rolled loops (ptxas would unroll constant ones)
         n0 = n * SUB
-        # the row block's own operands: queries (rows t), B (rows t * RAP + r)
-        t_q, v_q = _tokens(c, tq + n0, T, C, REVERSE)
-        q_n = _gather(q_ptr, sqb, sqt, sqh, 0, i_b, i_h, t_q[:, None], v_q[:, None], tq[:, None] * 0,
-                      cols[None, :], cmask[None, :], 1) * scale
-        gq = _cum(gs_ptr, bh, c, NT, tq[:, None] + n0, cols[None, :], C, BK, SCALAR)  # [16, BK] or [16, 1]
-        # x sides of the off-diagonal products, reference R = G' at the row block's first token
-        if SCALAR:
-            xq = q_n
-        else:
-            ref = _cum(gs_ptr, bh, c, NT, tl.maximum(n0 - 1, 0), cols[None, :], C, BK, SCALAR)  # [1, BK]
-            xq = q_n * tl.exp(gq - ref)
-        if RAB > 0:
-            tok_b = rows_a // RAP + n0
-            t_b, v_b = _tokens(c, tok_b, T, C, REVERSE)
-            a_n, b_n = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                                beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_b[:, None],
-                                v_b[:, None], (rows_a % RAP)[:, None], cols[None, :], cmask[None, :], RAB, HDLA)
-            gbp = _cum_excl(gs_ptr, bh, c, NT, tok_b[:, None], cols[None, :], C, BK, SCALAR)
-            if SCALAR:
-                xb = b_n
-            else:
-                xb = b_n * tl.exp(gbp - ref)
-        acc_q = tl.zeros([SUB, BK], dtype=tl.float32)
-        acc_mo = tl.zeros([SUB, CK], dtype=tl.float32)
-        acc_w = tl.zeros([RA, BK], dtype=tl.float32)
-        acc_u = tl.zeros([RA, CK], dtype=tl.float32)
-        for m in range(n):  # earlier column blocks, one at a time (a loop, not unrolled)
-            m0 = m * SUB
-            tok_k = rows_k // RKP + m0
-            t_k, v_k = _tokens(c, tok_k, T, C, REVERSE)
-            k_m = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
-                          cols[None, :], cmask[None, :], RKV, HDLA)
-            if SCALAR:
-                gk_m = _cum(gs_ptr, bh, c, NT, tok_k[None, :], cols, C, BK, SCALAR)  # [1, RK]
-                m_qk = _mm(xq, tl.trans(k_m), F32, LOWP) * tl.exp(gq - gk_m)
-            else:
-                gk_m = _cum(gs_ptr, bh, c, NT, tok_k[:, None], cols[None, :], C, BK, SCALAR)
-                yk = k_m * tl.exp(ref - gk_m)
-                m_qk = _mm(xq, tl.trans(yk), F32, LOWP)
-            tl.store(s_qk + tq[:, None] * CK + (rows_k + m * RK)[None, :], m_qk)
-            if RAB > 0:
-                if SCALAR:
-                    l_kb = _mm(xb, tl.trans(k_m), F32, 0) * tl.exp(gbp - gk_m)
-                else:
-                    l_kb = _mm(xb, tl.trans(yk), F32, 0)
-                tl.store(u_base + (rows_a + n * RA)[:, None] * CK + (rows_k + m * RK)[None, :], l_kb)
-                tok_a = rows_a // RAP + m0
-                t_a, v_a = _tokens(c, tok_a, T, C, REVERSE)
-                a_m, b_m = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                                    beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_a[:, None],
-                                    v_a[:, None], (rows_a % RAP)[:, None], cols[None, :], cmask[None, :], RAB, HDLA)
-                if SCALAR:
-                    ga_m = _cum(gs_ptr, bh, c, NT, tok_a[None, :], cols, C, BK, SCALAR)  # [1, RA]
-                    m_qa = _mm(xq, tl.trans(a_m), F32, LOWP) * tl.exp(gq - ga_m)
-                    l_ab = _mm(xb, tl.trans(a_m), F32, 0) * tl.exp(gbp - ga_m)
-                else:
-                    ya = a_m * tl.exp(ref - _cum(gs_ptr, bh, c, NT, tok_a[:, None], cols[None, :], C, BK, SCALAR))
-                    m_qa = _mm(xq, tl.trans(ya), F32, LOWP)
-                    l_ab = _mm(xb, tl.trans(ya), F32, 0)
-                w_m = tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :])
-                u_m = tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
-                              mask=(ucols < (m + 1) * RK)[None, :], other=0.0)
-                acc_w += _mm(l_ab, w_m, F32, 0)
-                acc_u += _mm(l_ab, u_m, F32, 0)
-                acc_q += _mm(m_qa, w_m, F32, 0)
-                acc_mo += _mm(m_qa, u_m, F32, 0)
-        # the diagonal blocks, to scratch (L_KB's to U's row block n)
+        u_row = u_base + (rows_a + n * RA)[:, None] * CK
+        # (a) the diagonal blocks, to scratch (L_KB's to U's row block n)
         u_diag = u_base + (n * RA) * CK + n * RK
         if SCALAR:
+            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
             t_k, v_k = _tokens(c, rows_k // RKP + n0, T, C, REVERSE)
             k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
                           cols[None, :], cmask[None, :], RKV, HDLA)
@@ -493,51 +510,108 @@ def chunk_intra_kernel(
             gq_r = _cum(gs_ptr, bh, c, NT, tq + n0, cols, C, BK, SCALAR)
             _store_diag_scalar(q_n, gq_r, k_n, gk_n, tq, rows_k // RKP, s_qk + n * RK, CK, rows_k, False, F32, LOWP)
             if RAB > 0:
-                ga_n = _cum(gs_ptr, bh, c, NT, tok_b, cols, C, BK, SCALAR)
-                gbp_r = _cum_excl(gs_ptr, bh, c, NT, tok_b, cols, C, BK, SCALAR)
+                ga_n = _cum(gs_ptr, bh, c, NT, rows_a // RAP + n0, cols, C, BK, SCALAR)
+                gbp_r = _cum_excl(gs_ptr, bh, c, NT, rows_a // RAP + n0, cols, C, BK, SCALAR)
                 _store_diag_scalar(q_n, gq_r, a_n, ga_n, tq, rows_a // RAP, s_qa, RA, rows_a, False, F32, LOWP)
                 _store_diag_scalar(b_n, gbp_r, a_n, ga_n, rows_a // RAP, rows_a // RAP, s_ab, RA, rows_a, True, F32, 0)
                 _store_diag_scalar(b_n, gbp_r, k_n, gk_n, rows_a // RAP, rows_k // RKP, u_diag, CK, rows_k, True, F32, 0)
         else:
             _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK, u_diag,
                          sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
-                         sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                         sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, n_cols,
                          RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE)
-        tl.debug_barrier()
-        # solve the row block, then its queries
-        qh = q_n * tl.exp(gq)
-        mo = tl.load(s_qk + tq[:, None] * CK + ucols[None, :],
-                     mask=((ucols < (n + 1) * RK) & (ucols % RKP < RKV))[None, :], other=0.0)
+        # x sides of the off-diagonal products: reference R = G' at the row block's first token
+        ref = _cum(gs_ptr, bh, c, NT, tl.maximum(n0 - 1, 0), cols[None, :], C, BK, SCALAR)  # [1, BK]
         if RAB > 0:
+            # (b) W_n = T_nn (Bh_n - L_AB[n, <n] W_<n), U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n)
+            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+            if SCALAR:
+                xb = b_n
+            else:
+                xb = b_n * tl.exp(gbp - ref)
+            acc_w = tl.zeros([RA, BK], dtype=tl.float32)
+            acc_u = tl.zeros([RA, CK], dtype=tl.float32)
+            for m in range(n):  # earlier column blocks, one at a time
+                yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
+                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE)
+                tl.store(u_row + (rows_k + m * RK)[None, :], _decayed_mm(xb, gbp, yk, gk_m, SCALAR, F32, 0))
+                ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                                  beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m * SUB,
+                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+                l_ab = _decayed_mm(xb, gbp, ya, ga_m, SCALAR, F32, 0)
+                w_m = tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :])
+                u_m = tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
+                              mask=(ucols < (m + 1) * RK)[None, :], other=0.0)
+                acc_w += _mm(l_ab, w_m, F32, 0)
+                acc_u += _mm(l_ab, u_m, F32, 0)
+            tl.debug_barrier()
+            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
             tok_c = rows_a // RAP
             l_d = tl.load(s_ab + rows_a[:, None] * RA + rows_a[None, :],
                           mask=(tok_c[:, None] > tok_c[None, :]) & ((rows_a % RAP) < RAB)[None, :], other=0.0)
             t_nn = _unit_lower_inverse(l_d, RAP, INV_EXACT)
             in_diag = (ucols >= n * RK)[None, :]
-            rhs_u = tl.load(u_base + (rows_a + n * RA)[:, None] * CK + ucols[None, :],
-                            mask=(ucols < (n + 1) * RK)[None, :] & (ucols % RKP < RKV)[None, :]
+            rhs_u = tl.load(u_row + ucols[None, :], mask=(ucols < (n + 1) * RK)[None, :] & (ucols % RKP < RKV)[None, :]
                             & (~in_diag | (tok_c > 0)[:, None]), other=0.0)
             w_n = _mm(t_nn, b_n * tl.exp(gbp) - acc_w, F32, 0)
             u_n = _mm(t_nn, rhs_u - acc_u, F32, 0)
             tl.debug_barrier()  # every thread has read U's row block n before it is overwritten
             tl.store(w_base + (rows_a + n * RA)[:, None] * BK + cols[None, :], w_n)
-            tl.store(u_base + (rows_a + n * RA)[:, None] * CK + ucols[None, :], u_n)
+            tl.store(u_row + ucols[None, :], u_n)
+        # (c) Qeff_n = Qh_n - M_QA[n, <=n] W_<=n, Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n
+        q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+        if SCALAR:
+            xq = q_n
+        else:
+            xq = q_n * tl.exp(gq - ref)
+        acc_q = tl.zeros([SUB, BK], dtype=tl.float32)
+        acc_mo = tl.zeros([SUB, CK], dtype=tl.float32)
+        for m in range(n):
+            yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
+                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE)
+            tl.store(s_qk + tq[:, None] * CK + (rows_k + m * RK)[None, :], _decayed_mm(xq, gq, yk, gk_m, SCALAR, F32, LOWP))
+            if RAB > 0:
+                ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                                  beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m * SUB,
+                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+                m_qa = _decayed_mm(xq, gq, ya, ga_m, SCALAR, F32, LOWP)
+                acc_q += _mm(m_qa, tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :]), F32, 0)
+                acc_mo += _mm(m_qa, tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
+                                            mask=(ucols < (m + 1) * RK)[None, :], other=0.0), F32, 0)
+        tl.debug_barrier()
+        q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+        qh = q_n * tl.exp(gq) - acc_q
+        mo = tl.load(s_qk + tq[:, None] * CK + ucols[None, :],
+                     mask=((ucols < (n + 1) * RK) & (ucols % RKP < RKV))[None, :], other=0.0) - acc_mo
+        if RAB > 0:
             m_qa_d = tl.load(s_qa + tq[:, None] * RA + rows_a[None, :], mask=((rows_a % RAP) < RAB)[None, :],
                              other=0.0)
-            qh = qh - acc_q - _mm(m_qa_d, w_n, F32, 0)
-            mo = mo - acc_mo - _mm(m_qa_d, u_n, F32, 0)
+            qh -= _mm(m_qa_d, tl.load(w_base + (rows_a + n * RA)[:, None] * BK + cols[None, :]), F32, 0)
+            mo -= _mm(m_qa_d, tl.load(u_row + ucols[None, :]), F32, 0)
         qrow = chunk * C + n0 + tq
         tl.store(qe_ptr + qrow[:, None] * K + cols[None, :], qh.to(qe_ptr.dtype.element_ty), mask=cmask[None, :])
         mo_col = (ucols // RKP) * RKV + ucols % RKP
         tl.store(mo_ptr + qrow[:, None] * (C * RKV) + mo_col[None, :], mo.to(mo_ptr.dtype.element_ty),
                  mask=(ucols % RKP < RKV)[None, :])
-        tl.debug_barrier()  # W_n, U_n and the scratch are complete before the next row block
+        tl.debug_barrier()  # the scratch is read before the next row block writes it
 
 
 @triton.jit
 def _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk, u_diag,
                  sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
-                 sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                 sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, n_cols,
                  RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
                  BK: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr):
     """The four diagonal 16 x 16 token blocks of row block n0 / 16 (vector decay), exact: a loop over
@@ -565,7 +639,7 @@ def _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
                           r3, c3, cm3, RAB, HDLA)  # B of token t + 1: [16, RAP, BK]
     shifted = (tq + 1 < SUB)[:, None]
     l_rows = ((tq[:, None] + 1) * RAP + tl.arange(0, RAP)[None, :])  # [16, RAP]
-    for j in range(SUB):
+    for j in range(n_cols):  # = 16, a runtime bound: a rolled loop
         t_j, v_j = _tokens(c, n0 + j, T, C, REVERSE)
         g_j = _cum(gs_ptr, bh, c, NT, n0 + j, cols, C, BK, False)
         e3 = tl.exp(tl.where(t3 >= j, g3 - g_j[None, None, :], float("-inf")))
@@ -691,7 +765,7 @@ def launch_warps(stage: str, c: int, rap: int, rkp: int, bk: int) -> int:
     if stage == "F0":
         return 4 if c * bk <= 64 * 64 else 8
     if stage == "F1ab":  # row-block tiles: [16 rap, bk] and [16 rap, c rkp]
-        return 4 if 16 * rap * max(bk, c * rkp) <= 64 * 64 else 8
+        return 4 if 16 * rap * max(bk, c * rkp) < 32 * 64 else 8
     if stage == "F1c":
         return 4 if rows * bk <= 64 * 64 else 8
     if stage == "F2":
@@ -827,7 +901,7 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps):
     chunk_intra_kernel[grid](
         q, k, a_in, b_in, g, beta_in, gs, w_mat, u_mat, scratch, qe, mo,
         *_strides(q, 3), *k_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
-        seq_len, heads, dk, n_chunks, float(scale), **ranks, **tiles, INV_EXACT=f32 or rap == 1,
+        seq_len, heads, dk, n_chunks, float(scale), c // 16, 16, **ranks, **tiles, INV_EXACT=f32 or rap == 1,
         num_warps=num_warps or launch_warps("F1ab", c, rap, rkp, bk), num_stages=1,
     )
     chunk_nc_kernel[grid](
