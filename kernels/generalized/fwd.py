@@ -206,7 +206,7 @@ def chunk_cumsum_kernel(g_ptr, gs_ptr, gamma_ptr, sgb, sgt, sgh, T, H, K, NT,
                         C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr):
     """F0 for chunk ``program_id(0)`` of head ``program_id(1)``: G, the chunk-local inclusive cumsum of
     the clamped g (scan order, fp32, ``[C, BK]`` or ``[C]``), and gamma = e^{G_last} ``[K]``. Its own
-    kernel so that F1a / F1b (and the backward) read G from memory written by a finished launch."""
+    kernel so that F1ab (and the backward) read G from memory written by a finished launch."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
@@ -237,7 +237,7 @@ def chunk_nc_kernel(
     F32: tl.constexpr, LOWP: tl.constexpr,
 ):
     """F1c for chunk ``program_id(0)`` of head ``program_id(1)``: N = At^T W ``[K, K]`` (r_ab > 0) and
-    Cc = (Kt - U^T At)^T Vbar ``[K, V]`` (Kt^T Vbar at r_ab = 0), from W, U (F1a) and G (F0)."""
+    Cc = (Kt - U^T At)^T Vbar ``[K, V]`` (Kt^T Vbar at r_ab = 0), from W, U (F1ab) and G (F0)."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
