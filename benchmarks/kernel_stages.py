@@ -236,10 +236,10 @@ def stage_costs(mixer, batch, seq_len, heads, dk, dv, bv=64):
     return {k: dict(gflop=f * n / 1e9, mb=b * n / 1e6, chunk=c) for k, (f, b) in per_chunk.items()}
 
 
-def aot_inputs(mixer, batch, seq_len, heads, dk, dv):
-    """Uninitialised CPU inputs of the real shapes (bf16, g fp32) for :func:`_forward_stages`."""
+def aot_inputs(mixer, batch, seq_len, heads, dk, dv, dtype=torch.bfloat16):
+    """Uninitialised CPU inputs of the real shapes (``dtype``, default bf16; g fp32) for :func:`_forward_stages`."""
     r_ab, r_kv, per_head = AOT_MIXERS[mixer]
-    bf = torch.bfloat16
+    bf = dtype
     e = lambda *s, dtype=bf: torch.empty(*s, dtype=dtype)  # noqa: E731
     q = e(batch, seq_len, heads, dk)
     if r_ab == HDLA:
@@ -256,16 +256,16 @@ def _forward_stages(p):
                                    hdla_beta=p["beta"])
 
 
-def aot_compile(mixers, cases):
-    """One row per (mixer, case, kernel): registers, spill bytes, shared memory (KB), wgmma."""
+def aot_compile(mixers, cases, dtype=torch.bfloat16):
+    """One row per (mixer, case, kernel): registers, spill bytes, shared memory (KB), wgmma (inputs in ``dtype``)."""
     from tools.aot_check import compile_only
     rows = []
     for mixer in mixers:
         for case in cases:
             with compile_only() as records:
-                _forward_stages(aot_inputs(mixer, *AOT_CASES[case]))
+                _forward_stages(aot_inputs(mixer, *AOT_CASES[case], dtype=dtype))
             for r in records:
-                row = dict(mixer=mixer, case=case, kernel=r["kernel"], warps=r["num_warps"], stages=r["num_stages"],
+                row = dict(mixer=mixer, case=case, dtype=str(dtype).replace("torch.", ""), kernel=r["kernel"], warps=r["num_warps"], stages=r["num_stages"],
                            regs=r["reg"], spill=max(r["stack"], 0) + max(r["local"], 0),
                            smem_kb=round(r["dyn_shared"] / 1024, 1), wgmma=r["wgmma"],
                            tiles={k: v for k, v in r["constexprs"].items() if k in ("C", "BK", "BV", "BT")})
@@ -286,6 +286,8 @@ def main():
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--mixers", default=",".join(AOT_MIXERS))
     parser.add_argument("--cases", default=",".join(AOT_CASES))
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                        help="input dtype of --part aot")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     if args.case:
@@ -296,7 +298,7 @@ def main():
                 commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                       text=True).stdout.strip() or os.environ.get("COMMIT", "?"))
     if args.part == "aot":
-        rows = aot_compile(args.mixers.split(","), args.cases.split(","))
+        rows = aot_compile(args.mixers.split(","), args.cases.split(","), getattr(torch, args.dtype))
         costs = {m: stage_costs(m, *AOT_CASES["lm"]) for m in AOT_MIXERS}
         bad = [r for r in rows if r["spill"] > 0 or r["smem_kb"] > SMEM_LIMIT_KB]
         print(f"{len(bad)} of {len(rows)} kernel compilations spill or exceed {SMEM_LIMIT_KB} KB shared memory")

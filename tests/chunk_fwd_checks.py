@@ -156,3 +156,22 @@ def test_cumsum_stage(per_head_g):
     assert torch.allclose(G, ref, atol=1e-5)
     last = ref[:, :, -1] if not per_head_g else ref[:, :, -1, None].expand(2, 2, 16)
     assert torch.allclose(prep["gamma"][0], last.exp(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("r_ab,chunk,reverse,g_min", [(3, 16, False, -20.0), (3, 32, True, -3.0),
+                                                      (4, 16, True, -3.0), (4, 32, False, -20.0)])
+def test_high_ranks_dk32(r_ab, chunk, reverse, g_min):
+    """r_ab = 3 (padded to 4 rank slots) and 4 at K = 32 (the GPU sweep's failing ranks, at dk > 8):
+    row blocks of 64 stack rows, several row blocks per chunk at C = 32."""
+    _run_generalized(r_ab, 1, 45, chunk, reverse=reverse, g_min=g_min, dk=32, dv=16)
+
+
+def test_k16_chunk_64_scalar_decay_rank_2_2():
+    """K = 16 at C = 64 with a decay per head and r_ab = r_kv = 2 (four row blocks of 32 stack rows)."""
+    _run_generalized(2, 2, 70, 64, per_head_g=True, g_min=-20.0, dk=16, dv=16, reverse=True)
+
+
+@pytest.mark.parametrize("dk,chunk", [(160, 16), (256, 32)])
+def test_hdla_wide_keys(dk, chunk):
+    """K = 160 (key block 256, masked channels) and K = 256: full-width key tiles."""
+    _run_hdla(40, chunk, dk=dk, dv=16, reverse=dk == 160)

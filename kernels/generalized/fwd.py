@@ -17,26 +17,32 @@ with G the inclusive and G' = G - g the exclusive chunk-local cumsum of the clam
 
 Kernels (grid (NT, B*H) unless said; num_warps from :func:`launch_warps`, a host-side table)
     F0  ``chunk_cumsum_kernel``  G (chunk-local inclusive cumsum of the clamped g, fp32) and gamma.
-    F1a ``chunk_wy_kernel``      W (PART 0) or U (PART 1): two launches, one accumulator each,
-                                 stored fp32 ``[B*H*NT, C*RAP, BK]`` / ``[B*H*NT, C*RAP, C*RKP]``.
-    F1b ``chunk_qeff_kernel``    Qeff and Mo per 16-query row block (W, U read from F1a's output).
+    F1ab ``chunk_intra_kernel``  W, U (fp32 ``[B*H*NT, C*RAP, BK]`` / ``[B*H*NT, C*RAP, C*RKP]``, for
+                                 F1c) and Qeff, Mo, one 16-token row block at a time: block forward
+                                 substitution over sub-blocks loaded from memory (details below).
     F1c ``chunk_nc_kernel``      N = At^T W and Cc = (Kt - U^T At)^T Vbar (64+-row wgmma products).
     F2  ``chunk_state_kernel``   grid (V/BV, B*H), serial over chunks: one [K x K].[K x BV] product
                                  per chunk on the chain; gamma (.) S exact in fp32; in 16-bit mode N
                                  (16-bit) times S split as hi + lo in N's dtype (two products).
     F3  ``chunk_output_kernel``  grid (NT, V/BV, B*H): O = Qeff h + Mo Vbar.
-Every kernel reads what an earlier launch wrote (no cross-thread scratch inside a launch).
+Every kernel reads what an earlier launch wrote, except F1ab's own scratch (written and read
+back by one program, across ``tl.debug_barrier``).
 
-Decays (design/KERNELS.md "Numerics"). F1a/F1b walk the chunk in 16-token row blocks n. The
-entries between row block n and an earlier 16-token column block m < n (loaded directly, 16 rows)
-factor through the reference R_m = G at block m's last token: e^{X_t - R_m} <= 1 and
-e^{R_m - G_i} <= 1 (X = G' or G), one tensor-core product per sub-block.
-The diagonal 16 x 16 token block is built column by column with the exact pairwise e^{X_t - G_i}
-(masked with ``tl.where`` before ``exp``), so gates down to -20 per step (and g = -inf, clamped at
-``LOG_ZERO_FP32``) are exact with no data-dependent branch. Scalar decay per head (g [B, T, H])
-multiplies the plain product by the exact C x C decay matrix instead. The inverse is never
-formed: W and U come from block forward substitution, W_n = T_nn (Bh_n - L_AB[n, <n] W_<n)
-(U likewise), with T_nn the inverse of the 16-token diagonal block by doubling (fp32).
+Decays (design/KERNELS.md "Numerics"). F1ab walks the chunk in 16-token row blocks n. The
+entries between row block n and an earlier 16-token column block m < n (A, K loaded directly, 16
+tokens) factor through the reference R_n = G' at row block n's first token: e^{X_t - R_n} <= 1 and
+e^{R_n - G_i} <= 1 (X = G' or G), one tensor-core product per sub-block and Gram. The diagonal
+16 x 16 token blocks are exact: a loop over the block's 16 columns j loads row j of A and K as
+vectors, with one exponential tile e^{G_t - G_j} (t >= j, masked with ``tl.where`` before ``exp``)
+shared by the four Grams (B's rows shifted by one token, as G'_{t+1} = G_t), so gates down to -20 per
+step (and g = -inf, clamped at ``LOG_ZERO_FP32``) are exact with no data-dependent branch. Scalar
+decay per head (g [B, T, H]) multiplies the plain products by the exact decay matrix instead. The
+diagonal blocks go to per-chunk scratch (and L_KB's to U's row block) and come back as tiles after a
+barrier. The inverse is never formed: W_n = T_nn (Bh_n - L_AB[n, <n] W_<n) (U likewise), with T_nn
+the inverse of the 16-token diagonal block by doubling, and W_m, U_m (m < n) read back from this
+program's own stores; then Qeff_n = Qh_n - M_QA[n, <=n] W_<=n, Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n.
+Precision: Gram products with q in the input's 16-bit dtype, products with B, W, U, T in TF32 (exact
+fp32 for fp32 input; the 16-token inverse in exact fp32 at one rank slot), fp32 accumulation.
 
 Layout notes for the backward (bwd.py):
 * Stacks inside a chunk are token-major with the rank fastest: row ``i * r + l`` holds rank l of
@@ -153,108 +159,6 @@ def _hdla_stacks(k_ptr, skb, skt, skh, beta_ptr, sbb, sbt, sbh, g_ptr, sgb, sgt,
     return a, b
 
 
-@triton.jit
-def _row_of(x, rows, r):
-    """Row ``r`` of a 2-D tile as a 1-D vector."""
-    return tl.sum(tl.where((rows == r)[:, None], x, 0.0), 0)
-
-
-@triton.jit
-def _tile_rows(x, NB: tl.constexpr, NR: tl.constexpr, D: tl.constexpr):
-    """``[NR, D] -> [NB * NR, D]``: x repeated NB times down the rows."""
-    return tl.reshape(tl.broadcast_to(x[None, :, :], (NB, NR, D)), (NB * NR, D))
-
-
-@triton.jit
-def _tile_cols(x, NB: tl.constexpr, NR: tl.constexpr, D: tl.constexpr):
-    """``[NR, D] -> [NR, NB * D]``: x repeated NB times across the columns."""
-    return tl.reshape(tl.broadcast_to(x[:, None, :], (NR, NB, D)), (NR, NB * D))
-
-
-# ----------------------------------------------------------------------------- the Gram blocks
-@triton.jit
-def _diag_exact(x, gx, y_d, gy_d, STRICT: tl.constexpr, RPR: tl.constexpr, RPC: tl.constexpr):
-    """The diagonal token block ``D[n, m] = sum_k x[n,k] y_d[m,k] e^{gx[n,k] - gy_d[m,k]}`` for
-    token(m) < token(n) (<= unless STRICT), exact pairwise: ``[16 RPR, 16 RPC]``."""
-    tok_r = tl.arange(0, SUB * RPR) // RPR
-    rows_d = tl.arange(0, SUB * RPC)
-    out = tl.zeros([SUB * RPR, SUB * RPC], dtype=tl.float32)
-    for i in range(SUB):
-        gy_i = _row_of(gy_d, rows_d, i * RPC)
-        if STRICT:
-            live = tok_r > i
-        else:
-            live = tok_r >= i
-        xe = x * tl.exp(tl.where(live[:, None], gx - gy_i[None, :], float("-inf")))
-        for r in tl.static_range(RPC):
-            y_i = _row_of(y_d, rows_d, i * RPC + r)
-            col = tl.sum(xe * y_i[None, :], 1)
-            out = tl.where((rows_d == i * RPC + r)[None, :], col[:, None], out)
-    return out
-
-
-@triton.jit
-def _gram_add_block(out, x, gx, y_m, gy_m, ref_m, m, RPC: tl.constexpr, C: tl.constexpr,
-                    SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
-    """Column block m < n of a Gram row block n: ``sum_k x_t y_i e^{gx_t - gy_i}`` for the 16 tokens i
-    of block m (all earlier than every row t), through the reference ref_m = G at block m's last token:
-    e^{gx_t - ref_m} <= 1 and e^{ref_m - gy_i} <= 1 (vector decay); scalar decay multiplies the plain
-    product by the exact decay matrix. x, gx ``[rows, BK]`` (``[rows]``); y_m, gy_m ``[16 RPC, BK]``."""
-    if SCALAR:
-        blk = _mm(x, tl.trans(y_m), F32, LOWP) * tl.exp(gx[:, None] - gy_m[None, :])
-    else:
-        blk = _mm(x * tl.exp(gx - ref_m[None, :]), tl.trans(y_m * tl.exp(ref_m[None, :] - gy_m)), F32, LOWP)
-    tok_c = tl.arange(0, C * RPC) // RPC
-    full = _tile_cols(blk, C // SUB, x.shape[0], SUB * RPC)
-    return tl.where((tok_c // SUB == m)[None, :], full, out)
-
-
-@triton.jit
-def _gram_add_diag(out, x, gx, y_d, gy_d, n, STRICT: tl.constexpr, RPR: tl.constexpr, RPC: tl.constexpr,
-                   C: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
-    """The diagonal token block n of a Gram row block, exact pairwise decays (:func:`_diag_exact`; scalar decay: the plain product times the exact decay matrix);
-    returns (row block with it written, the diagonal block ``[16 RPR, 16 RPC]``)."""
-    if SCALAR:
-        tok_r = tl.arange(0, SUB * RPR) // RPR
-        tok_d = tl.arange(0, SUB * RPC) // RPC
-        if STRICT:
-            live_d = tok_d[None, :] < tok_r[:, None]
-        else:
-            live_d = tok_d[None, :] <= tok_r[:, None]
-        diag = _mm(x, tl.trans(y_d), F32, LOWP) * tl.exp(tl.where(live_d, gx[:, None] - gy_d[None, :], float("-inf")))
-    else:
-        diag = _diag_exact(x, gx, y_d, gy_d, STRICT, RPR, RPC)
-    tok_c = tl.arange(0, C * RPC) // RPC
-    full = _tile_cols(diag, C // SUB, SUB * RPR, SUB * RPC)
-    return tl.where((tok_c // SUB == n)[None, :], full, out), diag
-
-
-@triton.jit
-def _decay_rows(x, gexp, SCALAR: tl.constexpr):
-    """x * e^{gexp} with gexp ``[rows, BK]`` (vector decay) or ``[rows]`` (scalar)."""
-    if SCALAR:
-        return x * tl.exp(gexp)[:, None]
-    else:
-        return x * tl.exp(gexp)
-
-
-@triton.jit
-def _unit_lower_inverse(d, RP: tl.constexpr):
-    """``(I + d)^{-1}`` for d ``[16 RP, 16 RP]`` strictly lower by token (r x r blocks), by doubling:
-    with P the block-diagonal inverse over 2^l-token groups and X the entries between the halves
-    of each 2^(l+1)-token group, the next inverse is P - P X P. fp32 throughout."""
-    rows = tl.arange(0, SUB * RP)
-    tok = rows // RP
-    eye = (rows[:, None] == rows[None, :]).to(tl.float32)
-    inv = eye - tl.where((tok[:, None] >> 1) == (tok[None, :] >> 1), d, 0.0)
-    for level in tl.static_range(1, 4):
-        cross = ((tok[:, None] >> (level + 1)) == (tok[None, :] >> (level + 1))) & (
-            (tok[:, None] >> level) != (tok[None, :] >> level))
-        px = tl.dot(inv, tl.where(cross, d, 0.0), input_precision="ieee")
-        inv = inv - tl.dot(px, inv, input_precision="ieee")
-    return inv
-
-
 # ----------------------------------------------------------------------------- F1
 @triton.jit
 def _cumsum_at(gs_ptr, bh, c, tok, cols, NT, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr):
@@ -289,16 +193,6 @@ def _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, s
 
 
 @triton.jit
-def _exclusive(g_cum, g, RP: tl.constexpr, SCALAR: tl.constexpr):
-    """G' = G - g of a row block, and its value at the block's first token (the reference R_n)."""
-    gp = g_cum - g
-    if SCALAR:
-        return gp, 0.0
-    else:
-        return gp, _row_of(gp, tl.arange(0, SUB * RP), 0)
-
-
-@triton.jit
 def _from_last(x, g_last, g_rows, SCALAR: tl.constexpr):
     """x_i e^{G_last - G_i}."""
     if SCALAR:
@@ -308,23 +202,11 @@ def _from_last(x, g_last, g_rows, SCALAR: tl.constexpr):
 
 
 @triton.jit
-def _hold(x, F32: tl.constexpr, LOWP: tl.constexpr):
-    """A tile kept only as a tensor-core operand: fp32 for fp32 input, else the input's 16-bit dtype
-    (half the registers; every product rounds its operands to it anyway)."""
-    if F32:
-        return x
-    elif LOWP == 2:
-        return x.to(tl.float16)
-    else:
-        return x.to(tl.bfloat16)
-
-
-@triton.jit
 def chunk_cumsum_kernel(g_ptr, gs_ptr, gamma_ptr, sgb, sgt, sgh, T, H, K, NT,
                         C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr):
     """F0 for chunk ``program_id(0)`` of head ``program_id(1)``: G, the chunk-local inclusive cumsum of
     the clamped g (scan order, fp32, ``[C, BK]`` or ``[C]``), and gamma = e^{G_last} ``[K]``. Its own
-    kernel so that F1a / F1b (and the backward) read G from memory written by a finished launch."""
+    kernel so that F1ab (and the backward) read G from memory written by a finished launch."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
@@ -345,116 +227,6 @@ def chunk_cumsum_kernel(g_ptr, gs_ptr, gamma_ptr, sgb, sgt, sgh, T, H, K, NT,
 
 
 @triton.jit
-def _wy_rows(x_all, x_n, w_all, l_ab, t_nn, n, RAP: tl.constexpr, C: tl.constexpr, F32: tl.constexpr):
-    """One row block of a forward substitution X = (I + L_AB)^{-1} R: X_n = T_nn (R_n - L_AB[n, <n] X_<n),
-    written into x_all (rows of the other blocks kept)."""
-    rows_a = tl.arange(0, C * RAP)
-    x_n = _mm(t_nn, x_n - _mm(l_ab, x_all, F32, 0), F32, 0)
-    in_block = ((rows_a // RAP) // SUB == n)[:, None]
-    return tl.where(in_block, _tile_rows(x_n, C // SUB, SUB * RAP, x_all.shape[1]), x_all)
-
-
-@triton.jit
-def _gram_rows_a(x, gx, x_rows: tl.constexpr, n, STRICT: tl.constexpr, RPR: tl.constexpr,
-                 a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                 beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr,
-                 i_b, i_h, bh, c, T, NT, cols, cmask, RAB: tl.constexpr, RAP: tl.constexpr, C: tl.constexpr,
-                 BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
-                 F32: tl.constexpr, LOWP: tl.constexpr):
-    """Row block n of ``x_t^T diag(e^{gx_t - G_i}) A_i`` over writer tokens i before (or at) t:
-    ``[x_rows, C RAP]`` and its diagonal block. Every 16-token column block of A is loaded directly."""
-    out = tl.zeros([x_rows, C * RAP], dtype=tl.float32)
-    for m in range(n):  # a loop, not unrolled: one column block live at a time
-        tm, rm, t_m, v_m = _steps(c, m * SUB, SUB, RAP, T, C, REVERSE)
-        a_m, b_m = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                            beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_m, v_m, rm, cols,
-                            cmask, RAB, HDLA)
-        ga_m = _load_cumsum(gs_ptr, bh, c, tm, cols, NT, C, BK, SCALAR)
-        ref_m = _cumsum_at(gs_ptr, bh, c, m * SUB + SUB - 1, cols, NT, C, BK, SCALAR)
-        out = _gram_add_block(out, x, gx, a_m, ga_m, ref_m, m, RAP, C, SCALAR, F32, LOWP)
-    tn, rn, t_n, v_n = _steps(c, n * SUB, SUB, RAP, T, C, REVERSE)
-    a_n, b_n = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                        beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_n, v_n, rn, cols,
-                        cmask, RAB, HDLA)
-    ga_n = _load_cumsum(gs_ptr, bh, c, tn, cols, NT, C, BK, SCALAR)
-    return _gram_add_diag(out, x, gx, a_n, ga_n, n, STRICT, RPR, RAP, C, SCALAR, F32, LOWP)
-
-
-@triton.jit
-def _gram_rows_k(x, gx, x_rows: tl.constexpr, n, STRICT: tl.constexpr, RPR: tl.constexpr,
-                 k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, T, NT, cols, cmask,
-                 RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr,
-                 HDLA: tl.constexpr, REVERSE: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
-    """As :func:`_gram_rows_a` against the write keys K: ``[x_rows, C RKP]`` and its diagonal block."""
-    out = tl.zeros([x_rows, C * RKP], dtype=tl.float32)
-    for m in range(n):  # a loop, not unrolled: one column block live at a time
-        tm, rm, t_m, v_m = _steps(c, m * SUB, SUB, RKP, T, C, REVERSE)
-        k_m = _key_rows(k_ptr, skb, skt, skh, skr, i_b, i_h, t_m, v_m, rm, cols, cmask, RKV, HDLA)
-        gk_m = _load_cumsum(gs_ptr, bh, c, tm, cols, NT, C, BK, SCALAR)
-        ref_m = _cumsum_at(gs_ptr, bh, c, m * SUB + SUB - 1, cols, NT, C, BK, SCALAR)
-        out = _gram_add_block(out, x, gx, k_m, gk_m, ref_m, m, RKP, C, SCALAR, F32, LOWP)
-    tn, rn, t_n, v_n = _steps(c, n * SUB, SUB, RKP, T, C, REVERSE)
-    k_n = _key_rows(k_ptr, skb, skt, skh, skr, i_b, i_h, t_n, v_n, rn, cols, cmask, RKV, HDLA)
-    gk_n = _load_cumsum(gs_ptr, bh, c, tn, cols, NT, C, BK, SCALAR)
-    return _gram_add_diag(out, x, gx, k_n, gk_n, n, STRICT, RPR, RKP, C, SCALAR, F32, LOWP)
-
-
-@triton.jit
-def chunk_wy_kernel(
-    k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr,
-    skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
-    T, H, K, NT,
-    RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
-    BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
-    F32: tl.constexpr, LOWP: tl.constexpr, PART: tl.constexpr,
-):
-    """F1a for chunk ``program_id(0)`` of head ``program_id(1)`` (r_ab > 0): W = (I + L_AB)^{-1} Bh
-    (PART = 0) or U = (I + L_AB)^{-1} L_KB (PART = 1) by block forward substitution, stored fp32 with
-    padded rank slots (rows ``[C * RAP]``). Two launches, so that each keeps a single accumulator live
-    across the row blocks (both build the L_AB row blocks). G comes from F0."""
-    c = tl.program_id(0)
-    bh = tl.program_id(1)
-    i_b = bh // H
-    i_h = bh % H
-    chunk = (bh * NT + c).to(tl.int64)
-    cols = tl.arange(0, BK)
-    cmask = cols < K
-    tk, rk, t_k, v_k = _steps(c, 0, C, RKP, T, C, REVERSE)
-    ta, ra, t_a, v_a = _steps(c, 0, C, RAP, T, C, REVERSE)
-    rows_a = tl.arange(0, C * RAP)
-    mcols = tl.arange(0, C * RKP)
-    if PART == 0:
-        acc = tl.zeros([C * RAP, BK], dtype=tl.float32)
-    else:
-        acc = tl.zeros([C * RAP, C * RKP], dtype=tl.float32)
-    for n in range(C // SUB):
-        tb, rb, t_b, v_b = _steps(c, n * SUB, SUB, RAP, T, C, REVERSE)
-        a_n, b_n = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                            beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_b, v_b, rb, cols,
-                            cmask, RAB, HDLA)
-        ga_n = _load_cumsum(gs_ptr, bh, c, tb, cols, NT, C, BK, SCALAR)
-        gp_b, ref = _exclusive(ga_n, _load_gate(g_ptr, sgb, sgt, sgh, i_b, i_h, t_b, v_b, cols, cmask, SCALAR),
-                               RAP, SCALAR)
-        l_ab, l_ab_d = _gram_rows_a(b_n, gp_b, SUB * RAP, n, True, RAP, a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt,
-                                    sbh, sbr, k_ptr, skb, skt, skh, beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh,
-                                    gs_ptr, i_b, i_h, bh, c, T, NT, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA,
-                                    REVERSE, F32, 0)
-        t_nn = _unit_lower_inverse(l_ab_d, RAP)
-        if PART == 0:
-            acc = _wy_rows(acc, _decay_rows(b_n, gp_b, SCALAR), acc, l_ab, t_nn, n, RAP, C, F32)
-        else:
-            l_kb, l_kb_d = _gram_rows_k(b_n, gp_b, SUB * RAP, n, True, RAP, k_ptr, skb, skt, skh, skr, gs_ptr,
-                                        i_b, i_h, bh, c, T, NT, cols, cmask, RKV, RKP, C, BK, SCALAR, HDLA, REVERSE,
-                                        F32, 0)
-            acc = _wy_rows(acc, l_kb, acc, l_ab, t_nn, n, RAP, C, F32)
-    wu_row = chunk * (C * RAP) + rows_a
-    if PART == 0:
-        tl.store(w_ptr + wu_row[:, None] * BK + cols[None, :], acc)
-    else:
-        tl.store(u_ptr + wu_row[:, None] * (C * RKP) + mcols[None, :], acc)
-
-
-@triton.jit
 def chunk_nc_kernel(
     k_ptr, v_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr, n_ptr, cc_ptr,
     skb, skt, skh, skr, svb, svt, svh, svr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
@@ -465,7 +237,7 @@ def chunk_nc_kernel(
     F32: tl.constexpr, LOWP: tl.constexpr,
 ):
     """F1c for chunk ``program_id(0)`` of head ``program_id(1)``: N = At^T W ``[K, K]`` (r_ab > 0) and
-    Cc = (Kt - U^T At)^T Vbar ``[K, V]`` (Kt^T Vbar at r_ab = 0), from W, U (F1a) and G (F0)."""
+    Cc = (Kt - U^T At)^T Vbar ``[K, V]`` (Kt^T Vbar at r_ab = 0), from W, U (F1ab) and G (F0)."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
@@ -501,19 +273,207 @@ def chunk_nc_kernel(
         tl.store(cc_ptr + cc_off, cc, mask=cmask[:, None] & vmask[None, :])
 
 
+# ----------------------------------------------------------------------------- F1 tiles from memory
 @triton.jit
-def chunk_qeff_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr,
-    gs_ptr, w_ptr, u_ptr, qe_ptr, mo_ptr,
-    sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
-    sgb, sgt, sgh, sbeb, sbet, sbeh,
-    T, H, K, NT, scale,
+def _tokens(c, tok, T, C: tl.constexpr, REVERSE: tl.constexpr):
+    """(time index, valid) of chunk tokens ``tok`` (a tensor of any shape); a step past T is invalid."""
+    p = c * C + tok
+    valid = p < T
+    if REVERSE:
+        t = T - 1 - p
+    else:
+        t = p
+    return t, valid
+
+
+@triton.jit
+def _gather(ptr, sb, st, sh, sr, i_b, i_h, t, valid, rank, cols, cmask, R: tl.constexpr):
+    """fp32 entries of a ``[B, T, H, (R,) D]`` tensor at steps t, rank slots ``rank`` and columns
+    ``cols`` (all broadcast against each other: a row block ``[rows, 1] x [1, BK]``, a 3-D
+    ``[16, RP, BK]`` block or one row ``[BK]``); rank slots >= R and invalid steps read 0."""
+    off = i_b.to(tl.int64) * sb + t.to(tl.int64) * st + i_h * sh + rank * sr
+    return tl.load(ptr + off + cols, mask=valid & (rank < R) & cmask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh, beta_ptr, sbeb, sbet, sbeh,
+             g_ptr, sgb, sgt, sgh, i_b, i_h, t, valid, rank, cols, cmask, RAB: tl.constexpr, HDLA: tl.constexpr):
+    """(A, B) entries at (t, rank, cols) as :func:`_gather`; HDLA builds A = [beta u, k] and
+    B = [k, beta u - beta^2 s k] (u = e^g k, s = k.u, rank slot 0 and 1) from (k, beta, g), one
+    exponential per token and channel (the rank axis, if any, is broadcast)."""
+    if HDLA:
+        kk = _gather(k_ptr, skb, skt, skh, 0, i_b, i_h, t, valid, t * 0, cols, cmask, 1)
+        g = tl.maximum(_gather(g_ptr, sgb, sgt, sgh, 0, i_b, i_h, t, valid, t * 0, cols, cmask, 1), LOG_ZERO)
+        beta = tl.load(beta_ptr + i_b.to(tl.int64) * sbeb + t.to(tl.int64) * sbet + i_h * sbeh,
+                       mask=valid, other=0.0).to(tl.float32)
+        u = tl.exp(g) * kk
+        s = tl.sum(u * kk, axis=len(kk.shape) - 1, keep_dims=True)
+        first = rank == 0
+        a = tl.where(first, beta * u, kk)
+        b = tl.where(first, kk, beta * u - beta * beta * s * kk)
+        return a, b
+    else:
+        a = _gather(a_ptr, sab, sat, sah, sar, i_b, i_h, t, valid, rank, cols, cmask, RAB)
+        b = _gather(b_ptr, sbb, sbt, sbh, sbr, i_b, i_h, t, valid, rank, cols, cmask, RAB)
+        return a, b
+
+
+@triton.jit
+def _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t, valid, rank, cols, cmask, RKV: tl.constexpr, HDLA: tl.constexpr):
+    """Write-key entries K at (t, rank, cols) as :func:`_gather` (HDLA: k, one rank)."""
+    if HDLA:
+        return _gather(k_ptr, skb, skt, skh, 0, i_b, i_h, t, valid, rank, cols, cmask, 1)
+    else:
+        return _gather(k_ptr, skb, skt, skh, skr, i_b, i_h, t, valid, rank, cols, cmask, RKV)
+
+
+@triton.jit
+def _cum(gs_ptr, bh, c, NT, tok, cols, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr):
+    """G (F0's chunk-local inclusive cumsum) at chunk tokens ``tok``: ``tok`` broadcast against
+    ``cols`` (vector decay), or the shape of ``tok`` (scalar decay)."""
+    row = (bh * NT + c).to(tl.int64) * C + tok
+    if SCALAR:
+        return tl.load(gs_ptr + row)
+    else:
+        return tl.load(gs_ptr + row * BK + cols)
+
+
+@triton.jit
+def _cum_excl(gs_ptr, bh, c, NT, tok, cols, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr):
+    """G' = G - g at chunk tokens ``tok``: G of the token before (0 at the chunk's first token)."""
+    row = (bh * NT + c).to(tl.int64) * C + tok - 1
+    if SCALAR:
+        return tl.load(gs_ptr + row, mask=tok > 0, other=0.0)
+    else:
+        return tl.load(gs_ptr + row * BK + cols, mask=(tok > 0) & (cols >= 0), other=0.0)
+
+
+@triton.jit
+def _unit_lower_inverse(d, RP: tl.constexpr, EXACT: tl.constexpr):
+    """``(I + d)^{-1}`` for d ``[16 RP, 16 RP]`` strictly lower by token (r x r blocks, token-major),
+    by doubling: with P the block-diagonal inverse over 2^l-token groups and X the entries between the
+    halves of each 2^(l+1)-token group, the next inverse is P - P X P. fp32 accumulation; the products
+    in exact fp32 (EXACT) or TF32 on tensor cores."""
+    rows = tl.arange(0, SUB * RP)
+    tok = rows // RP
+    eye = (rows[:, None] == rows[None, :]).to(tl.float32)
+    inv = eye - tl.where((tok[:, None] >> 1) == (tok[None, :] >> 1), d, 0.0)
+    for level in tl.static_range(1, 4):
+        cross = ((tok[:, None] >> (level + 1)) == (tok[None, :] >> (level + 1))) & (
+            (tok[:, None] >> level) != (tok[None, :] >> level))
+        px = _mm(inv, tl.where(cross, d, 0.0), EXACT, 0)
+        inv = inv - _mm(px, inv, EXACT, 0)
+    return inv
+
+
+@triton.jit
+def _store_diag_scalar(x, gx, y, gy, tok_x, tok_y, ptr, ld_rows, ld_cols, STRICT: tl.constexpr,
+                       F32: tl.constexpr, LOWP: tl.constexpr):
+    """Scalar decay per head, the diagonal token block: the plain product ``x y^T`` times the exact
+    decay matrix e^{gx_t - gy_i} (token(i) < token(t), or <= unless STRICT), stored at ``ptr``
+    (row stride ``ld_rows``, column offsets ``ld_cols``)."""
+    if STRICT:
+        live = tok_x[:, None] > tok_y[None, :]
+    else:
+        live = tok_x[:, None] >= tok_y[None, :]
+    blk = _mm(x, tl.trans(y), F32, LOWP) * tl.exp(tl.where(live, gx[:, None] - gy[None, :], float("-inf")))
+    tl.store(ptr + tl.arange(0, x.shape[0])[:, None] * ld_rows + ld_cols[None, :], blk)
+
+
+@triton.jit
+def _decayed_mm(x, gx, y, gy, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """An off-diagonal Gram block ``x y^T``: vector decay has its factors in x and y already; scalar
+    decay multiplies by the exact decay matrix e^{gx_t - gy_i} (gx ``[rows, 1]``, gy ``[1, cols]``)."""
+    if SCALAR:
+        return _mm(x, tl.trans(y), F32, LOWP) * tl.exp(gx - gy)
+    else:
+        return _mm(x, tl.trans(y), F32, LOWP)
+
+
+@triton.jit
+def _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m0, T, NT, ref, cols, cmask,
+               RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr,
+               HDLA: tl.constexpr, REVERSE: tl.constexpr):
+    """The write keys of the column block at chunk token m0 ``[16 RKP, BK]``: K e^{R - G} (vector decay,
+    R the row block's reference), or K and its G as a row ``[1, 16 RKP]`` (scalar decay)."""
+    rows_k = tl.arange(0, SUB * RKP)
+    tok = rows_k // RKP + m0
+    t, valid = _tokens(c, tok, T, C, REVERSE)
+    k_m = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t[:, None], valid[:, None], (rows_k % RKP)[:, None],
+                  cols[None, :], cmask[None, :], RKV, HDLA)
+    if SCALAR:
+        return k_m, _cum(gs_ptr, bh, c, NT, tok[None, :], cols, C, BK, SCALAR)
+    else:
+        return k_m * tl.exp(ref - _cum(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, SCALAR)), ref
+
+
+@triton.jit
+def _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh, beta_ptr, sbeb, sbet, sbeh,
+             g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m0, T, NT, ref, cols, cmask,
+             RAB: tl.constexpr, RAP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr,
+             HDLA: tl.constexpr, REVERSE: tl.constexpr):
+    """As :func:`_key_block` for the A stack ``[16 RAP, BK]``."""
+    rows_a = tl.arange(0, SUB * RAP)
+    tok = rows_a // RAP + m0
+    t, valid = _tokens(c, tok, T, C, REVERSE)
+    a_m, b_m = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                        beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t[:, None], valid[:, None],
+                        (rows_a % RAP)[:, None], cols[None, :], cmask[None, :], RAB, HDLA)
+    if SCALAR:
+        return a_m, _cum(gs_ptr, bh, c, NT, tok[None, :], cols, C, BK, SCALAR)
+    else:
+        return a_m * tl.exp(ref - _cum(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, SCALAR)), ref
+
+
+@triton.jit
+def _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh, skb, skt, skh,
+               sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
+               i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, RAB: tl.constexpr, RAP: tl.constexpr,
+               C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr):
+    """The operands of the row block at chunk token n0: scale q ``[16, BK]`` and its G ``[16, BK]``
+    (``[16, 1]`` for scalar decay); A, B ``[16 RAP, BK]`` (row t * RAP + r) and B's G' (0s at r_ab = 0)."""
+    tq = tl.arange(0, SUB)
+    t_q, v_q = _tokens(c, tq + n0, T, C, REVERSE)
+    q_n = _gather(q_ptr, sqb, sqt, sqh, 0, i_b, i_h, t_q[:, None], v_q[:, None], tq[:, None] * 0,
+                  cols[None, :], cmask[None, :], 1) * scale
+    gq = _cum(gs_ptr, bh, c, NT, tq[:, None] + n0, cols[None, :], C, BK, SCALAR)
+    if RAB > 0:
+        rows_a = tl.arange(0, SUB * RAP)
+        tok_b = rows_a // RAP + n0
+        t_b, v_b = _tokens(c, tok_b, T, C, REVERSE)
+        a_n, b_n = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                            beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_b[:, None],
+                            v_b[:, None], (rows_a % RAP)[:, None], cols[None, :], cmask[None, :], RAB, HDLA)
+        gbp = _cum_excl(gs_ptr, bh, c, NT, tok_b[:, None], cols[None, :], C, BK, SCALAR)
+        return q_n, gq, a_n, b_n, gbp
+    else:
+        return q_n, gq, q_n, q_n, gq
+
+
+@triton.jit
+def chunk_intra_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr, scr_ptr, qe_ptr, mo_ptr,
+    sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
+    T, H, K, NT, scale, n_blocks, n_cols,
     RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
     BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
-    F32: tl.constexpr, LOWP: tl.constexpr,
+    F32: tl.constexpr, LOWP: tl.constexpr, INV_EXACT: tl.constexpr,
 ):
-    """F1b for chunk ``program_id(0)`` of head ``program_id(1)``, one 16-query row block at a time:
-    Qeff = Qh - M_QA W and Mo = M_QK - M_QA U (W, U from F1a, G from F0)."""
+    """F1a+F1b for chunk ``program_id(0)`` of head ``program_id(1)``, one 16-token row block n at a time
+    (kernels/README.md §8, module docstring), in three steps per row block:
+
+    (a) the diagonal blocks (:func:`_diag_vector`, exact, or the scalar-decay product) to per-chunk
+        scratch ``scr`` (the L_AB and M_QA diagonal blocks, the M_QK row block; fp32) and L_KB's to
+        U's row block n;
+    (b) W_n = T_nn (Bh_n - L_AB[n, <n] W_<n),  U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n);
+    (c) Qeff_n = Qh_n - M_QA[n, <=n] W_<=n,     Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n.
+
+    Every operand is a sub-block loaded from memory: the earlier column blocks m < n of A and K, and
+    W_m, U_m from this program's own earlier stores (barriers between), one tensor-core product per
+    (n, m) and Gram; (b) and (c) are separate loops over m so that few tiles are live at once.
+    W ``[C RAP, BK]`` and U ``[C RAP, C RKP]`` (token-major stacks, fp32) are stored for F1c; Qeff and
+    Mo (q's dtype) are outputs. r_ab = 0: Qeff = Qh, Mo = M_QK. ``n_blocks = C / 16`` and ``n_cols = 16``
+    are runtime loop bounds (rolled loops: fewer registers)."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
@@ -521,32 +481,184 @@ def chunk_qeff_kernel(
     chunk = (bh * NT + c).to(tl.int64)
     cols = tl.arange(0, BK)
     cmask = cols < K
-    tk, rk, t_k, v_k = _steps(c, 0, C, RKP, T, C, REVERSE)
-    ta, ra, t_a, v_a = _steps(c, 0, C, RAP, T, C, REVERSE)
-    rows_a = tl.arange(0, C * RAP)
-    mcols = tl.arange(0, C * RKP)
-    mo_col = (mcols // RKP) * RKV + mcols % RKP
-    for n in range(C // SUB):
-        tq, rq, t_q, v_q = _steps(c, n * SUB, SUB, 1, T, C, REVERSE)
-        q_n = _load_stack(q_ptr, sqb, sqt, sqh, 0, i_b, i_h, t_q, v_q, rq, cols, cmask, 1) * scale
-        gq_n = _load_cumsum(gs_ptr, bh, c, tq, cols, NT, C, BK, SCALAR)
-        mo, mo_d = _gram_rows_k(q_n, gq_n, SUB, n, False, 1, k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c,
-                                T, NT, cols, cmask, RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, F32, LOWP)
-        q_eff = _decay_rows(q_n, gq_n, SCALAR)
+    RA: tl.constexpr = SUB * RAP
+    RK: tl.constexpr = SUB * RKP
+    CK: tl.constexpr = C * RKP
+    rows_a = tl.arange(0, RA)
+    rows_k = tl.arange(0, RK)
+    tq = tl.arange(0, SUB)
+    ucols = tl.arange(0, CK)
+    s_ab = scr_ptr + chunk * (RA * RA + SUB * RA + SUB * CK)  # L_AB diagonal block [RA, RA]
+    s_qa = s_ab + RA * RA                                      # M_QA diagonal block [16, RA]
+    s_qk = s_qa + SUB * RA                                     # M_QK row block [16, C RKP]
+    w_base = w_ptr + chunk * (C * RAP) * BK
+    u_base = u_ptr + chunk * (C * RAP) * CK
+    for n in range(n_blocks):  # runtime bounds: rolled loops (ptxas would unroll constant ones)
+        n0 = n * SUB
+        u_row = u_base + (rows_a + n * RA)[:, None] * CK
+        # (a) the diagonal blocks, to scratch (L_KB's to U's row block n)
+        u_diag = u_base + (n * RA) * CK + n * RK
+        if SCALAR:
+            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+            t_k, v_k = _tokens(c, rows_k // RKP + n0, T, C, REVERSE)
+            k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
+                          cols[None, :], cmask[None, :], RKV, HDLA)
+            gk_n = _cum(gs_ptr, bh, c, NT, rows_k // RKP + n0, cols, C, BK, SCALAR)
+            gq_r = _cum(gs_ptr, bh, c, NT, tq + n0, cols, C, BK, SCALAR)
+            _store_diag_scalar(q_n, gq_r, k_n, gk_n, tq, rows_k // RKP, s_qk + n * RK, CK, rows_k, False, F32, LOWP)
+            if RAB > 0:
+                ga_n = _cum(gs_ptr, bh, c, NT, rows_a // RAP + n0, cols, C, BK, SCALAR)
+                gbp_r = _cum_excl(gs_ptr, bh, c, NT, rows_a // RAP + n0, cols, C, BK, SCALAR)
+                _store_diag_scalar(q_n, gq_r, a_n, ga_n, tq, rows_a // RAP, s_qa, RA, rows_a, False, F32, LOWP)
+                _store_diag_scalar(b_n, gbp_r, a_n, ga_n, rows_a // RAP, rows_a // RAP, s_ab, RA, rows_a, True, F32, 0)
+                _store_diag_scalar(b_n, gbp_r, k_n, gk_n, rows_a // RAP, rows_k // RKP, u_diag, CK, rows_k, True, F32, 0)
+        else:
+            _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK, u_diag,
+                         sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                         sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, n_cols,
+                         RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE)
+        # x sides of the off-diagonal products: reference R = G' at the row block's first token
+        ref = _cum(gs_ptr, bh, c, NT, tl.maximum(n0 - 1, 0), cols[None, :], C, BK, SCALAR)  # [1, BK]
         if RAB > 0:
-            m_qa, m_qa_d = _gram_rows_a(q_n, gq_n, SUB, n, False, 1, a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt,
-                                        sbh, sbr, k_ptr, skb, skt, skh, beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt,
-                                        sgh, gs_ptr, i_b, i_h, bh, c, T, NT, cols, cmask, RAB, RAP, C, BK, SCALAR,
-                                        HDLA, REVERSE, F32, LOWP)
-            wu_row = chunk * (C * RAP) + rows_a
-            w_all = tl.load(w_ptr + wu_row[:, None] * BK + cols[None, :])
-            u_all = tl.load(u_ptr + wu_row[:, None] * (C * RKP) + mcols[None, :])
-            q_eff = q_eff - _mm(m_qa, w_all, F32, 0)
-            mo = mo - _mm(m_qa, u_all, F32, 0)
-        qrow = chunk * C + tq
-        tl.store(qe_ptr + qrow[:, None] * K + cols[None, :], q_eff.to(qe_ptr.dtype.element_ty), mask=cmask[None, :])
+            # (b) W_n = T_nn (Bh_n - L_AB[n, <n] W_<n), U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n)
+            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+            if SCALAR:
+                xb = b_n
+            else:
+                xb = b_n * tl.exp(gbp - ref)
+            acc_w = tl.zeros([RA, BK], dtype=tl.float32)
+            acc_u = tl.zeros([RA, CK], dtype=tl.float32)
+            for m in range(n):  # earlier column blocks, one at a time
+                yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
+                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE)
+                tl.store(u_row + (rows_k + m * RK)[None, :], _decayed_mm(xb, gbp, yk, gk_m, SCALAR, F32, 0))
+                ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                                  beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m * SUB,
+                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+                l_ab = _decayed_mm(xb, gbp, ya, ga_m, SCALAR, F32, 0)
+                w_m = tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :])
+                u_m = tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
+                              mask=(ucols < (m + 1) * RK)[None, :], other=0.0)
+                acc_w += _mm(l_ab, w_m, F32, 0)
+                acc_u += _mm(l_ab, u_m, F32, 0)
+            tl.debug_barrier()
+            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+            tok_c = rows_a // RAP
+            l_d = tl.load(s_ab + rows_a[:, None] * RA + rows_a[None, :],
+                          mask=(tok_c[:, None] > tok_c[None, :]) & ((rows_a % RAP) < RAB)[None, :], other=0.0)
+            t_nn = _unit_lower_inverse(l_d, RAP, INV_EXACT)
+            in_diag = (ucols >= n * RK)[None, :]
+            rhs_u = tl.load(u_row + ucols[None, :], mask=(ucols < (n + 1) * RK)[None, :] & (ucols % RKP < RKV)[None, :]
+                            & (~in_diag | (tok_c > 0)[:, None]), other=0.0)
+            w_n = _mm(t_nn, b_n * tl.exp(gbp) - acc_w, F32, 0)
+            u_n = _mm(t_nn, rhs_u - acc_u, F32, 0)
+            tl.debug_barrier()  # every thread has read U's row block n before it is overwritten
+            tl.store(w_base + (rows_a + n * RA)[:, None] * BK + cols[None, :], w_n)
+            tl.store(u_row + ucols[None, :], u_n)
+        # (c) Qeff_n = Qh_n - M_QA[n, <=n] W_<=n, Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n
+        q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+        if SCALAR:
+            xq = q_n
+        else:
+            xq = q_n * tl.exp(gq - ref)
+        acc_q = tl.zeros([SUB, BK], dtype=tl.float32)
+        acc_mo = tl.zeros([SUB, CK], dtype=tl.float32)
+        for m in range(n):
+            yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
+                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE)
+            tl.store(s_qk + tq[:, None] * CK + (rows_k + m * RK)[None, :], _decayed_mm(xq, gq, yk, gk_m, SCALAR, F32, LOWP))
+            if RAB > 0:
+                ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                                  beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m * SUB,
+                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+                m_qa = _decayed_mm(xq, gq, ya, ga_m, SCALAR, F32, LOWP)
+                acc_q += _mm(m_qa, tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :]), F32, 0)
+                acc_mo += _mm(m_qa, tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
+                                            mask=(ucols < (m + 1) * RK)[None, :], other=0.0), F32, 0)
+        tl.debug_barrier()
+        q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+        qh = q_n * tl.exp(gq) - acc_q
+        mo = tl.load(s_qk + tq[:, None] * CK + ucols[None, :],
+                     mask=((ucols < (n + 1) * RK) & (ucols % RKP < RKV))[None, :], other=0.0) - acc_mo
+        if RAB > 0:
+            m_qa_d = tl.load(s_qa + tq[:, None] * RA + rows_a[None, :], mask=((rows_a % RAP) < RAB)[None, :],
+                             other=0.0)
+            qh -= _mm(m_qa_d, tl.load(w_base + (rows_a + n * RA)[:, None] * BK + cols[None, :]), F32, 0)
+            mo -= _mm(m_qa_d, tl.load(u_row + ucols[None, :]), F32, 0)
+        qrow = chunk * C + n0 + tq
+        tl.store(qe_ptr + qrow[:, None] * K + cols[None, :], qh.to(qe_ptr.dtype.element_ty), mask=cmask[None, :])
+        mo_col = (ucols // RKP) * RKV + ucols % RKP
         tl.store(mo_ptr + qrow[:, None] * (C * RKV) + mo_col[None, :], mo.to(mo_ptr.dtype.element_ty),
-                 mask=(mcols % RKP < RKV)[None, :])
+                 mask=(ucols % RKP < RKV)[None, :])
+        tl.debug_barrier()  # the scratch is read before the next row block writes it
+
+
+@triton.jit
+def _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk, u_diag,
+                 sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                 sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, n_cols,
+                 RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
+                 BK: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr):
+    """The four diagonal 16 x 16 token blocks of row block n0 / 16 (vector decay), exact: a loop over
+    the block's 16 columns j, each loading row j of A and K (every rank) as vectors, with one
+    exponential tile e_tj = e^{G_t - G_j} (t >= j, masked before exp) shared by all four Grams:
+    M_QA[t, j] = sum_k q_t e_tj a_j and, as G'_{t+1} = G_t inside a chunk, L_AB[t + 1, j] =
+    sum_k b_{t+1} e_tj a_j from B's rows shifted by one token (L_KB, M_QK alike with k_j). Each column
+    is stored to its place: s_ab ``[16 RAP, 16 RAP]``, s_qa ``[16, 16 RAP]``, s_qk / u_diag (row
+    strides C RKP, column offset of the block applied). L's row 0 is never written (zero: the reader
+    masks it)."""
+    RA: tl.constexpr = SUB * RAP
+    CK: tl.constexpr = C * RKP
+    tq = tl.arange(0, SUB)
+    t3 = tq[:, None, None]
+    r3 = tl.arange(0, RAP)[None, :, None]
+    c3 = cols[None, None, :]
+    cm3 = cmask[None, None, :]
+    g3 = _cum(gs_ptr, bh, c, NT, t3 + n0, c3, C, BK, False)  # [16, 1, BK]
+    t_q, v_q = _tokens(c, t3 + n0, T, C, REVERSE)
+    q3 = _gather(q_ptr, sqb, sqt, sqh, 0, i_b, i_h, t_q, v_q, t3 * 0, c3, cm3, 1) * scale
+    if RAB > 0:
+        t_s, v_s = _tokens(c, t3 + 1 + n0, T, C, REVERSE)
+        a3, b3 = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                          beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_s, v_s & (t3 + 1 < SUB),
+                          r3, c3, cm3, RAB, HDLA)  # B of token t + 1: [16, RAP, BK]
+    shifted = (tq + 1 < SUB)[:, None]
+    l_rows = ((tq[:, None] + 1) * RAP + tl.arange(0, RAP)[None, :])  # [16, RAP]
+    for j in range(n_cols):  # = 16, a runtime bound: a rolled loop
+        t_j, v_j = _tokens(c, n0 + j, T, C, REVERSE)
+        g_j = _cum(gs_ptr, bh, c, NT, n0 + j, cols, C, BK, False)
+        e3 = tl.exp(tl.where(t3 >= j, g3 - g_j[None, None, :], float("-inf")))
+        qe = q3 * e3
+        if RAB > 0:
+            be = b3 * e3
+            for l in tl.static_range(RAB):
+                ya, yb = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                                  beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_j, v_j, t_j * 0 + l,
+                                  cols, cmask, RAB, HDLA)
+                y3 = ya[None, None, :]
+                tl.store(s_qa + tq[:, None] * RA + (j * RAP + l), tl.sum(qe * y3, 2))
+                tl.store(s_ab + l_rows * RA + (j * RAP + l), tl.sum(be * y3, 2), mask=shifted)
+        for l in tl.static_range(RKV):
+            yk = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_j, v_j, t_j * 0 + l, cols, cmask, RKV, HDLA)
+            y3 = yk[None, None, :]
+            tl.store(s_qk + tq[:, None] * CK + (j * RKP + l), tl.sum(qe * y3, 2))
+            if RAB > 0:
+                tl.store(u_diag + l_rows * CK + (j * RKP + l), tl.sum(be * y3, 2), mask=shifted)
 
 
 # ----------------------------------------------------------------------------- F2
@@ -639,6 +751,12 @@ def default_chunk(r_ab: int, r_kv: int, dk: int) -> int:
     return 16
 
 
+def intra_scratch_floats(c: int, rap: int, rkp: int) -> int:
+    """fp32 scratch per chunk of :func:`chunk_intra_kernel`: the L_AB and M_QA diagonal blocks and
+    the M_QK row block (``[16 rap, 16 rap] + [16, 16 rap] + [16, c rkp]``)."""
+    return 16 * rap * 16 * rap + 16 * 16 * rap + 16 * c * rkp
+
+
 def launch_warps(stage: str, c: int, rap: int, rkp: int, bk: int) -> int:
     """num_warps per forward stage from the tile sizes (chunk c, padded ranks, key block bk): the
     host-side table that an autotuner would replace once a GPU can time the choices; each entry is
@@ -646,7 +764,9 @@ def launch_warps(stage: str, c: int, rap: int, rkp: int, bk: int) -> int:
     rows = c * max(rap, rkp)
     if stage == "F0":
         return 4 if c * bk <= 64 * 64 else 8
-    if stage in ("F1a", "F1b", "F1c"):
+    if stage == "F1ab":  # row-block tiles: [16 rap, bk] and [16 rap, c rkp]
+        return 4 if 16 * rap * max(bk, c * rkp) < 32 * 64 else 8
+    if stage == "F1c":
         return 4 if rows * bk <= 64 * 64 else 8
     if stage == "F2":
         return 4 if bk <= 64 else 8
@@ -777,24 +897,18 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps):
     w_mat = torch.empty(bhn * c * rap * bk if r_ab else 1, device=dev, dtype=torch.float32)
     u_mat = torch.empty(bhn * c * rap * c * rkp if r_ab else 1, device=dev, dtype=torch.float32)
     ranks = dict(RAB=r_ab, RAP=rap, RKV=r_kv, RKP=rkp, HDLA=hdla, F32=f32, LOWP=lowp)
-    for part in (0, 1) if r_ab else ():  # W, then U
-        chunk_wy_kernel[grid](
-            k, a_in, b_in, g, beta_in, gs, w_mat, u_mat,
-            *k_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
-            seq_len, heads, dk, n_chunks, **ranks, **tiles, PART=part,
-            num_warps=num_warps or launch_warps("F1a", c, rap, rkp, bk),
-        )
+    scratch = torch.empty(bhn * intra_scratch_floats(c, rap, rkp), device=dev, dtype=torch.float32)
+    chunk_intra_kernel[grid](
+        q, k, a_in, b_in, g, beta_in, gs, w_mat, u_mat, scratch, qe, mo,
+        *_strides(q, 3), *k_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
+        seq_len, heads, dk, n_chunks, float(scale), c // 16, 16, **ranks, **tiles, INV_EXACT=f32 or rap == 1,
+        num_warps=num_warps or launch_warps("F1ab", c, rap, rkp, bk), num_stages=1,
+    )
     chunk_nc_kernel[grid](
         k, v, a_in, b_in, g, beta_in, gs, w_mat, u_mat, n_mat if r_ab else dummy, cc,
         *k_str, *v_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
         seq_len, heads, dk, dv, n_chunks, **ranks, **tiles, BV=bv,
         num_warps=num_warps or launch_warps("F1c", c, rap, rkp, bk),
-    )
-    chunk_qeff_kernel[grid](
-        q, k, a_in, b_in, g, beta_in, gs, w_mat, u_mat, qe, mo,
-        *_strides(q, 3), *k_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
-        seq_len, heads, dk, n_chunks, float(scale), **ranks, **tiles,
-        num_warps=num_warps or launch_warps("F1b", c, rap, rkp, bk),
     )
     return dict(N=n_mat, Cc=cc, Qeff=qe, Mo=mo, gamma=gamma, G=gs, chunk=c, r_kv=r_kv, r_ab=r_ab, hdla=hdla,
                 seq_len=seq_len, dtype=q.dtype)
