@@ -8,14 +8,15 @@ Per batch b, head h and chunk c (scan order, C tokens; t = p or T-1-p when rever
 B1 (``_bwd_state_kernel``, grid V/BV x B*H, serial over chunks): the cotangent of the state leaving
 each chunk, dS_{c-1} = gamma (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, stored per chunk, and dh0.
 
-B2 (``_bwd_chunk_kernel``, one source launched as two or three stages, no atomics: each program owns
-its chunk's rows; stage 1 on a grid NT x B*H with the full K, stages 2 and 3 on NT x B*H x K/BKS): the chunk
-VJP given S_{c-1} (the forward's h) and dS_c. It recomputes the Gram matrices (exact decays:
-off-diagonal 16-token blocks factor through the reference G' at the block's first token, both
-factors <= 1; diagonal blocks use pairwise exp(X_t - G_i), masked before exp), T = (I + L_AB)^-1,
-W = T Bh, U = T L_KB, then runs the VJP back through them and through the decays; dg is the
-chunk-local reverse cumsum of the dG / dG' cotangents; HDLA adds the chain rule through
-A = [beta u, k], B = [k, beta u - beta^2 s k], u = exp(g) k, s = k.u.
+B2 (``bwd_chunk.chunk_vjp``, no atomics, no walk across chunks): the chunk VJP given S_{c-1} (the
+forward's h) and dS_c, as small launches through per-chunk scratch: the stacks and cumsums, the Gram
+matrices per 16-token row block (off-diagonal blocks one product through the reference G at the
+column block's last token, both factors <= 1; the diagonal block exactly, token by token),
+T = (I + L_AB)^-1, every plain product of the VJP as a strided batched matmul (W = T Bh, U = T L_KB,
+Mo, E, dQeff, dMo, dE, dN, dV, dAt, dU, dW, dM_QA, T^T dW, T^T dU, dL_AB), then per K tile and
+16-token block the Gram VJPs, the decays' chain rule, dq, dk, da, db and dg as the chunk-local reverse
+cumsum of the dG / dG' cotangents; HDLA adds the chain rule through A = [beta u, k],
+B = [k, beta u - beta^2 s k], u = exp(g) k, s = k.u (its full-K sums in a last small launch).
 
 Flat rank rows are token-major, rank fastest (row t*RP + j; RP = rank padded to a power of 2,
 padded rows are zero). g is clamped at LOG_ZERO_FP32 as loaded, dg = 0 below it.

@@ -403,16 +403,36 @@ def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.const
 
 
 @triton.jit
-def _token_sum(x, RP: tl.constexpr, L: tl.constexpr):
-    """Rank rows [16 RP, BKS] -> per token [16, BKS]: the sum over a token's rows (L < 0), or its row L.
-    An exact 0/1 selection product (ieee), no reshape."""
-    t = tl.arange(0, SUB)
-    r = tl.arange(0, SUB * RP)
-    if L < 0:
-        sel = (r[None, :] // RP) == t[:, None]
+def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, K, NT, NKT, C: tl.constexpr,
+                     RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr,
+                     SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """S5a, grid (NT, B*H, C/16 * K/BKS), one launch per Gram matrix: token block b's dx, dy of
+    :func:`_gram_vjp` stored in dx [blocks, C*RX, K], dy [blocks, C*RY, K] (fp32)."""
+    blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
+    b = tl.program_id(2) // NKT
+    ck = (tl.program_id(2) % NKT) * BKS + tl.arange(0, BKS)
+    mk = ck < K
+    dx, dy = _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C, RX, RY, STRICT, BKS, SCALAR,
+                       F32, LOWP)
+    rx = b * SUB * RX + tl.arange(0, SUB * RX)
+    ry = b * SUB * RY + tl.arange(0, SUB * RY)
+    tl.store(dx_ptr + (blk * C * RX + rx)[:, None] * K + ck[None, :], dx, mask=mk[None, :])
+    tl.store(dy_ptr + (blk * C * RY + ry)[:, None] * K + ck[None, :], dy, mask=mk[None, :])
+
+
+@triton.jit
+def _token_sum(x, RP: tl.constexpr, BKS: tl.constexpr):
+    """Rank rows [16 RP, BKS] -> per token [16, BKS]: the sum over each token's RP rows."""
+    if RP == 1:
+        return x
     else:
-        sel = r[None, :] == (t * RP + L)[:, None]
-    return tl.dot(sel.to(tl.float32), x, input_precision="ieee")
+        return tl.sum(tl.reshape(x, (SUB, RP, BKS)), 1)
+
+
+@triton.jit
+def _rank_pair(x, BKS: tl.constexpr):
+    """HDLA's two rank rows per token [32, BKS] -> (rank 0 rows, rank 1 rows), each [16, BKS]."""
+    return tl.split(tl.permute(tl.reshape(x, (SUB, 2, BKS)), (0, 2, 1)))
 
 
 @triton.jit
@@ -429,8 +449,8 @@ def _store_stack_grad(ptr, x, c, b, RP: tl.constexpr, R: tl.constexpr, C: tl.con
 def _vjp_kernel(
     k_ptr, g_ptr, beta_ptr, h_ptr, ds_ptr,
     gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, bh_ptr,
-    dqe_ptr, det_ptr, dat_ptr, dwp_ptr, dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr,
-    dq_ptr, dk_ptr, da_ptr, db_ptr, dg_ptr, red_ptr,
+    dqe_ptr, det_ptr, dat_ptr, dwp_ptr, gxqk_ptr, gyqk_ptr, gxqa_ptr, gyqa_ptr, gxab_ptr, gyab_ptr, gxkb_ptr,
+    gykb_ptr, dq_ptr, dk_ptr, da_ptr, db_ptr, dg_ptr, red_ptr,
     T, H, K, V, NT, NKT, scale,
     C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
@@ -472,53 +492,35 @@ def _vjp_kernel(
         tb = b * SUB + tl.arange(0, SUB)
         tok, valid, _ = _row_tokens(c, tb, 1, C, T, H, i_b, i_h, REVERSE)
         m_tk = valid[:, None] & mk[None, :]
+        # the Gram VJPs (S5a's dx, dy of each Gram matrix), then the direct terms
+        rk = b * SUB * RKP + tl.arange(0, SUB * RKP)
+        dxq = _load_tile(gxqk_ptr, blk, tb, C, K, ck, mk)
+        dyk = _load_tile(gyqk_ptr, blk, rk, RK, K, ck, mk)
+        if RAB > 0:
+            ra = b * SUB * RAP + tl.arange(0, SUB * RAP)
+            dxq += _load_tile(gxqa_ptr, blk, tb, C, K, ck, mk)
+            dyk += _load_tile(gykb_ptr, blk, rk, RK, K, ck, mk)
+            dya = _load_tile(gyqa_ptr, blk, ra, RA, K, ck, mk) + _load_tile(gyab_ptr, blk, ra, RA, K, ck, mk)
+            dxb = _load_tile(gxab_ptr, blk, ra, RA, K, ck, mk) + _load_tile(gxkb_ptr, blk, ra, RA, K, ck, mk)
         G = _load_g(gs_ptr, blk, tb, C, K, ck, mk, BKS, SCALAR)
         xq = _load_tile(xq_ptr, blk, tb, C, K, ck, mk)
         dq = _load_tile(dqe_ptr, blk, tb, C, K, ck, mk) * tl.exp(G)  # Qh = scale q e^G
-        dG = xq * dq
-        rk = b * SUB * RKP + tl.arange(0, SUB * RKP)
-        Gk = _load_g(gs_ptr, blk, rk // RKP, C, K, ck, mk, BKS, SCALAR)
-        kt = _load_tile(kt_ptr, blk, rk, RK, K, ck, mk)
-        det = _load_tile(det_ptr, blk, rk, RK, K, ck, mk)
+        dG = xq * (dq + dxq)
         kf = _load_tile(kf_ptr, blk, rk, RK, K, ck, mk)
-        dkf = det * tl.exp(GL[None, :] - Gk)
-        dGk = -(kt * det)
-        dxq, dyk = _gram_vjp(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, blk, b, K, ck, mk, C, 1, RKP, False, BKS,
-                             SCALAR, F32, LOWP)
+        det = _load_tile(det_ptr, blk, rk, RK, K, ck, mk)
+        dkf = det * tl.exp(GL[None, :] - _load_g(gs_ptr, blk, rk // RKP, C, K, ck, mk, BKS, SCALAR)) + dyk
+        dG += _token_sum(-(_load_tile(kt_ptr, blk, rk, RK, K, ck, mk) * det) - kf * dyk, RKP, BKS)
         dGp = tl.zeros([SUB, BKS], dtype=tl.float32)
         if RAB > 0:
-            ra = b * SUB * RAP + tl.arange(0, SUB * RAP)
-            Ga = _load_g(gs_ptr, blk, ra // RAP, C, K, ck, mk, BKS, SCALAR)
-            Gpb = _load_g(gps_ptr, blk, ra // RAP, C, K, ck, mk, BKS, SCALAR)
-            at = _load_tile(at_ptr, blk, ra, RA, K, ck, mk)
+            ta = ra // RAP
             dat = _load_tile(dat_ptr, blk, ra, RA, K, ck, mk)
+            daf = dat * tl.exp(GL[None, :] - _load_g(gs_ptr, blk, ta, C, K, ck, mk, BKS, SCALAR)) + dya
+            dGa = -(_load_tile(at_ptr, blk, ra, RA, K, ck, mk) * dat) - _load_tile(af_ptr, blk, ra, RA, K, ck, mk) * dya
+            dG += _token_sum(dGa, RAP, BKS)
             dwp = _load_tile(dwp_ptr, blk, ra, RA, K, ck, mk)
-            af = _load_tile(af_ptr, blk, ra, RA, K, ck, mk)
-            bf = _load_tile(bf_ptr, blk, ra, RA, K, ck, mk)
-            daf = dat * tl.exp(GL[None, :] - Ga)
-            dGa = -(at * dat)
-            dbf = dwp * tl.exp(Gpb)
-            dGpb = _load_tile(bh_ptr, blk, ra, RA, K, ck, mk) * dwp
-            dx1, dya = _gram_vjp(dmqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, blk, b, K, ck, mk, C, 1, RAP, False, BKS,
-                                 SCALAR, F32, LOWP)
-            dxq += dx1
-            dxb, dy2 = _gram_vjp(dlab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, blk, b, K, ck, mk, C, RAP, RAP, True,
-                                 BKS, SCALAR, F32, LOWP)
-            dya += dy2
-            dx3, dy3 = _gram_vjp(dup_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, blk, b, K, ck, mk, C, RAP, RKP, True,
-                                 BKS, SCALAR, F32, LOWP)
-            dxb += dx3
-            dyk += dy3
-            daf += dya
-            dGa -= af * dya
-            dbf += dxb
-            dGpb += bf * dxb
-            dG += _token_sum(dGa, RAP, -1)
-            dGp = _token_sum(dGpb, RAP, -1)
-        dG += xq * dxq
-        dkf += dyk
-        dGk -= kf * dyk
-        dG += _token_sum(dGk, RKP, -1)
+            dbf = dwp * tl.exp(_load_g(gps_ptr, blk, ta, C, K, ck, mk, BKS, SCALAR)) + dxb
+            dGpb = _load_tile(bh_ptr, blk, ra, RA, K, ck, mk) * dwp + _load_tile(bf_ptr, blk, ra, RA, K, ck, mk) * dxb
+            dGp = _token_sum(dGpb, RAP, BKS)
         dq = scale * (dq + dxq)
         tot = dG + dGp
         dg = tl.cumsum(tot, 0, reverse=True) + carry[None, :] - dGp
@@ -531,10 +533,8 @@ def _vjp_kernel(
             u = lam * kk
             beta = tl.load(beta_ptr + tok, mask=valid, other=0.0).to(tl.float32)
             s = tl.load(s_ptr + blk * C + tb)
-            da0 = _token_sum(daf, 2, 0)
-            da1 = _token_sum(daf, 2, 1)
-            db0 = _token_sum(dbf, 2, 0)
-            db1 = _token_sum(dbf, 2, 1)
+            da0, da1 = _rank_pair(daf, BKS)
+            db0, db1 = _rank_pair(dbf, BKS)
             red = red_ptr + (blk * NKT + i_k) * 2 * C
             tl.store(red + tb, tl.sum(db1 * kk, 1))
             tl.store(red + C + tb, tl.sum(u * (da0 + db1), 1))
@@ -632,10 +632,11 @@ def _v(t, rows, cols, trans=False):
 
 
 def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int) -> dict:
-    """B2's column tiles and warps, the one place to tune them: BKS of S1/S2 (K columns per step of the
-    stacks and Gram products), BKV of S5 (K columns per program), BVS (V columns per step)."""
+    """B2's column tiles and warps, the one place to tune them: BKS of S2 (K columns per step of the Gram
+    products), BK1 of S1 (the stacks), BKV of S5 (K columns per program), BVS (V columns per step)."""
     rows = chunk * max(_pow2(r_ab), _pow2(r_kv), 1)
-    return dict(BKS=_tile(dk, 64), BKV=_tile(dk, 32), BVS=_tile(dv, 64), warps_vjp=4 if rows <= 64 else 8)
+    return dict(BKS=_tile(dk, 64), BK1=_tile(dk, 32), BKV=_tile(dk, 32), BVS=_tile(dv, 64),
+                warps_vjp=4 if rows <= 64 else 8, stages_vjp=1)
 
 
 def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=None):
@@ -662,11 +663,12 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     gshape = (c,) if scalar else (c, dk)
     z = dict(gs=sc(*gshape), gps=sc(*gshape), s=sc(c) if hdla else sc(0), xq=sc(c, dk), kf=sc(rk, dk),
              kt=sc(rk, dk), vf=sc(rk, dv), dos=sc(c, dv), mqk=sc(c, rk), dqe=sc(c, dk), dmo=sc(c, rk),
-             det=sc(rk, dk), dvs=sc(rk, dv))
+             det=sc(rk, dk), dvs=sc(rk, dv), gxqk=sc(c, dk), gyqk=sc(rk, dk))
     for name, shape in dict(af=(ra, dk), bf=(ra, dk), at=(ra, dk), bh=(ra, dk), mqa=(c, ra), lab=(ra, ra),
                             lkb=(ra, rk), tm=(ra, ra), w=(ra, dk), u=(ra, rk), mo=(c, rk), et=(rk, dk),
                             dn=(dk, dk), dat=(ra, dk), du=(ra, rk), dw=(ra, dk), dmqa=(c, ra), dwp=(ra, dk),
-                            dup=(ra, rk), dlab=(ra, ra)).items():
+                            dup=(ra, rk), dlab=(ra, ra), gxqa=(c, dk), gyqa=(ra, dk), gxab=(ra, dk),
+                            gyab=(ra, dk), gxkb=(ra, dk), gykb=(rk, dk)).items():
         z[name] = sc(*shape) if r_ab else sc(0)
     dq, dk_, dv_, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
     da = torch.empty_like(a) if r_ab and not hdla else None
@@ -695,7 +697,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             q, k, v, a if r_ab and not hdla else empty, b if r_ab and not hdla else empty,
             beta if hdla else empty, g, do, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"], z["af"],
             z["bf"], z["at"], z["bh"], z["vf"], z["dos"], seq_len, heads, dk, dv, nt, float(scale), C=c,
-            BKS=cfg["BKS"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse),
+            BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse),
             LOG_ZERO=LOG_ZERO_FP32, num_warps=4)
         _gram_kernel[(nt, batch * heads, c // 16)](
             z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"],
@@ -728,13 +730,22 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             gemm(z["dup"], ra, rk, [(_v(z["tm"], ra, ra, True), _v(z["du"], ra, rk), ra, 1)])
             gemm(z["dlab"], ra, ra, [(_v(z["dwp"], ra, dk), _v(z["w"], ra, dk, True), dk, -1),
                                      (_v(z["dup"], ra, rk), _v(z["u"], ra, rk, True), rk, -1)])
+        grams = [("qk", z["dmo"], z["xq"], z["gs"], z["kf"], 1, rkp, False)]
+        if r_ab:
+            grams += [("qa", z["dmqa"], z["xq"], z["gs"], z["af"], 1, rap, False),
+                      ("ab", z["dlab"], z["bf"], z["gps"], z["af"], rap, rap, True),
+                      ("kb", z["dup"], z["bf"], z["gps"], z["kf"], rap, rkp, True)]
+        for name, d, x, xg, y, rx, ry, strict in grams:
+            _gram_vjp_kernel[(nt, batch * heads, c // 16 * nkt)](
+                d, x, xg, y, z["gs"], z["gx" + name], z["gy" + name], dk, nt, nkt, C=c, RX=rx, RY=ry,
+                STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec, num_warps=4)
+        gv = [z[n] if n in z else empty for n in ("gxqk", "gyqk", "gxqa", "gyqa", "gxab", "gyab", "gxkb", "gykb")]
         _vjp_kernel[(nt, batch * heads, nkt)](
             k, g, beta if hdla else empty, h, ds, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"],
-            z["af"], z["bf"], z["at"], z["bh"], z["dqe"], z["det"], z["dat"], z["dwp"], z["dmo"], z["dmqa"],
-            z["dlab"], z["dup"], dq, dk_, da if da is not None else empty, db if db is not None else empty, dg, red,
+            z["af"], z["bf"], z["at"], z["bh"], z["dqe"], z["det"], z["dat"], z["dwp"], *gv, dq, dk_, da if da is not None else empty, db if db is not None else empty, dg, red,
             seq_len, heads, dk, dv, nt, nkt, float(scale), C=c, BKS=cfg["BKV"], BVS=cfg["BVS"], **ranks,
             HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse), **prec, LOG_ZERO=LOG_ZERO_FP32,
-            num_warps=cfg["warps_vjp"])
+            num_warps=cfg["warps_vjp"], num_stages=cfg["stages_vjp"])
         if hdla or scalar:
             _reduce_kernel[(nt, batch * heads, nkt if hdla else 1)](
                 k, g, beta if hdla else empty, z["s"], red, dk_, dg, dbeta if hdla else empty, seq_len, heads, dk,
