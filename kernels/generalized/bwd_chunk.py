@@ -11,9 +11,11 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
                             forward substitution (T_nm = -T_nn sum_k L_nk T_km).
     S4 ``_gemm_kernel``     every plain product of the VJP (W, U, Mo, E, dQeff, dMo, dE, dN, dV, dAt,
                             dU, dW, dM_QA, T^T dW, T^T dU, dL_AB), one output tile per program.
-    S5 ``_vjp_kernel``      per K tile, over the 16-token blocks from last to first: the Gram VJPs (same
-                            decay factoring, exact diagonal), the chain rule through the decays, dq, dk,
-                            da, db, and dg as the chunk-local reverse cumsum of the dG, dG' cotangents.
+    S5a ``_gram_vjp_kernel`` one launch per Gram matrix, per 16-token block and K tile: the Gram VJP
+                            (same decay factoring, exact diagonal token by token) into dx, dy scratch.
+    S5 ``_vjp_kernel``      per K tile, over the 16-token blocks from last to first: the chain rule
+                            through the decays, dq, dk, da, db, and dg as the chunk-local reverse cumsum
+                            of the dG, dG' cotangents.
     S6 ``_reduce_kernel``   (HDLA or per-head decay) the full-K sums: HDLA's s = k.u and beta terms,
                             or the per-head dg.
     S7 ``_unstack_kernel``  dV from the stack layout back to [B, T, H, r_kv, V].
@@ -636,7 +638,8 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int) -> dict:
     products), BK1 of S1 (the stacks), BKV of S5 (K columns per program), BVS (V columns per step)."""
     rows = chunk * max(_pow2(r_ab), _pow2(r_kv), 1)
     return dict(BKS=_tile(dk, 64), BK1=_tile(dk, 32), BKV=_tile(dk, 32), BVS=_tile(dv, 64),
-                warps_vjp=4 if rows <= 64 else 8, stages_vjp=1)
+                warps_vjp=4 if rows <= 64 else 8, stages_vjp=1,
+                warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4)
 
 
 def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=None):
@@ -701,10 +704,10 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             LOG_ZERO=LOG_ZERO_FP32, num_warps=4)
         _gram_kernel[(nt, batch * heads, c // 16)](
             z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"],
-            heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap, SCALAR=scalar, **prec, num_warps=4)
+            heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap, SCALAR=scalar, **prec, num_warps=cfg["warps_block"])
         hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
         if r_ab:
-            _inverse_kernel[grid](z["lab"], z["tm"], nt, C=c, RAP=rap, F32=f32, num_warps=4)
+            _inverse_kernel[grid](z["lab"], z["tm"], nt, C=c, RAP=rap, F32=f32, num_warps=cfg["warps_block"])
             gemm(z["w"], ra, dk, [(_v(z["tm"], ra, ra), _v(z["bh"], ra, dk), ra, 1)])
             gemm(z["u"], ra, rk, [(_v(z["tm"], ra, ra), _v(z["lkb"], ra, rk), ra, 1)])
             gemm(z["mo"], c, rk, [(_v(z["mqa"], c, ra), _v(z["u"], ra, rk), ra, -1)], cin=z["mqk"])
@@ -738,7 +741,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
         for name, d, x, xg, y, rx, ry, strict in grams:
             _gram_vjp_kernel[(nt, batch * heads, c // 16 * nkt)](
                 d, x, xg, y, z["gs"], z["gx" + name], z["gy" + name], dk, nt, nkt, C=c, RX=rx, RY=ry,
-                STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec, num_warps=4)
+                STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec, num_warps=cfg["warps_block"])
         gv = [z[n] if n in z else empty for n in ("gxqk", "gyqk", "gxqa", "gyqa", "gxab", "gyab", "gxkb", "gykb")]
         _vjp_kernel[(nt, batch * heads, nkt)](
             k, g, beta if hdla else empty, h, ds, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"],
