@@ -30,14 +30,14 @@ SHAPES = {"vision": (128, 196, 3, 64), "hires": (8, 4096, 3, 64), "lm": (4, 4096
 
 # variant -> (r_ab, r_kv, scalar decay per head); "hdla" builds its A, B (r_ab = 2) from (k, beta, g)
 VARIANTS = {"hdla": (2, 1, False), "kda": (1, 1, False), "gla": (0, 1, False), "gdn": (1, 1, True),
-            "gdp": (2, 2, True)}
+            "gdp": (2, 2, True), "rab3": (3, 1, False), "rab4": (4, 1, False), "rab4_rkv4": (4, 4, False)}
 # extra head dims (K, V) compiled by --aot at a small shape
 HEAD_DIMS = [(16, 16), (32, 32), (256, 256), (64, 128), (128, 64)]
 
 
-def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=torch.randn):
+def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=torch.randn, dtype=torch.bfloat16):
     """Inputs of one backward: random (timing) or, with ``fill=torch.zeros``, zeros (compile only)."""
-    bf, dv = torch.bfloat16, dv or dk
+    bf, dv = dtype, dv or dk
     r_ab, r_kv, scalar = VARIANTS["kda" if kind == "rab1" else kind]
     nt = triton.cdiv(seq_len, chunk)
     q = fill(batch, seq_len, heads, dk, device=dev, dtype=bf)
@@ -137,27 +137,27 @@ def aot_cases(kinds, shapes, head_dims=True):
     return cases
 
 
-def aot_compile(kind, shape, dv):
+def aot_compile(kind, shape, dv, dtype=torch.bfloat16):
     """Compile B1 and B2 (and every other launch of one backward) for the H100 without a GPU:
     the records of tools.aot_check.compile_only."""
     from tools.aot_check import compile_only
     batch, seq_len, heads, dk = shape
     chunk = default_chunk(kind, dk)
-    x = _inputs(kind, batch, seq_len, heads, dk, chunk, dv=dv, dev="cpu", fill=torch.zeros)
+    x = _inputs(kind, batch, seq_len, heads, dk, chunk, dv=dv, dev="cpu", fill=torch.zeros, dtype=dtype)
     with compile_only() as records:
         bwd.generalized_backward(x["do"], x["dht"], *x["args"], 0.1, x["h0"], x["h"], False,
                                  hdla_beta=x["beta"], prep=x["prep"])
     return chunk, records
 
 
-def aot_report(kinds, shapes, head_dims=True):
+def aot_report(kinds, shapes, head_dims=True, dtype=torch.bfloat16):
     """Print regs / spills / smem / wgmma per kernel and configuration, and the work estimates at
     the LM shape; returns the number of spilling compilations."""
     from tools.aot_check import format_records
     spills = 0
     for kind, label, shape, dv in aot_cases(kinds, shapes, head_dims):
-        chunk, records = aot_compile(kind, shape, dv)
-        print(f"\n== {kind} at {label} {shape} V={dv} C={chunk} (bf16, sm_90a)")
+        chunk, records = aot_compile(kind, shape, dv, dtype)
+        print(f"\n== {kind} at {label} {shape} V={dv} C={chunk} ({str(dtype)[6:]}, sm_90a)")
         print(format_records(records))
         spills += sum(r["stack"] > 0 or r["local"] > 0 for r in records)
     print(f"\n{spills} kernel compilations spill registers")
@@ -176,10 +176,12 @@ def main():
     parser.add_argument("--aot", action="store_true",
                         help="no GPU: compile B1 and B2 for the H100 and report regs / spills / smem / wgmma")
     parser.add_argument("--no-head-dims", action="store_true", help="with --aot: only the benchmark shapes")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                        help="with --aot: the input dtype compiled")
     args = parser.parse_args()
     if args.aot:
         kinds = "hdla,kda,gla,gdn,gdp" if args.kinds == "hdla,rab1" else args.kinds
-        aot_report(kinds.split(","), args.shapes.split(","), not args.no_head_dims)
+        aot_report(kinds.split(","), args.shapes.split(","), not args.no_head_dims, getattr(torch, args.dtype))
         return
     results = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), runs=[])
     for name in args.shapes.split(","):

@@ -27,3 +27,13 @@ CASES.update({
     "hdla_k80_ktiles": ("hdla", dict(batch=1, seq_len=20, heads=1, dk=80, dv=8), 16, False, True),
     "hdla_noh0_nodht": ("hdla", dict(batch=1, seq_len=19, heads=1, dk=8, dv=8, h0=False), 16, False, False),
 })
+# what failed on the H100 (session 6): r_ab 3 / 4 at head dims of 32..64 (chunk 16 and 32), K = 16 at chunk 64
+CASES.update({
+    "rab3_k32_c16": ("gen", dict(batch=1, seq_len=37, heads=1, dk=32, dv=16, r_kv=1, r_ab=3), 16, False, True),
+    "rab4_k64_c16_rev": ("gen", dict(batch=1, seq_len=30, heads=1, dk=64, dv=16, r_kv=1, r_ab=4), 16, True, True),
+    "rab3_k64_c32": ("gen", dict(batch=1, seq_len=45, heads=1, dk=64, dv=16, r_kv=1, r_ab=3), 32, False, True),
+    "rab4_rkv2_k32_c32_gates20": ("gen", dict(batch=1, seq_len=40, heads=1, dk=32, dv=16, r_kv=2, r_ab=4,
+                                              g_min=-20.0), 32, False, True),
+    "hdla_k16_c64": ("hdla", dict(batch=1, seq_len=70, heads=1, dk=16, dv=16), 64, False, True),
+    "rab1_k16_v32_c64": ("gen", dict(batch=1, seq_len=70, heads=1, dk=16, dv=32, r_kv=1, r_ab=1), 64, False, True),
+})

@@ -2,7 +2,8 @@
 chunk-algorithm reference (tests/chunk_bwd_reference.py, itself checked against the token loops), one
 subprocess per case so that a crash (an illegal memory access) fails that case only.
 
-    python -m tests.gpu_bwd_sweep OUT.json          # the sweep
+    python -m tests.gpu_bwd_sweep OUT.json          # the sweep (each case at the default chunk)
+    python -m tests.gpu_bwd_sweep OUT.json --all-chunks   # each case at chunks 16, 32 and 64 (forced)
     python -m tests.gpu_bwd_sweep --case NAME [C]   # one case (C: force the chunk), prints its errors as JSON
 """
 import json
@@ -21,6 +22,12 @@ for dk, dv in ((16, 32), (128, 128), (256, 128)):
 CASES["rab2_rkv2_scalar_k64"] = dict(kind="gen", r_ab=2, r_kv=2, dk=64, dv=64, per_head=True)
 CASES["rab4_rkv1_k128"] = dict(kind="gen", r_ab=4, r_kv=1, dk=128, dv=128)
 CASES["hdla_k64_gates20_rev"] = dict(kind="hdla", dk=64, dv=64, g_min=-20.0, reverse=True)
+for r_ab, dk in ((3, 32), (4, 32), (3, 128)):
+    CASES[f"rab{r_ab}_k{dk}_v{dk}"] = dict(kind="gen", r_ab=r_ab, r_kv=1, dk=dk, dv=dk)
+CASES["rab4_rkv4_k64"] = dict(kind="gen", r_ab=4, r_kv=4, dk=64, dv=64)
+CASES["rab1_rkv3_scalar_k128"] = dict(kind="gen", r_ab=1, r_kv=3, dk=128, dv=64, per_head=True)
+CASES["hdla_k64_fp32"] = dict(kind="hdla", dk=64, dv=64, dtype="float32")
+CASES["rab2_k128_fp32"] = dict(kind="gen", r_ab=2, r_kv=1, dk=128, dv=128, dtype="float32")
 
 
 def run_case(name, chunk=None):
@@ -33,7 +40,7 @@ def run_case(name, chunk=None):
     from tests.oracle import rel_err
 
     cfg = CASES[name]
-    dev, bf = "cuda", torch.bfloat16
+    dev, bf = "cuda", getattr(torch, cfg.get("dtype", "bfloat16"))
     gen = torch.Generator(device=dev).manual_seed(0)
     batch, seq_len, heads, dk, dv = 2, 300, 2, cfg["dk"], cfg["dv"]
     rnd = lambda *s: torch.randn(*s, generator=gen, device=dev, dtype=torch.float64)  # noqa: E731
@@ -75,17 +82,21 @@ def run_case(name, chunk=None):
     return errs
 
 
-def sweep(path):
-    def one(name):
-        proc = subprocess.run([sys.executable, "-m", "tests.gpu_bwd_sweep", "--case", name], capture_output=True,
-                              text=True, timeout=400)
+def sweep(path, chunks=(None,)):
+    def one(job):
+        name, chunk = job
+        extra = [] if chunk is None else [str(chunk)]
+        label = name if chunk is None else f"{name}@C{chunk}"
+        proc = subprocess.run([sys.executable, "-m", "tests.gpu_bwd_sweep", "--case", name, *extra],
+                              capture_output=True, text=True, timeout=400)
         if proc.returncode != 0:
-            return name, {"error": proc.stderr[-1500:]}
-        return name, json.loads(proc.stdout.strip().splitlines()[-1])
+            return label, {"error": proc.stderr[-1500:]}
+        return label, json.loads(proc.stdout.strip().splitlines()[-1])
 
     results = {}
+    jobs = [(name, chunk) for name in CASES for chunk in chunks]
     with ThreadPoolExecutor(6) as pool:
-        for name, errs in pool.map(one, CASES):
+        for name, errs in pool.map(one, jobs):
             results[name] = errs
             report(name, errs)
             with open(path, "w") as f:
@@ -104,4 +115,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--case":
         print(json.dumps(run_case(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
     else:
-        sweep(sys.argv[1])
+        sweep(sys.argv[1], (16, 32, 64) if "--all-chunks" in sys.argv[2:] else (None,))

@@ -1,0 +1,763 @@
+"""B2, the chunk-local VJP of the chunk64 backward (kernels/README.md §8, /work/kernel_plan.md), as a
+sequence of small launches that pass per-chunk tiles through global scratch (no atomics, no walk
+across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank fastest, row t*RP + l):
+
+    S1 ``_stacks_kernel``   G, G' (fp32 chunk-local cumsums of the clamped g), scale*q, the rank stacks
+                            K, A, B (HDLA: built from k, beta, g), the decayed Kt, At, Bh, Vbar, dO.
+    S2 ``_gram_kernel``     M_QK, M_QA, L_AB, L_KB per 16-token row block: off-diagonal blocks by one
+                            product through the reference G at the column block's last token (both
+                            factors <= 1), the diagonal block exactly, token by token.
+    S3 ``_inverse_kernel``  T = (I + L_AB)^-1: 16-token diagonal blocks by doubling, the others by block
+                            forward substitution (T_nm = -T_nn sum_k L_nk T_km).
+    S4 ``_gemm_kernel``     every plain product of the VJP (W, U, Mo, E, dQeff, dMo, dE, dN, dV, dAt,
+                            dU, dW, dM_QA, T^T dW, T^T dU, dL_AB), one output tile per program.
+    S5a ``_gram_vjp_kernel`` one launch per Gram matrix, per 16-token block and K tile: the Gram VJP
+                            (same decay factoring, exact diagonal token by token) into dx, dy scratch.
+    S5 ``_vjp_kernel``      per K tile, over the 16-token blocks from last to first: the chain rule
+                            through the decays, dq, dk, da, db, and dg as the chunk-local reverse cumsum
+                            of the dG, dG' cotangents.
+    S6 ``_reduce_kernel``   (HDLA or per-head decay) the full-K sums: HDLA's s = k.u and beta terms,
+                            or the per-head dg.
+    S7 ``_unstack_kernel``  dV from the stack layout back to [B, T, H, r_kv, V].
+
+Products take bf16 (fp16) operands with fp32 accumulation for 16-bit inputs and exact fp32 (ieee) for
+fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs. Scratch is fp32.
+"""
+import torch
+import triton
+import triton.language as tl
+
+SUB = tl.constexpr(16)  # tokens per block of the exact decays and of the inverse's diagonal blocks
+
+
+@triton.jit
+def _dot(x, y, F32: tl.constexpr, LOWP: tl.constexpr):
+    """x @ y, fp32 accumulate: ieee fp32 (F32), else bf16 (LOWP 1), fp16 (LOWP 2) or tf32 (LOWP 0) operands."""
+    if F32:
+        return tl.dot(x, y, input_precision="ieee")
+    elif LOWP == 1:
+        return tl.dot(x.to(tl.bfloat16), y.to(tl.bfloat16))
+    elif LOWP == 2:
+        return tl.dot(x.to(tl.float16), y.to(tl.float16))
+    else:
+        return tl.dot(x, y, input_precision="tf32")
+
+
+@triton.jit
+def _row_tokens(c, rows, RP: tl.constexpr, C: tl.constexpr, T, H, i_b, i_h, REVERSE: tl.constexpr):
+    """Stack rows of chunk c (row = chunk token * RP + rank): (memory index (b*T + t)*H + h as int64,
+    valid (step < T), rank)."""
+    p = c * C + rows // RP
+    valid = p < T
+    if REVERSE:
+        t = T - 1 - p
+    else:
+        t = p
+    t = tl.where(valid, t, 0)
+    return ((i_b * T + t) * H + i_h).to(tl.int64), valid, rows % RP
+
+
+@triton.jit
+def _load_g(g_ptr, blk, tok, C: tl.constexpr, K, ck, mk, BKS: tl.constexpr, SCALAR: tl.constexpr):
+    """A cumsum scratch (G or G', [blocks, C, K] or [blocks, C] for a decay per head) at chunk tokens
+    ``tok`` ([R] vector) and columns ck: [R, BKS] (the per-head value broadcast over the columns)."""
+    if SCALAR:
+        x = tl.load(g_ptr + blk * C + tok)
+        return x[:, None] + tl.zeros([1, BKS], dtype=tl.float32)
+    else:
+        return tl.load(g_ptr + (blk * C + tok)[:, None] * K + ck[None, :], mask=mk[None, :], other=0.0)
+
+
+@triton.jit
+def _load_g_row(g_ptr, blk, tok, C: tl.constexpr, K, ck, mk, BKS: tl.constexpr, SCALAR: tl.constexpr):
+    """One chunk token's row of a cumsum scratch: [BKS]."""
+    if SCALAR:
+        return tl.load(g_ptr + blk * C + tok) + tl.zeros([BKS], dtype=tl.float32)
+    else:
+        return tl.load(g_ptr + (blk * C + tok) * K + ck, mask=mk, other=0.0)
+
+
+@triton.jit
+def _load_tile(ptr, blk, rows, NROWS: tl.constexpr, K, ck, mk):
+    """Rows of a chunk's [NROWS, K] fp32 scratch tile, columns ck: [len(rows), BKS]."""
+    return tl.load(ptr + (blk * NROWS + rows)[:, None] * K + ck[None, :], mask=mk[None, :], other=0.0)
+
+
+# ----------------------------------------------------------------------------- S1: stacks
+@triton.jit
+def _store_rank_rows(ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.constexpr, D, cd, md):
+    """Store per-token rows x [C, BD] as rank l of a [blocks, C*RP, D] stack."""
+    tl.store(ptr + (blk * C * RP + ct * RP + l)[:, None] * D + cd[None, :], x, mask=md[None, :])
+
+
+@triton.jit
+def _stacks_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, beta_ptr, g_ptr, do_ptr,
+    gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, bh_ptr, vf_ptr, dos_ptr,
+    T, H, K, V, NT, scale,
+    C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
+    RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
+    LOG_ZERO: tl.constexpr,
+):
+    """S1, grid (NT, B*H). Writes G, G' ([blocks, C, K] or [blocks, C]), HDLA's s [blocks, C], scale*q
+    [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K], Vbar [blocks, C*RKP, V],
+    dO [blocks, C, V]; padded rank rows and steps past T are 0."""
+    c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    blk = i_bh.to(tl.int64) * NT + c
+    ct = tl.arange(0, C)
+    tok, valid, _ = _row_tokens(c, ct, 1, C, T, H, i_b, i_h, REVERSE)
+    if SCALAR:
+        gsc = tl.maximum(tl.load(g_ptr + tok, mask=valid, other=0.0).to(tl.float32), LOG_ZERO)
+        Gs = tl.cumsum(gsc, 0)
+        tl.store(gs_ptr + blk * C + ct, Gs)
+        tl.store(gps_ptr + blk * C + ct, Gs - gsc)
+        GLs = tl.sum(gsc, 0)
+    if HDLA:
+        beta = tl.load(beta_ptr + tok, mask=valid, other=0.0).to(tl.float32)
+        s = tl.zeros([C], dtype=tl.float32)
+        for k0 in range(0, K, BKS):
+            ck = k0 + tl.arange(0, BKS)
+            m = valid[:, None] & (ck[None, :] < K)
+            kk = tl.load(k_ptr + tok[:, None] * K + ck[None, :], mask=m, other=0.0).to(tl.float32)
+            gg = tl.maximum(tl.load(g_ptr + tok[:, None] * K + ck[None, :], mask=m, other=0.0).to(tl.float32),
+                            LOG_ZERO)
+            s += tl.sum(tl.exp(gg) * kk * kk, 1)
+        tl.store(s_ptr + blk * C + ct, s)
+    for k0 in range(0, K, BKS):
+        ck = k0 + tl.arange(0, BKS)
+        mk = ck < K
+        m = valid[:, None] & mk[None, :]
+        if SCALAR:
+            G = Gs[:, None] + tl.zeros([1, BKS], dtype=tl.float32)
+            Gp = G - gsc[:, None]
+            GL = GLs + tl.zeros([BKS], dtype=tl.float32)
+        else:
+            gg = tl.maximum(tl.load(g_ptr + tok[:, None] * K + ck[None, :], mask=m, other=0.0).to(tl.float32),
+                            LOG_ZERO)
+            G = tl.cumsum(gg, 0)
+            Gp = G - gg
+            GL = tl.sum(gg, 0)
+            tl.store(gs_ptr + (blk * C + ct)[:, None] * K + ck[None, :], G, mask=mk[None, :])
+            tl.store(gps_ptr + (blk * C + ct)[:, None] * K + ck[None, :], Gp, mask=mk[None, :])
+        xq = scale * tl.load(q_ptr + tok[:, None] * K + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(xq_ptr + (blk * C + ct)[:, None] * K + ck[None, :], xq, mask=mk[None, :])
+        e_last = tl.exp(GL[None, :] - G)  # e^{G_last - G_i} <= 1
+        e_excl = tl.exp(Gp)  # e^{G'_t} <= 1
+        if HDLA:
+            kk = tl.load(k_ptr + tok[:, None] * K + ck[None, :], mask=m, other=0.0).to(tl.float32)
+            _store_rank_rows(kf_ptr, kk, blk, 0, ct, 1, C, K, ck, mk)
+            _store_rank_rows(kt_ptr, kk * e_last, blk, 0, ct, 1, C, K, ck, mk)
+            u = tl.exp(gg) * kk  # HDLA's decay is per channel (never SCALAR)
+            a0 = beta[:, None] * u
+            b1 = a0 - (beta * beta * s)[:, None] * kk
+            _store_rank_rows(af_ptr, a0, blk, 0, ct, 2, C, K, ck, mk)
+            _store_rank_rows(af_ptr, kk, blk, 1, ct, 2, C, K, ck, mk)
+            _store_rank_rows(bf_ptr, kk, blk, 0, ct, 2, C, K, ck, mk)
+            _store_rank_rows(bf_ptr, b1, blk, 1, ct, 2, C, K, ck, mk)
+            _store_rank_rows(at_ptr, a0 * e_last, blk, 0, ct, 2, C, K, ck, mk)
+            _store_rank_rows(at_ptr, kk * e_last, blk, 1, ct, 2, C, K, ck, mk)
+            _store_rank_rows(bh_ptr, kk * e_excl, blk, 0, ct, 2, C, K, ck, mk)
+            _store_rank_rows(bh_ptr, b1 * e_excl, blk, 1, ct, 2, C, K, ck, mk)
+        else:
+            for l in tl.static_range(RKP):
+                kl = tl.load(k_ptr + (tok * RKV + l)[:, None] * K + ck[None, :], mask=m & (l < RKV),
+                             other=0.0).to(tl.float32)
+                _store_rank_rows(kf_ptr, kl, blk, l, ct, RKP, C, K, ck, mk)
+                _store_rank_rows(kt_ptr, kl * e_last, blk, l, ct, RKP, C, K, ck, mk)
+            for l in tl.static_range(RAP if RAB > 0 else 0):
+                al = tl.load(a_ptr + (tok * RAB + l)[:, None] * K + ck[None, :], mask=m & (l < RAB),
+                             other=0.0).to(tl.float32)
+                bl = tl.load(b_ptr + (tok * RAB + l)[:, None] * K + ck[None, :], mask=m & (l < RAB),
+                             other=0.0).to(tl.float32)
+                _store_rank_rows(af_ptr, al, blk, l, ct, RAP, C, K, ck, mk)
+                _store_rank_rows(bf_ptr, bl, blk, l, ct, RAP, C, K, ck, mk)
+                _store_rank_rows(at_ptr, al * e_last, blk, l, ct, RAP, C, K, ck, mk)
+                _store_rank_rows(bh_ptr, bl * e_excl, blk, l, ct, RAP, C, K, ck, mk)
+    for v0 in range(0, V, BVS):
+        cv = v0 + tl.arange(0, BVS)
+        mv = cv < V
+        m = valid[:, None] & mv[None, :]
+        dov = tl.load(do_ptr + tok[:, None] * V + cv[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(dos_ptr + (blk * C + ct)[:, None] * V + cv[None, :], dov, mask=mv[None, :])
+        for l in tl.static_range(RKP):
+            vl = tl.load(v_ptr + (tok * RKV + l)[:, None] * V + cv[None, :], mask=m & (l < RKV),
+                         other=0.0).to(tl.float32)
+            _store_rank_rows(vf_ptr, vl, blk, l, ct, RKP, C, V, cv, mv)
+
+
+# ----------------------------------------------------------------------------- S2: Gram matrices
+@triton.jit
+def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, n, K, C: tl.constexpr, RX: tl.constexpr,
+               RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr, SCALAR: tl.constexpr,
+               F32: tl.constexpr, LOWP: tl.constexpr):
+    """Row block n (16 tokens) of one Gram matrix ``o[t, i] = sum_k x_tk y_ik e^{X_tk - G_ik}`` for chunk
+    tokens i < t (STRICT) or i <= t, else 0; x, y are stacks [blocks, C*RX, K], [blocks, C*RY, K], X the
+    cumsum scratch of x's side (G or G'), o [blocks, C*RX, C*RY]. Column blocks m < n: one product through
+    the reference R = G at block m's last token (e^{X - R} <= 1, e^{R - G} <= 1); the diagonal block
+    token by token with the exact pairwise decay, masked before exp."""
+    NRX: tl.constexpr = SUB * RX
+    NRY: tl.constexpr = SUB * RY
+    rx = n * NRX + tl.arange(0, NRX)
+    tx = rx // RX
+    cy = tl.arange(0, NRY)
+    o_rows = o_ptr + (blk * C * RX + rx)[:, None] * (C * RY)
+    for m in range(0, C // SUB):
+        ry = m * NRY + cy
+        acc = tl.zeros([NRX, NRY], dtype=tl.float32)
+        if m < n:
+            for k0 in range(0, K, BKS):
+                ck = k0 + tl.arange(0, BKS)
+                mk = ck < K
+                ref = _load_g_row(g_ptr, blk, m * SUB + SUB - 1, C, K, ck, mk, BKS, SCALAR)
+                x = _load_tile(x_ptr, blk, rx, C * RX, K, ck, mk)
+                x = x * tl.exp(_load_g(xg_ptr, blk, tx, C, K, ck, mk, BKS, SCALAR) - ref[None, :])
+                y = _load_tile(y_ptr, blk, ry, C * RY, K, ck, mk)
+                y = y * tl.exp(ref[None, :] - _load_g(g_ptr, blk, ry // RY, C, K, ck, mk, BKS, SCALAR))
+                acc += _dot(x, tl.trans(y), F32, LOWP)
+        elif m == n:
+            for k0 in range(0, K, BKS):
+                ck = k0 + tl.arange(0, BKS)
+                mk = ck < K
+                x = _load_tile(x_ptr, blk, rx, C * RX, K, ck, mk)
+                X = _load_g(xg_ptr, blk, tx, C, K, ck, mk, BKS, SCALAR)
+                for j in range(SUB):
+                    tj = m * SUB + j
+                    Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, SCALAR)
+                    if STRICT:
+                        live = tx > tj
+                    else:
+                        live = tx >= tj
+                    xe = x * tl.exp(tl.where(live[:, None], X - Yj[None, :], float("-inf")))
+                    for l in tl.static_range(RY):
+                        yl = tl.load(y_ptr + (blk * C * RY + m * NRY + j * RY + l) * K + ck, mask=mk, other=0.0)
+                        col = tl.sum(xe * yl[None, :], 1)
+                        acc = tl.where(cy[None, :] == j * RY + l, acc + col[:, None], acc)
+        tl.store(o_rows + ry[None, :], acc)
+
+
+@triton.jit
+def _gram_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, H, K, NT,
+                 C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr, RAP: tl.constexpr,
+                 SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """S2, grid (NT, B*H, C/16): row block n of M_QK [C, C*RKP], M_QA [C, C*RAP], L_AB [C*RAP, C*RAP]
+    (strictly lower by token) and L_KB [C*RAP, C*RKP] (strictly lower), fp32 scratch."""
+    blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
+    n = tl.program_id(2)
+    _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, blk, n, K, C, 1, RKP, False, BKS, SCALAR, F32, LOWP)
+    if RAB > 0:
+        _gram_rows(mqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, blk, n, K, C, 1, RAP, False, BKS, SCALAR, F32, LOWP)
+        _gram_rows(lab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, blk, n, K, C, RAP, RAP, True, BKS, SCALAR, F32, LOWP)
+        _gram_rows(lkb_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, blk, n, K, C, RAP, RKP, True, BKS, SCALAR, F32, LOWP)
+
+
+# ----------------------------------------------------------------------------- S3: T = (I + L_AB)^-1
+@triton.jit
+def _unit_lower_inverse16(d, RP: tl.constexpr):
+    """``(I + d)^-1`` for d [16 RP, 16 RP] strictly lower by token: the inverse of 2-token groups is
+    I - d, and each doubling of the groups is P - P X P (P the inverse so far, X the entries between
+    the two halves of each new group). fp32 (ieee)."""
+    rows = tl.arange(0, SUB * RP)
+    tok = rows // RP
+    eye = (rows[:, None] == rows[None, :]).to(tl.float32)
+    inv = eye - tl.where((tok[:, None] >> 1) == (tok[None, :] >> 1), d, 0.0)
+    for level in tl.static_range(1, 4):
+        cross = ((tok[:, None] >> (level + 1)) == (tok[None, :] >> (level + 1))) & (
+            (tok[:, None] >> level) != (tok[None, :] >> level))
+        px = tl.dot(inv, tl.where(cross, d, 0.0), input_precision="ieee")
+        inv = inv - tl.dot(px, inv, input_precision="ieee")
+    return inv
+
+
+@triton.jit
+def _inverse_kernel(lab_ptr, t_ptr, NT, C: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr):
+    """S3, grid (NT, B*H): T [blocks, C*RAP, C*RAP] (zero above the diagonal blocks). Row block n's
+    off-diagonal blocks read the earlier rows of T back from scratch (a barrier after each row)."""
+    blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
+    NR: tl.constexpr = SUB * RAP
+    RA: tl.constexpr = C * RAP
+    r = tl.arange(0, NR)
+    base = blk * RA * RA
+    for n in tl.static_range(C // SUB):
+        rn = n * NR + r
+        tnn = _unit_lower_inverse16(tl.load(lab_ptr + base + rn[:, None] * RA + rn[None, :]), RAP)
+        tl.store(t_ptr + base + rn[:, None] * RA + rn[None, :], tnn)
+        for m in tl.static_range(C // SUB):
+            rm = m * NR + r
+            if m < n:
+                acc = tl.zeros([NR, NR], dtype=tl.float32)
+                for kk in tl.static_range(m, n):
+                    rk = kk * NR + r
+                    lnk = tl.load(lab_ptr + base + rn[:, None] * RA + rk[None, :])
+                    tkm = tl.load(t_ptr + base + rk[:, None] * RA + rm[None, :])
+                    acc += _dot(lnk, tkm, F32, 0)
+                tl.store(t_ptr + base + rn[:, None] * RA + rm[None, :], -_dot(tnn, acc, F32, 0))
+            elif m > n:
+                tl.store(t_ptr + base + rn[:, None] * RA + rm[None, :], tl.zeros([NR, NR], dtype=tl.float32))
+        tl.debug_barrier()
+
+
+# ----------------------------------------------------------------------------- S4: plain products
+@triton.jit
+def _gemm_part(a_ptr, sar, sac, b_ptr, sbr, sbc, rm, rn, mm, mn, KD, BKD: tl.constexpr, F32: tl.constexpr,
+               LOWP: tl.constexpr):
+    """sum_k a[rm, k] b[k, rn] over k < KD (strided operands, masked): [BM, BN] fp32."""
+    acc = tl.zeros([rm.shape[0], rn.shape[0]], dtype=tl.float32)
+    for k0 in range(0, KD, BKD):
+        ck = k0 + tl.arange(0, BKD)
+        mk = ck < KD
+        a = tl.load(a_ptr + rm[:, None] * sar + ck[None, :] * sac, mask=mm[:, None] & mk[None, :], other=0.0)
+        b = tl.load(b_ptr + ck[:, None] * sbr + rn[None, :] * sbc, mask=mk[:, None] & mn[None, :], other=0.0)
+        acc += _dot(a.to(tl.float32), b.to(tl.float32), F32, LOWP)
+    return acc
+
+
+@triton.jit
+def _gemm_kernel(o_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, c_ptr,
+                 sa1b, sa1r, sa1c, sb1b, sb1r, sb1c, sa2b, sa2r, sa2c, sb2b, sb2r, sb2c,
+                 M, N, K1, K2, al1, al2,
+                 BM: tl.constexpr, BN: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, HAS2: tl.constexpr,
+                 HAS_C: tl.constexpr, MASK: tl.constexpr, RPR: tl.constexpr, RPC: tl.constexpr,
+                 F32: tl.constexpr, LOWP: tl.constexpr):
+    """S4, grid (blocks, M/BM, N/BN): o = al1 a1 b1 (+ al2 a2 b2) (+ c) per chunk, o and c dense
+    [blocks, M, N] fp32, operands strided (chunk, row, column strides: a transpose is a stride swap).
+    MASK 1 keeps column token <= row token (rows RPR, columns RPC rank rows per token)."""
+    blk = tl.program_id(0).to(tl.int64)
+    rm = tl.program_id(1) * BM + tl.arange(0, BM)
+    rn = tl.program_id(2) * BN + tl.arange(0, BN)
+    mm = rm < M
+    mn = rn < N
+    acc = al1 * _gemm_part(a1_ptr + blk * sa1b, sa1r, sa1c, b1_ptr + blk * sb1b, sb1r, sb1c, rm, rn, mm, mn, K1,
+                           BK1, F32, LOWP)
+    if HAS2:
+        acc += al2 * _gemm_part(a2_ptr + blk * sa2b, sa2r, sa2c, b2_ptr + blk * sb2b, sb2r, sb2c, rm, rn, mm, mn,
+                                K2, BK2, F32, LOWP)
+    off = blk * M * N + rm[:, None] * N + rn[None, :]
+    m2 = mm[:, None] & mn[None, :]
+    if HAS_C:
+        acc += tl.load(c_ptr + off, mask=m2, other=0.0)
+    if MASK == 1:
+        acc = tl.where((rn // RPC)[None, :] <= (rm // RPR)[:, None], acc, 0.0)
+    tl.store(o_ptr + off, acc, mask=m2)
+
+
+# ----------------------------------------------------------------------------- S5: Gram VJP, decays, dg
+@triton.jit
+def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.constexpr, RX: tl.constexpr,
+              RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr,
+              LOWP: tl.constexpr):
+    """Token block b's share of the VJP of one Gram matrix (:func:`_gram_rows`) for its cotangent D
+    [blocks, C*RX, C*RY] (entries outside the mask are ignored): (dx [16 RX, BKS] on x's rows of block b,
+    dy [16 RY, BKS] on y's rows of block b), the gradients of x and y before the decay's chain rule."""
+    NRX: tl.constexpr = SUB * RX
+    NRY: tl.constexpr = SUB * RY
+    RXT: tl.constexpr = C * RX
+    RYT: tl.constexpr = C * RY
+    cx = tl.arange(0, NRX)
+    cy = tl.arange(0, NRY)
+    rxb = b * NRX + cx
+    ryb = b * NRY + cy
+    txb = rxb // RX
+    tyb = ryb // RY
+    Xb = _load_g(xg_ptr, blk, txb, C, K, ck, mk, BKS, SCALAR)
+    Yb = _load_g(g_ptr, blk, tyb, C, K, ck, mk, BKS, SCALAR)
+    d_base = d_ptr + blk * RXT * RYT
+    dx = tl.zeros([NRX, BKS], dtype=tl.float32)
+    dy = tl.zeros([NRY, BKS], dtype=tl.float32)
+    for m in range(0, b):  # earlier column blocks, reference at block m's last token
+        rym = m * NRY + cy
+        ref = _load_g_row(g_ptr, blk, m * SUB + SUB - 1, C, K, ck, mk, BKS, SCALAR)
+        ye = _load_tile(y_ptr, blk, rym, RYT, K, ck, mk)
+        ye = ye * tl.exp(ref[None, :] - _load_g(g_ptr, blk, rym // RY, C, K, ck, mk, BKS, SCALAR))
+        dbm = tl.load(d_base + rxb[:, None] * RYT + rym[None, :])
+        dx += _dot(dbm, ye, F32, LOWP) * tl.exp(Xb - ref[None, :])
+    ref_b = _load_g_row(g_ptr, blk, b * SUB + SUB - 1, C, K, ck, mk, BKS, SCALAR)
+    for n in range(b + 1, C // SUB):  # later row blocks, reference at block b's last token
+        rxn = n * NRX + cx
+        xe = _load_tile(x_ptr, blk, rxn, RXT, K, ck, mk)
+        xe = xe * tl.exp(_load_g(xg_ptr, blk, rxn // RX, C, K, ck, mk, BKS, SCALAR) - ref_b[None, :])
+        dnb = tl.load(d_base + rxn[:, None] * RYT + ryb[None, :])
+        dy += _dot(tl.trans(dnb), xe, F32, LOWP)
+    dy = dy * tl.exp(ref_b[None, :] - Yb)
+    for j in range(SUB):  # the diagonal block, exact: token tj as the column (dx) and as the row (dy)
+        tj = b * SUB + j
+        Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, SCALAR)
+        Xj = _load_g_row(xg_ptr, blk, tj, C, K, ck, mk, BKS, SCALAR)
+        if STRICT:
+            live_x = txb > tj
+            live_y = tyb < tj
+        else:
+            live_x = txb >= tj
+            live_y = tyb <= tj
+        ex = tl.exp(tl.where(live_x[:, None], Xb - Yj[None, :], float("-inf")))
+        ey = tl.exp(tl.where(live_y[:, None], Xj[None, :] - Yb, float("-inf")))
+        for l in tl.static_range(RY):
+            dcol = tl.load(d_base + rxb * RYT + b * NRY + j * RY + l)
+            yl = tl.load(y_ptr + (blk * RYT + b * NRY + j * RY + l) * K + ck, mask=mk, other=0.0)
+            dx += dcol[:, None] * ex * yl[None, :]
+        for l in tl.static_range(RX):
+            drow = tl.load(d_base + (b * NRX + j * RX + l) * RYT + ryb)
+            xl = tl.load(x_ptr + (blk * RXT + b * NRX + j * RX + l) * K + ck, mask=mk, other=0.0)
+            dy += drow[:, None] * ey * xl[None, :]
+    return dx, dy
+
+
+@triton.jit
+def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, K, NT, NKT, C: tl.constexpr,
+                     RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr,
+                     SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """S5a, grid (NT, B*H, C/16 * K/BKS), one launch per Gram matrix: token block b's dx, dy of
+    :func:`_gram_vjp` stored in dx [blocks, C*RX, K], dy [blocks, C*RY, K] (fp32)."""
+    blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
+    b = tl.program_id(2) // NKT
+    ck = (tl.program_id(2) % NKT) * BKS + tl.arange(0, BKS)
+    mk = ck < K
+    dx, dy = _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C, RX, RY, STRICT, BKS, SCALAR,
+                       F32, LOWP)
+    rx = b * SUB * RX + tl.arange(0, SUB * RX)
+    ry = b * SUB * RY + tl.arange(0, SUB * RY)
+    tl.store(dx_ptr + (blk * C * RX + rx)[:, None] * K + ck[None, :], dx, mask=mk[None, :])
+    tl.store(dy_ptr + (blk * C * RY + ry)[:, None] * K + ck[None, :], dy, mask=mk[None, :])
+
+
+@triton.jit
+def _token_sum(x, RP: tl.constexpr, BKS: tl.constexpr):
+    """Rank rows [16 RP, BKS] -> per token [16, BKS]: the sum over each token's RP rows."""
+    if RP == 1:
+        return x
+    else:
+        return tl.sum(tl.reshape(x, (SUB, RP, BKS)), 1)
+
+
+@triton.jit
+def _rank_pair(x, BKS: tl.constexpr):
+    """HDLA's two rank rows per token [32, BKS] -> (rank 0 rows, rank 1 rows), each [16, BKS]."""
+    return tl.split(tl.permute(tl.reshape(x, (SUB, 2, BKS)), (0, 2, 1)))
+
+
+@triton.jit
+def _store_stack_grad(ptr, x, c, b, RP: tl.constexpr, R: tl.constexpr, C: tl.constexpr, T, H, i_b, i_h,
+                      REVERSE: tl.constexpr, K, ck, mk):
+    """Rank rows [16 RP, BKS] of token block b into a [B, T, H, R, K] gradient (padding dropped)."""
+    rows = b * SUB * RP + tl.arange(0, SUB * RP)
+    tok, valid, rank = _row_tokens(c, rows, RP, C, T, H, i_b, i_h, REVERSE)
+    m = (valid & (rank < R))[:, None] & mk[None, :]
+    tl.store(ptr + (tok * R + rank)[:, None] * K + ck[None, :], x.to(ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _vjp_kernel(
+    k_ptr, g_ptr, beta_ptr, h_ptr, ds_ptr,
+    gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, bh_ptr,
+    dqe_ptr, det_ptr, dat_ptr, dwp_ptr, gxqk_ptr, gyqk_ptr, gxqa_ptr, gyqa_ptr, gxab_ptr, gyab_ptr, gxkb_ptr,
+    gykb_ptr, dq_ptr, dk_ptr, da_ptr, db_ptr, dg_ptr, red_ptr,
+    T, H, K, V, NT, NKT, scale,
+    C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
+    RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
+    F32: tl.constexpr, LOWP: tl.constexpr, LOG_ZERO: tl.constexpr,
+):
+    """S5, grid (NT, B*H, K/BKS). Per 16-token block, last to first: dq, dk, da, db (HDLA: dk with the
+    chain rule through A, B except the full-K sums), dg = the chunk-local reverse cumsum of the
+    dG + dG' cotangents minus dG' (kernel_plan.md), carried from block to block; the e^{G_last}
+    cotangent (gamma, Kt, At) reaches every step. HDLA and per-head decays store their per-tile partial
+    sums in red [blocks, NKT, 2, C] for S6."""
+    c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_k = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    blk = i_bh.to(tl.int64) * NT + c
+    ck = i_k * BKS + tl.arange(0, BKS)
+    mk = ck < K
+    RK: tl.constexpr = C * RKP
+    RA: tl.constexpr = C * RAP
+    NB: tl.constexpr = C // SUB
+    GL = _load_g_row(gs_ptr, blk, C - 1, C, K, ck, mk, BKS, SCALAR)
+    dgam = tl.zeros([BKS], dtype=tl.float32)
+    for v0 in range(0, V, BVS):
+        cv = v0 + tl.arange(0, BVS)
+        m2 = mk[:, None] & (cv[None, :] < V)
+        off = blk * K * V + ck[:, None] * V + cv[None, :]
+        dgam += tl.sum(tl.load(h_ptr + off, mask=m2, other=0.0).to(tl.float32)
+                       * tl.load(ds_ptr + off, mask=m2, other=0.0).to(tl.float32), 1)
+    carry = tl.exp(GL) * dgam  # dG_last
+    for b in range(NB):
+        rk = b * SUB * RKP + tl.arange(0, SUB * RKP)
+        carry += tl.sum(_load_tile(kt_ptr, blk, rk, RK, K, ck, mk) * _load_tile(det_ptr, blk, rk, RK, K, ck, mk), 0)
+        if RAB > 0:
+            ra = b * SUB * RAP + tl.arange(0, SUB * RAP)
+            carry += tl.sum(_load_tile(at_ptr, blk, ra, RA, K, ck, mk) * _load_tile(dat_ptr, blk, ra, RA, K, ck, mk), 0)
+    for i in range(NB):
+        b = NB - 1 - i
+        tb = b * SUB + tl.arange(0, SUB)
+        tok, valid, _ = _row_tokens(c, tb, 1, C, T, H, i_b, i_h, REVERSE)
+        m_tk = valid[:, None] & mk[None, :]
+        # the Gram VJPs (S5a's dx, dy of each Gram matrix), then the direct terms
+        rk = b * SUB * RKP + tl.arange(0, SUB * RKP)
+        dxq = _load_tile(gxqk_ptr, blk, tb, C, K, ck, mk)
+        dyk = _load_tile(gyqk_ptr, blk, rk, RK, K, ck, mk)
+        if RAB > 0:
+            ra = b * SUB * RAP + tl.arange(0, SUB * RAP)
+            dxq += _load_tile(gxqa_ptr, blk, tb, C, K, ck, mk)
+            dyk += _load_tile(gykb_ptr, blk, rk, RK, K, ck, mk)
+            dya = _load_tile(gyqa_ptr, blk, ra, RA, K, ck, mk) + _load_tile(gyab_ptr, blk, ra, RA, K, ck, mk)
+            dxb = _load_tile(gxab_ptr, blk, ra, RA, K, ck, mk) + _load_tile(gxkb_ptr, blk, ra, RA, K, ck, mk)
+        G = _load_g(gs_ptr, blk, tb, C, K, ck, mk, BKS, SCALAR)
+        xq = _load_tile(xq_ptr, blk, tb, C, K, ck, mk)
+        dq = _load_tile(dqe_ptr, blk, tb, C, K, ck, mk) * tl.exp(G)  # Qh = scale q e^G
+        dG = xq * (dq + dxq)
+        kf = _load_tile(kf_ptr, blk, rk, RK, K, ck, mk)
+        det = _load_tile(det_ptr, blk, rk, RK, K, ck, mk)
+        dkf = det * tl.exp(GL[None, :] - _load_g(gs_ptr, blk, rk // RKP, C, K, ck, mk, BKS, SCALAR)) + dyk
+        dG += _token_sum(-(_load_tile(kt_ptr, blk, rk, RK, K, ck, mk) * det) - kf * dyk, RKP, BKS)
+        dGp = tl.zeros([SUB, BKS], dtype=tl.float32)
+        if RAB > 0:
+            ta = ra // RAP
+            dat = _load_tile(dat_ptr, blk, ra, RA, K, ck, mk)
+            daf = dat * tl.exp(GL[None, :] - _load_g(gs_ptr, blk, ta, C, K, ck, mk, BKS, SCALAR)) + dya
+            dGa = -(_load_tile(at_ptr, blk, ra, RA, K, ck, mk) * dat) - _load_tile(af_ptr, blk, ra, RA, K, ck, mk) * dya
+            dG += _token_sum(dGa, RAP, BKS)
+            dwp = _load_tile(dwp_ptr, blk, ra, RA, K, ck, mk)
+            dbf = dwp * tl.exp(_load_g(gps_ptr, blk, ta, C, K, ck, mk, BKS, SCALAR)) + dxb
+            dGpb = _load_tile(bh_ptr, blk, ra, RA, K, ck, mk) * dwp + _load_tile(bf_ptr, blk, ra, RA, K, ck, mk) * dxb
+            dGp = _token_sum(dGpb, RAP, BKS)
+        dq = scale * (dq + dxq)
+        tot = dG + dGp
+        dg = tl.cumsum(tot, 0, reverse=True) + carry[None, :] - dGp
+        carry += tl.sum(tot, 0)
+        tl.store(dq_ptr + tok[:, None] * K + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=m_tk)
+        if HDLA:
+            kk = kf
+            g_raw = tl.load(g_ptr + tok[:, None] * K + ck[None, :], mask=m_tk, other=0.0).to(tl.float32)
+            lam = tl.exp(tl.maximum(g_raw, LOG_ZERO))
+            u = lam * kk
+            beta = tl.load(beta_ptr + tok, mask=valid, other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + blk * C + tb)
+            da0, da1 = _rank_pair(daf, BKS)
+            db0, db1 = _rank_pair(dbf, BKS)
+            red = red_ptr + (blk * NKT + i_k) * 2 * C
+            tl.store(red + tb, tl.sum(db1 * kk, 1))
+            tl.store(red + C + tb, tl.sum(u * (da0 + db1), 1))
+            dk_out = dkf + da1 + db0 + beta[:, None] * lam * (da0 + db1) - (beta * beta * s)[:, None] * db1
+            tl.store(dk_ptr + tok[:, None] * K + ck[None, :], dk_out.to(dk_ptr.dtype.element_ty), mask=m_tk)
+            dg = dg + beta[:, None] * u * (da0 + db1)
+            tl.store(dg_ptr + tok[:, None] * K + ck[None, :],
+                     tl.where(g_raw < LOG_ZERO, 0.0, dg).to(dg_ptr.dtype.element_ty), mask=m_tk)
+        else:
+            _store_stack_grad(dk_ptr, dkf, c, b, RKP, RKV, C, T, H, i_b, i_h, REVERSE, K, ck, mk)
+            if RAB > 0:
+                _store_stack_grad(da_ptr, daf, c, b, RAP, RAB, C, T, H, i_b, i_h, REVERSE, K, ck, mk)
+                _store_stack_grad(db_ptr, dbf, c, b, RAP, RAB, C, T, H, i_b, i_h, REVERSE, K, ck, mk)
+            if SCALAR:
+                tl.store(red_ptr + (blk * NKT + i_k) * 2 * C + tb, tl.sum(tl.where(mk[None, :], dg, 0.0), 1))
+            else:
+                g_raw = tl.load(g_ptr + tok[:, None] * K + ck[None, :], mask=m_tk, other=0.0).to(tl.float32)
+                tl.store(dg_ptr + tok[:, None] * K + ck[None, :],
+                         tl.where(g_raw < LOG_ZERO, 0.0, dg).to(dg_ptr.dtype.element_ty), mask=m_tk)
+
+
+# ----------------------------------------------------------------------------- S6, S7
+@triton.jit
+def _reduce_kernel(k_ptr, g_ptr, beta_ptr, s_ptr, red_ptr, dk_ptr, dg_ptr, dbeta_ptr, T, H, K, NT, NKT,
+                   C: tl.constexpr, BKS: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
+                   LOG_ZERO: tl.constexpr):
+    """S6, grid (NT, B*H, K/BKS for HDLA else 1): the sums over K tiles of S5's partials. HDLA: s = k.u
+    gives ds = -beta^2 sum_k db1 k, so dk += 2 ds u and dg += ds u k (read back in their dtype), and
+    dbeta = sum_k u (da0 + db1) - 2 beta s sum_k db1 k; a per-head decay: dg [C] (0 where clamped)."""
+    c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    blk = i_bh.to(tl.int64) * NT + c
+    ct = tl.arange(0, C)
+    tok, valid, _ = _row_tokens(c, ct, 1, C, T, H, i_b, i_h, REVERSE)
+    p1 = tl.zeros([C], dtype=tl.float32)
+    p2 = tl.zeros([C], dtype=tl.float32)
+    for i_k in range(NKT):
+        red = red_ptr + (blk * NKT + i_k) * 2 * C
+        p1 += tl.load(red + ct)
+        p2 += tl.load(red + C + ct)
+    if HDLA:
+        ck = tl.program_id(2) * BKS + tl.arange(0, BKS)
+        m_tk = valid[:, None] & (ck[None, :] < K)
+        off = tok[:, None] * K + ck[None, :]
+        kk = tl.load(k_ptr + off, mask=m_tk, other=0.0).to(tl.float32)
+        g_raw = tl.load(g_ptr + off, mask=m_tk, other=0.0).to(tl.float32)
+        u = tl.exp(tl.maximum(g_raw, LOG_ZERO)) * kk
+        beta = tl.load(beta_ptr + tok, mask=valid, other=0.0).to(tl.float32)
+        ds_s = -beta * beta * p1
+        dk = tl.load(dk_ptr + off, mask=m_tk, other=0.0).to(tl.float32) + 2.0 * ds_s[:, None] * u
+        tl.store(dk_ptr + off, dk.to(dk_ptr.dtype.element_ty), mask=m_tk)
+        dg = tl.load(dg_ptr + off, mask=m_tk, other=0.0).to(tl.float32)
+        dg = tl.where(g_raw < LOG_ZERO, 0.0, dg + ds_s[:, None] * u * kk)
+        tl.store(dg_ptr + off, dg.to(dg_ptr.dtype.element_ty), mask=m_tk)
+        if tl.program_id(2) == 0:
+            s = tl.load(s_ptr + blk * C + ct)
+            tl.store(dbeta_ptr + tok, (p2 - 2.0 * beta * s * p1).to(dbeta_ptr.dtype.element_ty), mask=valid)
+    else:
+        g_raw = tl.load(g_ptr + tok, mask=valid, other=0.0).to(tl.float32)
+        tl.store(dg_ptr + tok, tl.where(g_raw < LOG_ZERO, 0.0, p1).to(dg_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _unstack_kernel(x_ptr, o_ptr, T, H, D, NT, C: tl.constexpr, RP: tl.constexpr, R: tl.constexpr,
+                    BD: tl.constexpr, REVERSE: tl.constexpr):
+    """S7, grid (NT, B*H): a [blocks, C*RP, D] stack into its [B, T, H, R, D] tensor (padding dropped)."""
+    c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    blk = i_bh.to(tl.int64) * NT + c
+    rows = tl.arange(0, C * RP)
+    tok, valid, rank = _row_tokens(c, rows, RP, C, T, H, i_bh // H, i_bh % H, REVERSE)
+    for d0 in range(0, D, BD):
+        cd = d0 + tl.arange(0, BD)
+        md = cd < D
+        x = tl.load(x_ptr + (blk * C * RP + rows)[:, None] * D + cd[None, :], mask=md[None, :], other=0.0)
+        m = (valid & (rank < R))[:, None] & md[None, :]
+        tl.store(o_ptr + (tok * R + rank)[:, None] * D + cd[None, :], x.to(o_ptr.dtype.element_ty), mask=m)
+
+
+# ----------------------------------------------------------------------------- host
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else triton.next_power_of_2(n)
+
+
+def _tile(n: int, cap: int = 64) -> int:
+    return max(16, min(cap, triton.next_power_of_2(n)))
+
+
+def _v(t, rows, cols, trans=False):
+    """A per-chunk row-major [rows, cols] tile of t as an S4 operand (tensor, chunk, row, column
+    strides), or its transpose [cols, rows]."""
+    return (t, rows * cols, 1, cols) if trans else (t, rows * cols, cols, 1)
+
+
+def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int) -> dict:
+    """B2's column tiles and warps, the one place to tune them: BKS of S2 (K columns per step of the Gram
+    products), BK1 of S1 (the stacks), BKV of S5 (K columns per program), BVS (V columns per step)."""
+    rows = chunk * max(_pow2(r_ab), _pow2(r_kv), 1)
+    return dict(BKS=_tile(dk, 64), BK1=_tile(dk, 32), BKV=_tile(dk, 32), BVS=_tile(dv, 64),
+                warps_vjp=4 if rows <= 64 else 8, stages_vjp=1,
+                warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4)
+
+
+def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=None):
+    """B2: the chunk-local VJP given h (the states entering each chunk) and ds (B1's dS_c), both
+    ``[B, H, NT, K, V]``. Shapes as ``bwd.generalized_backward`` (contiguous; HDLA: a = b = None, beta
+    [B, T, H]). Returns (dq, dk, dv, da, db, dbeta, dg): HDLA has da = db = None, the others dbeta = None;
+    at r_ab = 0 da = db = None. ``stages`` (a list), if given, receives a closure that relaunches B2."""
+    hdla = beta is not None
+    batch, seq_len, heads, dk = q.shape
+    dv = v.shape[-1]
+    c = chunk
+    nt = triton.cdiv(seq_len, c)
+    blocks = batch * heads * nt
+    r_kv = 1 if hdla else k.shape[3]
+    r_ab = 2 if hdla else a.shape[3]
+    rkp, rap = _pow2(r_kv), (_pow2(r_ab) if r_ab else 1)
+    rk, ra = c * rkp, c * rap
+    scalar = g.dim() == 3
+    f32 = q.dtype == torch.float32
+    lowp = 0 if f32 else (1 if q.dtype == torch.bfloat16 else 2)
+    cfg = b2_config(dk, dv, c, r_kv, r_ab)
+    dev = q.device
+    sc = lambda *shape: torch.empty(blocks, *shape, device=dev, dtype=torch.float32)  # noqa: E731
+    gshape = (c,) if scalar else (c, dk)
+    z = dict(gs=sc(*gshape), gps=sc(*gshape), s=sc(c) if hdla else sc(0), xq=sc(c, dk), kf=sc(rk, dk),
+             kt=sc(rk, dk), vf=sc(rk, dv), dos=sc(c, dv), mqk=sc(c, rk), dqe=sc(c, dk), dmo=sc(c, rk),
+             det=sc(rk, dk), dvs=sc(rk, dv), gxqk=sc(c, dk), gyqk=sc(rk, dk))
+    for name, shape in dict(af=(ra, dk), bf=(ra, dk), at=(ra, dk), bh=(ra, dk), mqa=(c, ra), lab=(ra, ra),
+                            lkb=(ra, rk), tm=(ra, ra), w=(ra, dk), u=(ra, rk), mo=(c, rk), et=(rk, dk),
+                            dn=(dk, dk), dat=(ra, dk), du=(ra, rk), dw=(ra, dk), dmqa=(c, ra), dwp=(ra, dk),
+                            dup=(ra, rk), dlab=(ra, ra), gxqa=(c, dk), gyqa=(ra, dk), gxab=(ra, dk),
+                            gyab=(ra, dk), gxkb=(ra, dk), gykb=(rk, dk)).items():
+        z[name] = sc(*shape) if r_ab else sc(0)
+    dq, dk_, dv_, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
+    da = torch.empty_like(a) if r_ab and not hdla else None
+    db = torch.empty_like(b) if r_ab and not hdla else None
+    dbeta = torch.empty_like(beta) if hdla else None
+    nkt = triton.cdiv(dk, cfg["BKV"])
+    red = sc(nkt, 2, c) if hdla or scalar else sc(0)
+    empty = z["s"]
+    ranks = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap)
+    prec = dict(F32=f32, LOWP=lowp)
+    from ..utils import LOG_ZERO_FP32
+
+    def gemm(out, m, n, terms, cin=None, mask=False):
+        (a1, sa1b, sa1r, sa1c), (b1, sb1b, sb1r, sb1c), k1, al1 = terms[0]
+        (a2, sa2b, sa2r, sa2c), (b2, sb2b, sb2r, sb2c), k2, al2 = terms[1] if len(terms) > 1 else terms[0]
+        bm, bn = _tile(m), _tile(n)
+        _gemm_kernel[(blocks, triton.cdiv(m, bm), triton.cdiv(n, bn))](
+            out, a1, b1, a2, b2, cin if cin is not None else out, sa1b, sa1r, sa1c, sb1b, sb1r, sb1c,
+            sa2b, sa2r, sa2c, sb2b, sb2r, sb2c, m, n, k1, k2, float(al1), float(al2), BM=bm, BN=bn,
+            BK1=_tile(k1), BK2=_tile(k2), HAS2=len(terms) > 1, HAS_C=cin is not None, MASK=1 if mask else 0,
+            RPR=1, RPC=rkp, **prec, num_warps=4)
+
+    def launch():
+        grid = (nt, batch * heads)
+        _stacks_kernel[grid](
+            q, k, v, a if r_ab and not hdla else empty, b if r_ab and not hdla else empty,
+            beta if hdla else empty, g, do, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"], z["af"],
+            z["bf"], z["at"], z["bh"], z["vf"], z["dos"], seq_len, heads, dk, dv, nt, float(scale), C=c,
+            BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse),
+            LOG_ZERO=LOG_ZERO_FP32, num_warps=4)
+        _gram_kernel[(nt, batch * heads, c // 16)](
+            z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"],
+            heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap, SCALAR=scalar, **prec, num_warps=cfg["warps_block"])
+        hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
+        if r_ab:
+            _inverse_kernel[grid](z["lab"], z["tm"], nt, C=c, RAP=rap, F32=f32, num_warps=cfg["warps_block"])
+            gemm(z["w"], ra, dk, [(_v(z["tm"], ra, ra), _v(z["bh"], ra, dk), ra, 1)])
+            gemm(z["u"], ra, rk, [(_v(z["tm"], ra, ra), _v(z["lkb"], ra, rk), ra, 1)])
+            gemm(z["mo"], c, rk, [(_v(z["mqa"], c, ra), _v(z["u"], ra, rk), ra, -1)], cin=z["mqk"])
+            gemm(z["et"], rk, dk, [(_v(z["u"], ra, rk, True), _v(z["at"], ra, dk), ra, -1)], cin=z["kt"])
+            mo, et = z["mo"], z["et"]
+        else:
+            mo, et = z["mqk"], z["kt"]
+        gemm(z["dqe"], c, dk, [(_v(z["dos"], c, dv), hv(h, True), dv, 1)])
+        gemm(z["dmo"], c, rk, [(_v(z["dos"], c, dv), _v(z["vf"], rk, dv, True), dv, 1)], mask=True)
+        gemm(z["det"], rk, dk, [(_v(z["vf"], rk, dv), hv(ds, True), dv, 1)])
+        gemm(z["dvs"], rk, dv, [(_v(mo, c, rk, True), _v(z["dos"], c, dv), c, 1), (_v(et, rk, dk), hv(ds), dk, 1)])
+        if r_ab:
+            gemm(z["dn"], dk, dk, [(hv(ds), hv(h, True), dv, -1)])
+            gemm(z["dat"], ra, dk, [(_v(z["u"], ra, rk), _v(z["det"], rk, dk), rk, -1),
+                                    (_v(z["w"], ra, dk), _v(z["dn"], dk, dk, True), dk, 1)])
+            gemm(z["du"], ra, rk, [(_v(z["at"], ra, dk), _v(z["det"], rk, dk, True), dk, -1),
+                                   (_v(z["mqa"], c, ra, True), _v(z["dmo"], c, rk), c, -1)])
+            gemm(z["dw"], ra, dk, [(_v(z["at"], ra, dk), _v(z["dn"], dk, dk), dk, 1),
+                                   (_v(z["mqa"], c, ra, True), _v(z["dqe"], c, dk), c, -1)])
+            gemm(z["dmqa"], c, ra, [(_v(z["dqe"], c, dk), _v(z["w"], ra, dk, True), dk, -1),
+                                    (_v(z["dmo"], c, rk), _v(z["u"], ra, rk, True), rk, -1)])
+            gemm(z["dwp"], ra, dk, [(_v(z["tm"], ra, ra, True), _v(z["dw"], ra, dk), ra, 1)])
+            gemm(z["dup"], ra, rk, [(_v(z["tm"], ra, ra, True), _v(z["du"], ra, rk), ra, 1)])
+            gemm(z["dlab"], ra, ra, [(_v(z["dwp"], ra, dk), _v(z["w"], ra, dk, True), dk, -1),
+                                     (_v(z["dup"], ra, rk), _v(z["u"], ra, rk, True), rk, -1)])
+        grams = [("qk", z["dmo"], z["xq"], z["gs"], z["kf"], 1, rkp, False)]
+        if r_ab:
+            grams += [("qa", z["dmqa"], z["xq"], z["gs"], z["af"], 1, rap, False),
+                      ("ab", z["dlab"], z["bf"], z["gps"], z["af"], rap, rap, True),
+                      ("kb", z["dup"], z["bf"], z["gps"], z["kf"], rap, rkp, True)]
+        for name, d, x, xg, y, rx, ry, strict in grams:
+            _gram_vjp_kernel[(nt, batch * heads, c // 16 * nkt)](
+                d, x, xg, y, z["gs"], z["gx" + name], z["gy" + name], dk, nt, nkt, C=c, RX=rx, RY=ry,
+                STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec, num_warps=cfg["warps_block"])
+        gv = [z[n] if n in z else empty for n in ("gxqk", "gyqk", "gxqa", "gyqa", "gxab", "gyab", "gxkb", "gykb")]
+        _vjp_kernel[(nt, batch * heads, nkt)](
+            k, g, beta if hdla else empty, h, ds, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"],
+            z["af"], z["bf"], z["at"], z["bh"], z["dqe"], z["det"], z["dat"], z["dwp"], *gv, dq, dk_, da if da is not None else empty, db if db is not None else empty, dg, red,
+            seq_len, heads, dk, dv, nt, nkt, float(scale), C=c, BKS=cfg["BKV"], BVS=cfg["BVS"], **ranks,
+            HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse), **prec, LOG_ZERO=LOG_ZERO_FP32,
+            num_warps=cfg["warps_vjp"], num_stages=cfg["stages_vjp"])
+        if hdla or scalar:
+            _reduce_kernel[(nt, batch * heads, nkt if hdla else 1)](
+                k, g, beta if hdla else empty, z["s"], red, dk_, dg, dbeta if hdla else empty, seq_len, heads, dk,
+                nt, nkt, C=c, BKS=cfg["BKV"], HDLA=hdla, REVERSE=bool(reverse), LOG_ZERO=LOG_ZERO_FP32,
+                num_warps=4)
+        _unstack_kernel[grid](z["dvs"], dv_, seq_len, heads, dv, nt, C=c, RP=rkp, R=r_kv, BD=cfg["BVS"],
+                              REVERSE=bool(reverse), num_warps=4)
+
+    launch()
+    if stages is not None:
+        stages.append(launch)
+    return dq, dk_, dv_, da, db, dbeta, dg
