@@ -21,6 +21,7 @@ if __name__ != INSTALLED_NAME:
         if _name == INSTALLED_NAME or _name.startswith(INSTALLED_NAME + "."):
             sys.modules[__name__ + _name[len(INSTALLED_NAME):]] = _module
 else:
+    from .generalized.fused_recurrent import fused_recurrent_generalized
     from .generalized.naive import naive_generalized
     from .generalized.torch_chunk import torch_chunk_generalized
     from .hdla.naive import hdla_decay_factors, naive_hdla
@@ -38,6 +39,7 @@ else:
         "hdla_decay_factors",
         "torch_chunk_generalized",
         "fused_recurrent_hdla",
+        "fused_recurrent_generalized",
         "chunk_loglinear_generalized",
         "chunk_loglinear_hdla",
         "naive_loglinear_generalized",

@@ -4,6 +4,7 @@
     hdla_vision::chunk_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
         -> (o [B, T, H, V], state, x)
     hdla_vision::fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state) -> (o, new_state)
+    hdla_vision::fused_recurrent_generalized(q, k, v, a, b, g, scale, initial_state) -> (o, new_state)
 
 Every output is a tensor (custom ops cannot return None):
 
@@ -404,3 +405,72 @@ def _fused_backward(ctx, do, dstate):
 
 
 fused_recurrent_hdla_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)
+
+
+# ----------------------------------------------------------------------------- fused_recurrent_generalized
+def _fused_recurrent_generalized_module():
+    from .generalized import fused_recurrent  # imports triton: loaded on first use
+
+    return fused_recurrent
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_generalized", mutates_args=())
+def fused_recurrent_generalized_op(
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """The generalized decoding op on checked inputs (``fused_recurrent_generalized``): ``(o [B, T, H, V]``
+    in v's dtype, ``new_state [B, H, K, V]`` fp32, float64 for float64 inputs)."""
+    check_log_decay(g)
+    module = _fused_recurrent_generalized_module()
+    run = (module.triton_fused_recurrent_generalized if _fused_on_triton(q)
+           else module.torch_fused_recurrent_generalized)
+    return _contiguous(*run(q, k, v, a, b, g, scale, initial_state))
+
+
+@fused_recurrent_generalized_op.register_fake
+def _(q, k, v, a, b, g, scale, initial_state):
+    batch, seq_len, heads, dk = q.shape
+    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return (v.new_empty(batch, seq_len, heads, v.shape[-1]),
+            q.new_empty(batch, heads, dk, v.shape[-1], dtype=state_dtype))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_generalized_backward", mutates_args=())
+def fused_recurrent_generalized_backward_op(
+    do: Tensor, dstate: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor,
+    scale: float, initial_state: Optional[Tensor],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, da, db, dg, dh0)`` by autograd through the PyTorch token loop, recomputed on any
+    device (the Triton kernel has no backward); dg in g's shape, dh0 empty without an initial state."""
+    loop = _fused_recurrent_generalized_module().torch_fused_recurrent_generalized
+
+    def forward(q, k, v, a, b, g, h0):
+        return loop(q, k, v, a, b, g, scale, h0)
+
+    return _contiguous(*_chunk_form_vjp(forward, (q, k, v, a, b, g), initial_state, do, dstate))
+
+
+@fused_recurrent_generalized_backward_op.register_fake
+def _(do, dstate, q, k, v, a, b, g, scale, initial_state):
+    return _fake_grads(q, (q, k, v, a, b, g), initial_state)
+
+
+def _fused_generalized_setup_context(ctx, inputs, output):
+    q, k, v, a, b, g, scale, initial_state = inputs
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, a, b, g, initial_state)
+    ctx.scale = scale
+
+
+def _fused_generalized_backward(ctx, do, dstate):
+    if do is None and dstate is None:
+        return (None,) * 8
+    q, k, v, a, b, g, h0 = ctx.saved_tensors
+    if do is None:
+        do = v.new_zeros(*q.shape[:-1], v.shape[-1])
+    *grads, dh0 = fused_recurrent_generalized_backward_op(do, dstate, q, k, v, a, b, g, ctx.scale, h0)
+    return (*grads, None, None if h0 is None else dh0)
+
+
+fused_recurrent_generalized_op.register_autograd(_fused_generalized_backward,
+                                                 setup_context=_fused_generalized_setup_context)

@@ -39,3 +39,21 @@ def test_the_driver_is_restored():
     with compile_only():
         pass
     assert driver._active is before
+
+
+@pytest.mark.parametrize("dk, r_kv, r_ab, per_head_g", [(16, 1, 0, False), (64, 4, 4, False), (128, 2, 3, True),
+                                                         (256, 4, 4, False)])
+def test_generalized_decoding_kernel_compiles_for_the_h100_without_spills(dk, r_kv, r_ab, per_head_g):
+    """fused_recurrent_generalized's kernel at the LM's decoding step count (4 tokens), bf16 inputs."""
+    from hdla_vision.kernels.generalized.fused_recurrent import triton_fused_recurrent_generalized
+
+    batch, seq_len, heads = 1, 4, 2
+    q = torch.zeros(batch, seq_len, heads, dk, dtype=torch.bfloat16)
+    k, v = (torch.zeros(batch, seq_len, heads, r_kv, dk, dtype=torch.bfloat16) for _ in range(2))
+    a, b = (torch.zeros(batch, seq_len, heads, r_ab, dk, dtype=torch.bfloat16) for _ in range(2))
+    g = torch.zeros(batch, seq_len, heads, *(() if per_head_g else (dk,)))
+    with compile_only() as records:
+        triton_fused_recurrent_generalized(q, k, v, a, b, g, 1.0, torch.zeros(batch, heads, dk, dk))
+    (record,) = records
+    assert record["kernel"] == "_fused_recurrent_generalized_kernel" and record["constexprs"]["R_AB"] == r_ab
+    assert 0 < record["reg"] <= 255 and record["stack"] == 0 and record["local"] == 0, format_records(records)

@@ -103,3 +103,28 @@ def test_right_padding_keeps_the_state_after_the_last_real_token(mixer):
     ref = model(b, use_cache=True).past_key_values
     for layer, ref_layer in zip(out.past_key_values.layers, ref.layers):
         torch.testing.assert_close(layer.recurrent_states[0][1], ref_layer.recurrent_states[0][0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mixer", [*SEED_MIXERS, "gated_deltanet", "gated_deltaproduct"])
+def test_generate_decodes_with_the_fused_recurrent_op(mixer, monkeypatch):
+    """Every mixer on chunk_generalized decodes with fused_recurrent_generalized, never the float64 reference loop."""
+    import hdla_vision.kernels as kernels
+    import hdla_vision.kernels.generalized.naive as naive
+    import hdla_vision.lm.mixers as mixers
+
+    def reference_loop_called(*args, **kwargs):
+        raise AssertionError("naive_generalized called while decoding")
+
+    for module in (kernels, naive, mixers):  # mixers: in case it imports the loop by name again
+        monkeypatch.setattr(module, "naive_generalized", reference_loop_called, raising=False)
+    steps, op = [], mixers.fused_recurrent_generalized
+    monkeypatch.setattr(mixers, "fused_recurrent_generalized", lambda *a, **kw: steps.append(a[0].shape[1]) or op(*a, **kw))
+    torch.manual_seed(0)
+    config = HDLAConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=16,
+                        short_conv_size=4, mixer=mixer, mixer_kwargs=SEED_MIXERS.get(mixer, {}), initializer_range=0.3)
+    model = HDLAForCausalLM(config).eval()
+    prompt = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    out = model.generate(prompt, max_new_tokens=5, do_sample=False)
+    assert steps == [1] * (2 * 4)  # 2 layers x 4 decoding steps after the prefill
+    monkeypatch.undo()
+    assert torch.equal(out, greedy_by_full_forward(model, prompt, 5))

@@ -203,7 +203,7 @@ from torch._library.custom_ops import OPDEFS
 import hdla_vision.kernels as installed
 assert sys.modules["kernels"] is installed
 assert sys.modules["kernels.custom_ops"] is installed.custom_ops
-for name in ("chunk_generalized", "chunk_hdla", "fused_recurrent_hdla"):
+for name in ("chunk_generalized", "chunk_hdla", "fused_recurrent_hdla", "fused_recurrent_generalized"):
     assert OPDEFS["hdla_vision::" + name] is getattr(installed.custom_ops, name + "_op"), name
 q, k = torch.randn(1, 5, 1, 4), torch.nn.functional.normalize(torch.randn(1, 5, 1, 4), dim=-1)
 o, _ = installed.chunk_hdla(q, k, torch.randn(1, 5, 1, 4), torch.rand(1, 5, 1), -torch.rand(1, 5, 1, 4))

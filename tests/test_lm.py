@@ -262,13 +262,21 @@ def test_training_step_reduces_loss():
 
 
 INTERPRET_SCRIPT = """
-import os
+import os, sys
 assert os.environ["TRITON_INTERPRET"] == "1"
 import torch
 import hdla_vision.lm as lm
+from hdla_vision.kernels.generalized import fused_recurrent as generalized_decoding
+from hdla_vision.kernels.hdla import fused_recurrent as hdla_decoding
+
+mixer = sys.argv[1]
+module, name = ((hdla_decoding, "triton_fused_recurrent_hdla") if mixer == "hdla"
+                else (generalized_decoding, "triton_fused_recurrent_generalized"))
+launches, kernel = [], getattr(module, name)
+setattr(module, name, lambda *args: launches.append(1) or kernel(*args))
 torch.manual_seed(0)
 config = lm.HDLAConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_heads=2, head_dim=16,
-                       short_conv_size=4, initializer_range=0.3)
+                       short_conv_size=4, initializer_range=0.3, mixer=mixer)
 model = lm.HDLAForCausalLM(config).eval()
 prompt = torch.randint(0, 64, (1, 20))
 out = model.generate(prompt, max_new_tokens=3, do_sample=False)
@@ -276,20 +284,22 @@ seq = prompt
 for _ in range(3):
     seq = torch.cat([seq, model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
 assert torch.equal(out, seq), (out, seq)
+assert len(launches) == 2, launches  # one decoding kernel launch per new token after the first
 print("LM-INTERPRET-OK")
 """
 
 
 @pytest.mark.interpret
-def test_generate_on_the_triton_path_under_interpreter():
-    """The GPU code path (Triton chunk prefill + Triton recurrent step) on the CPU, in a fresh process."""
+@pytest.mark.parametrize("mixer", ["hdla", "gated_deltaproduct"])
+def test_generate_on_the_triton_path_under_interpreter(mixer):
+    """The GPU code path (Triton chunk prefill + Triton decoding kernel) on the CPU, in a fresh process."""
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-c", INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run([sys.executable, "-c", INTERPRET_SCRIPT, mixer], env=env, capture_output=True,
+                            text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "LM-INTERPRET-OK" in result.stdout
 

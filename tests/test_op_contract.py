@@ -1,5 +1,5 @@
 """The ops' contract at its edges, on CPU tensors (the Triton kernels get the same cases under
-TRITON_INTERPRET=1 in test_chunk_interpret.py / test_fused_recurrent.py):
+TRITON_INTERPRET=1 in test_chunk_interpret.py / test_fused_recurrent*.py):
 
 * g = -inf (lambda = 0) is the exact reset, with finite outputs and gradients (dL/dg = 0 there);
 * g > 0 is outside the domain and refused for CPU tensors;
@@ -9,8 +9,8 @@ TRITON_INTERPRET=1 in test_chunk_interpret.py / test_fused_recurrent.py):
 import pytest
 import torch
 
-from hdla_vision.kernels import (chunk_generalized, chunk_hdla, fused_recurrent_hdla, hdla_decay_factors,
-                                 naive_generalized, naive_hdla)
+from hdla_vision.kernels import (chunk_generalized, chunk_hdla, fused_recurrent_generalized, fused_recurrent_hdla,
+                                 hdla_decay_factors, naive_generalized, naive_hdla)
 from hdla_vision.kernels.utils import LOG_ZERO_FP32, LOG_ZERO_FP64
 from tests.oracle import compare_with_loop, generalized_problem, hdla_problem, rel_err
 
@@ -22,6 +22,12 @@ def fused(**kw):
     assert not kw.pop("reverse")
     kw.pop("output_final_state")
     return fused_recurrent_hdla(**kw)
+
+
+def fused_generalized(**kw):
+    """fused_recurrent_generalized with chunk_generalized's keywords (no reverse)."""
+    assert not kw.pop("reverse")
+    return fused_recurrent_generalized(**kw)
 
 
 # ----------------------------------------------------------------------------- g = -inf
@@ -55,6 +61,17 @@ def test_generalized_reset_is_the_exact_limit(r_ab, reverse, dtype):
     errors = compare_with_loop(chunk_generalized, "generalized", inputs, scale=0.5, reverse=reverse, dtype=dtype)
     tol = 1e-10 if dtype == F64 else 1e-4
     assert all(err < tol for err in errors.values()), errors  # NaN fails
+
+
+@pytest.mark.parametrize("r_ab,per_head_g", [(0, False), (2, True), (3, False)])
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_fused_generalized_reset_is_the_exact_limit(r_ab, per_head_g, dtype):
+    """The decoding op against the float64 loop at resets: output, state, all gradients."""
+    inputs = generalized_problem(2, 9, 2, 8, 6, 2, r_ab, resets=0.2, per_head_g=per_head_g)
+    assert torch.isinf(inputs["g"]).any()
+    errors = compare_with_loop(fused_generalized, "generalized", inputs, scale=0.5, dtype=dtype)
+    tol = 1e-10 if dtype == F64 else 1e-4
+    assert all(err < tol for err in errors.values()), errors
 
 
 @pytest.mark.parametrize("op", [chunk_hdla, fused], ids=["chunk_hdla", "fused_recurrent_hdla"])
@@ -141,6 +158,8 @@ ACCEPTED = [  # (op, dtypes): the rule's allowed mixes
     ("hdla", dict(q=BF16, g=F32, beta=F32)),
     ("hdla", dict(q=BF16, beta=F32)),
     ("fused", dict(q=BF16, g=F32, beta=F32, initial_state=F32)),
+    ("fused_generalized", dict(q=BF16, g=F32, initial_state=F32)),
+    ("fused_generalized", dict(q=F16, g=F16)),
 ]
 REFUSED = [  # (op, dtypes, message)
     ("generalized", dict(q=BF16, k=F32), "k has dtype torch.float32; expected q's dtype torch.bfloat16"),
@@ -152,9 +171,11 @@ REFUSED = [  # (op, dtypes, message)
     ("hdla", dict(q=BF16, k=F32), "k has dtype torch.float32; expected q's dtype torch.bfloat16"),
     ("hdla", dict(q=F32, beta=F64), "beta has dtype torch.float64; expected torch.float32"),
     ("fused", dict(q=BF16, v=F32), "v has dtype torch.float32; expected q's dtype torch.bfloat16"),
+    ("fused_generalized", dict(q=BF16, a=F32), "a has dtype torch.float32; expected q's dtype torch.bfloat16"),
+    ("fused_generalized", dict(q=F32, g=F64), "g has dtype torch.float64; expected torch.float32"),
 ]
 OPS = {"generalized": (chunk_generalized, _generalized), "hdla": (chunk_hdla, _hdla),
-       "fused": (fused_recurrent_hdla, _hdla)}
+       "fused": (fused_recurrent_hdla, _hdla), "fused_generalized": (fused_recurrent_generalized, _generalized)}
 
 
 @pytest.mark.parametrize("op,dtypes", ACCEPTED)

@@ -14,7 +14,8 @@ Importing this package registers ``HDLAConfig`` with ``AutoConfig`` and the mode
     out = model.generate(input_ids, attention_mask=mask, max_new_tokens=32)  # left padding is fine
 
 Prefill runs the chunk kernels; decoding keeps one fp32 state ``[B, H, K, V]`` per layer (plus
-a short-conv window) in an :class:`HDLACache` and advances it with ``fused_recurrent_hdla``.
+a short-conv window) in an :class:`HDLACache` and advances it with ``fused_recurrent_hdla`` (HDLA) or
+``fused_recurrent_generalized`` (the mixers on ``chunk_generalized``).
 Packed batches: ``model(packed_ids [1, total], cu_seqlens=...)``; padding: ``attention_mask``.
 
 ``save_pretrained`` writes an ``auto_map`` and ``hdla_vision_auto.py`` (imports from this

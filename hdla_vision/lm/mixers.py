@@ -20,8 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import initialization as init
 
-from ..kernels import (chunk_generalized, chunk_hdla, fused_recurrent_hdla, hdla_decay_factors, naive_generalized,
-                       torch_chunk_generalized)
+from ..kernels import (chunk_generalized, chunk_hdla, fused_recurrent_generalized, fused_recurrent_hdla,
+                       hdla_decay_factors, torch_chunk_generalized)
 from ..layers.registry import register_mixer
 from ..layers.seed_mixers import gated_deltaproduct_factors
 from .cache import read_conv_window, read_recurrent_state, write_recurrent_state
@@ -224,18 +224,20 @@ class GeneralizedCausalMixer(CausalLinearMixer):
     head, as ``chunk_generalized`` takes it; so the padding mask of
     :meth:`CausalLinearMixer.forward` zeroes ``k, v, a, b, g`` of pad tokens: ``S_t = I S_{t-1}``, no write.
     Prefill runs the chunk op with the cached state as initial state; up to ``RECURRENT_MAX_TOKENS``
-    decoding tokens run the fp32 token loop (exact). Output ``scale * S_t^T q_t`` with ``scale = K^-1/2`` (fla).
+    decoding tokens run the decoding op ``fused_recurrent_generalized`` on the fp32 cached state, with
+    the same inputs as the chunk op (k, v, a, b in q's dtype, g fp32). Output ``scale * S_t^T q_t`` with
+    ``scale = K^-1/2`` (fla).
     """
 
     def scan(self, feats, state, recurrent):
         q, k, v, a, b, g = (feats[n] for n in ("q", "k", "v", "a", "b", "g"))
         scale = self.head_dim ** -0.5
-        if recurrent:  # a token loop in fp32 for a few decoding steps
-            return naive_generalized(q.float(), k.float(), v.float(), a.float(), b.float(), g.float(), scale, state,
-                                     output_final_state=True)
-        init = None if state is None else state.to(q.dtype)
         dt = q.dtype
-        return _chunk_generalized(q, k.to(dt), v.to(dt), a.to(dt), b.to(dt), g, scale, init)
+        k, v, a, b = k.to(dt), v.to(dt), a.to(dt), b.to(dt)
+        if recurrent:
+            return fused_recurrent_generalized(q, k, v, a, b, g, scale, state, output_final_state=True)
+        init = None if state is None else state.to(q.dtype)
+        return _chunk_generalized(q, k, v, a, b, g, scale, init)
 
 
 class ScalarGateMixin:

@@ -3,7 +3,7 @@
 Each block: ``x + mixer(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``; the mixer is built by
 name (``config.mixer``) from the causal mixer registry. Prefill runs the chunk kernels and
 stores each layer's final state in the cache; decoding advances those states with the
-recurrent step (``fused_recurrent_hdla`` for HDLA).
+recurrent step (``fused_recurrent_hdla`` for HDLA, ``fused_recurrent_generalized`` for the others).
 
 Variable-length batches:
   * ``attention_mask`` (left or right padding, 1 = token, 0 = pad): pad tokens become identity
