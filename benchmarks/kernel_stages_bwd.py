@@ -1,7 +1,7 @@
 """Per-kernel timing of the chunk backward (kernels/generalized/bwd.py): B1 (serial dS pass) and B2
 (chunk VJP), separately and together, with ``triton.testing.do_bench`` medians, bf16 inputs.
 
-    python -m benchmarks.kernel_stages_bwd [--out results.json] [--shapes vision,hires,lm,2048px]
+    python -m benchmarks.kernel_stages_bwd [--out results.json] [--shapes vision,hires,lm,2048px] [--profile]
     python -m benchmarks.kernel_stages_bwd --aot [--kinds hdla,kda] [--no-head-dims]   # no GPU
 
 --aot compiles the kernels for the H100 (tools/aot_check.py) and prints registers, spills, shared
@@ -70,7 +70,7 @@ def default_chunk(kind, dk):
     return rule(r_ab, r_kv, dk)
 
 
-def time_case(kind, shape, chunk):
+def time_case(kind, shape, chunk, profile=False):
     batch, seq_len, heads, d = shape
     x = _inputs(kind, batch, seq_len, heads, d, chunk)
     timings = {}
@@ -85,7 +85,24 @@ def time_case(kind, shape, chunk):
     timings["b1_plus_b2_ms"] = triton.testing.do_bench(full, warmup=50, rep=200)
     for name, fn in stages.items():
         timings[name + "_ms"] = triton.testing.do_bench(fn, warmup=50, rep=200)
+    if profile:
+        timings["b2_launches_us"] = profile_launches(stages["b2"])
     return timings
+
+
+def profile_launches(fn, calls=5):
+    """``{kernel name: [µs per call, launches per call]}`` of ``fn`` (one B2) under torch.profiler,
+    largest first: which of B2's launches the time goes to."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per_call = {}
+    for e in prof.key_averages():
+        device_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if device_us > 0:
+            per_call[e.key[:60]] = [round(device_us / calls, 1), e.count / calls]
+    return dict(sorted(per_call.items(), key=lambda kv: -kv[1][0]))
 
 
 def work_estimate(kind, shape, chunk, dv=None, ds_bytes=2):
@@ -175,6 +192,7 @@ def main():
     parser.add_argument("--chunks", default="64")
     parser.add_argument("--aot", action="store_true",
                         help="no GPU: compile B1 and B2 for the H100 and report regs / spills / smem / wgmma")
+    parser.add_argument("--profile", action="store_true", help="per-launch breakdown of B2 (torch.profiler)")
     parser.add_argument("--no-head-dims", action="store_true", help="with --aot: only the benchmark shapes")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                         help="with --aot: the input dtype compiled")
@@ -188,7 +206,7 @@ def main():
         for kind in args.kinds.split(","):
             for chunk in (int(c) for c in args.chunks.split(",")):
                 try:
-                    t = time_case(kind, SHAPES[name], chunk)
+                    t = time_case(kind, SHAPES[name], chunk, args.profile)
                 except Exception as exc:  # noqa: BLE001  one failing configuration must not end the sweep
                     t = {"error": f"{type(exc).__name__}: {str(exc)[-400:]}"}
                 run = dict(shape=name, bthd=SHAPES[name], kind=kind, chunk=chunk, **t)
