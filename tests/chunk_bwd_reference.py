@@ -9,7 +9,7 @@ chunk, padded tokens are identity steps) and its hand-written VJP, which the Tri
 Flattened rank rows are token-major, rank fastest: row ``t * r + j`` is column j of token t.
 Every decay factor is exp of a difference X_t - Y_i with t >= i (never exp(-G)).
 """
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""Guards shared by every test module."""
+"""Guards and fixtures shared by the test modules."""
 import os
 
 import pytest
@@ -15,3 +15,20 @@ def pytest_collection_finish(session):
     if now != _TRITON_INTERPRET_AT_START:
         raise pytest.UsageError(f"TRITON_INTERPRET changed from {_TRITON_INTERPRET_AT_START!r} to {now!r} while "
                                 "collecting the tests; run interpreted checks through tests/interpreted.py")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A tiny ImageFolder dataset (10 classes of 32x32 images, tests/training_helpers.py), one per module."""
+    from tests.training_helpers import tiny_dataset
+    return tiny_dataset(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate keeps process-wide singletons; a test that builds its own Accelerator starts and ends
+    with them reset (use it with ``pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")``)."""
+    from tests.training_helpers import reset_accelerate_state
+    reset_accelerate_state()
+    yield
+    reset_accelerate_state()

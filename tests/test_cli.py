@@ -5,8 +5,9 @@ import hdla_vision  # noqa: F401  (registers the timm models)
 import pytest
 
 from hdla_vision.training.config import load_config
-from tests.training_helpers import (  # noqa: F401  (fixtures)
-    REPO, cli_module, data_dir, fresh_accelerate_state, tiny_config_dict, write_config)
+from tests.training_helpers import REPO, cli_module, tiny_config_dict, write_config
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # Accelerate's singletons, per test
 
 TINY_TINY = REPO / "configs" / "hdla_tiny.yaml"
 

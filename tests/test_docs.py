@@ -11,7 +11,9 @@ import pytest
 
 from hdla_vision.training.config import load_config
 from hdla_vision.training.models import read_export_metadata
-from tests.training_helpers import REPO, cli_module, fresh_accelerate_state, reset_accelerate_state  # noqa: F401
+from tests.training_helpers import REPO, cli_module, reset_accelerate_state
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # Accelerate's singletons, per test
 
 DOC = REPO / "docs" / "training.md"
 CHAIN_HEADING = "### The whole chain in a minute"

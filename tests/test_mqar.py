@@ -82,7 +82,10 @@ def test_split_is_disjoint_and_reproducible():
     """A vocabulary with a few hundred distinct examples: without the de-duplication the sets overlap."""
     (train_x, train_y), (test_x, test_y) = mqar_split(10, 8, 2, seed=0, num_train=200, num_test=100)
     assert train_x.shape == (200, 8) and test_x.shape == (100, 8)
-    rows = lambda x, y: {tuple(r) for r in torch.cat([x, y], 1).tolist()}
+
+    def rows(x, y):
+        return {tuple(r) for r in torch.cat([x, y], 1).tolist()}
+
     assert not rows(train_x, train_y) & rows(test_x, test_y), "train and test share an example"
     again = mqar_split(10, 8, 2, seed=0, num_train=200, num_test=100)
     assert torch.equal(again[0][0], train_x) and torch.equal(again[1][1], test_y)

@@ -1,7 +1,6 @@
 """Training engine on CPU: train + eval, exact resume, fine-tuning, exports, records."""
 from __future__ import annotations
 
-import json
 import warnings
 
 import hdla_vision  # noqa: F401  (registers the timm models)
@@ -16,8 +15,9 @@ from hdla_vision.training import runner
 from hdla_vision.training.data import EpochOrder
 from hdla_vision.training.models import create_model
 from hdla_vision.training.records import read_metrics
-from tests.training_helpers import (  # noqa: F401  (fixtures)
-    data_dir, fresh_accelerate_state, reset_accelerate_state, subset_dataset, tiny_config, tiny_dataset)
+from tests.training_helpers import reset_accelerate_state, subset_dataset, tiny_config
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # Accelerate's singletons, per test
 
 
 

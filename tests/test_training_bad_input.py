@@ -9,9 +9,10 @@ import pytest
 from hdla_vision.training import runner
 from hdla_vision.training.config import load_config
 from hdla_vision.training.models import create_model, export_metadata, export_weights
-from tests.training_helpers import (  # noqa: F401  (fixtures)
-    cli_module, data_dir, fresh_accelerate_state, reset_accelerate_state, tiny_config, tiny_config_dict, tiny_dataset,
-    write_config)
+from tests.training_helpers import (
+    cli_module, reset_accelerate_state, tiny_config, tiny_config_dict, write_config)
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # Accelerate's singletons, per test
 
 
 

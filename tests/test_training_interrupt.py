@@ -25,8 +25,9 @@ from hdla_vision.training import runner
 from hdla_vision.training.config import config_from_dict
 from hdla_vision.training.interrupt import StopOnInterrupt
 from hdla_vision.training.records import curve_series, read_metrics
-from tests.training_helpers import (  # noqa: F401  (fixtures)
-    REPO, cli_module, data_dir, fresh_accelerate_state, reset_accelerate_state, tiny_config_dict, write_config)
+from tests.training_helpers import REPO, cli_module, reset_accelerate_state, tiny_config_dict, write_config
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # Accelerate's singletons, per test
 
 TRAIN = {"checkpoint_every_steps": 4, "keep_checkpoints": 10, "log_every_steps": 1}
 TIMING = ("epoch_seconds", "images_per_second")  # wall-clock values differ between any two runs

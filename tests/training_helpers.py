@@ -4,7 +4,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
 import yaml
 from accelerate.state import AcceleratorState, GradientState
 
@@ -22,19 +21,6 @@ def reset_accelerate_state() -> None:
     """Accelerate keeps process-wide singletons; each in-process run builds its own Accelerator."""
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Autouse in every test module that imports it."""
-    reset_accelerate_state()
-    yield
-    reset_accelerate_state()
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tiny_dataset(tmp_path_factory.mktemp("cache"))
 
 
 def tiny_dataset(cache: Path) -> Path:

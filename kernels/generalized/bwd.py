@@ -26,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import LOG_ZERO_FP32
 from . import fwd
 from .bwd_chunk import chunk_vjp
 
@@ -206,9 +205,7 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     nt = triton.cdiv(seq_len, c)
     if h.shape[2] != nt:
         raise ValueError(f"h has {h.shape[2]} chunks; the chunk size {c} gives {nt}")
-    r_kv = 1 if hdla else k.shape[3]
     r_ab = 2 if hdla else a.shape[3]
-    bk = max(16, triton.next_power_of_2(dk))
     lowp = q.dtype in (torch.bfloat16, torch.float16)
     dev = q.device
     q, k, v, g, do = (x.contiguous() for x in (q, k, v, g, do))
