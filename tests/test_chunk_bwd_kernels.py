@@ -1,10 +1,6 @@
 """The chunk backward (issue 11): its float64 specification against autograd through the token loops,
 and the Triton kernels of kernels/generalized/bwd.py under TRITON_INTERPRET=1 (fp32, CPU, in a
 subprocess: tests/chunk_bwd_worker.py) against the same, relative error < 1e-4 for every gradient."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,8 +10,8 @@ from kernels.hdla.naive import naive_hdla
 from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
 from tests.chunk_bwd_cases import CASES
 from tests.oracle import generalized_problem, hdla_problem, rel_err
+from tests.interpreted import run_interpreted_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4
 
 
@@ -53,11 +49,7 @@ def test_hdla_spec_matches_autograd_through_loop(reverse, g_min, chunk):
 
 @pytest.fixture(scope="module")
 def interpreted_errors():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "tests.chunk_bwd_worker"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)
+    return run_interpreted_json("tests.chunk_bwd_worker")
 
 
 @pytest.mark.interpret

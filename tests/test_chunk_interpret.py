@@ -1,25 +1,17 @@
 """The Triton kernels themselves, under TRITON_INTERPRET=1 on the CPU, against the float64
 token loop: outputs, final states and all gradients, relative error < 1e-4 in fp32."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.interpret_cases import CASES
+from tests.interpreted import run_interpreted_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def interpreted_errors():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "tests.interpret_worker"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)
+    return run_interpreted_json("tests.interpret_worker", timeout=1200)
 
 
 @pytest.mark.interpret

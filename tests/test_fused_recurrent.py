@@ -1,7 +1,4 @@
 """The HDLA decoding step (fused_recurrent_hdla) against the float64 token loop and the chunk op."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -10,6 +7,7 @@ import torch.nn.functional as F
 
 from hdla_vision.kernels import chunk_hdla, fused_recurrent_hdla, naive_hdla
 from hdla_vision.kernels.hdla.fused_recurrent import torch_fused_recurrent_hdla
+from tests.interpreted import run_interpreted
 
 
 def hdla_inputs(batch, seq_len, heads, dk, dv, dtype=torch.float32, seed=0, device="cpu"):
@@ -113,8 +111,7 @@ TRITON_SCRIPT = textwrap.dedent(
 @pytest.mark.interpret
 def test_triton_kernel_under_interpreter():
     """Run the Triton kernel on the CPU in a fresh process (TRITON_INTERPRET must be set before import)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    result = run_interpreted(["-c", TRITON_SCRIPT], timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "TRITON-INTERPRET-OK" in result.stdout
 

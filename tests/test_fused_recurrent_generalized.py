@@ -1,7 +1,4 @@
 """The generalized decoding step (fused_recurrent_generalized) against the float64 token loop and the chunk op."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -10,6 +7,7 @@ import torch
 from hdla_vision.kernels import chunk_generalized, custom_ops, fused_recurrent_generalized, naive_generalized
 from hdla_vision.kernels.generalized.fused_recurrent import torch_fused_recurrent_generalized
 from tests.oracle import generalized_problem, rel_err
+from tests.interpreted import run_interpreted
 
 NAMES = ("q", "k", "v", "a", "b", "g")
 
@@ -190,10 +188,7 @@ TRITON_SCRIPT = textwrap.dedent(
 @pytest.mark.interpret
 def test_triton_kernel_under_interpreter():
     """The Triton kernel on the CPU in a fresh process (TRITON_INTERPRET must be set before import)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TRITON_INTERPRET="1")  # run from the root, so ``tests`` imports
-    result = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], env=env, cwd=root, capture_output=True, text=True,
-                            timeout=600)
+    result = run_interpreted(["-c", TRITON_SCRIPT], timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "TRITON-INTERPRET-OK" in result.stdout
 
