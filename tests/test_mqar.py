@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hdla_vision.lm import mqar_report, mqar_runner
+from hdla_vision.lm import mqar_device, mqar_report, mqar_runner
 from hdla_vision.lm.mqar import mqar_split, multiquery_ar
 
 
@@ -229,6 +229,27 @@ def test_queue_lines_name_their_runs(tmp_path):
         run, *argv = line.split()
         assert "--intermediate-size 64" in line
         assert [mqar_runner.run_id(c) for c in mqar_report.planned_cells(argv)] == [run]
+
+
+def test_unfinished_run_crosses_device_calls(tmp_path):
+    """A run cut after one epoch on one machine, exported, collected here and restored on a fresh
+    machine, ends with the curve of an uninterrupted run; finished runs come back as DONE."""
+    base = TINY + ["--epochs", "3", "--early-stop", "2"]
+    whole = mqar_runner.main(base + ["--mixers", "hdla", "gated_deltanet", "--state-dir", str(tmp_path / "whole")])
+    first = tmp_path / "machine1"
+    mqar_runner.main(base + ["--mixers", "gated_deltanet", "--state-dir", str(first)])
+    mqar_runner.main(base + ["--mixers", "hdla", "--state-dir", str(first), "--stop-after-epochs", "1"])
+    out, results, carry = tmp_path / "out", tmp_path / "results", tmp_path / "carry"
+    exported = mqar_device.export(first, out, carry_mib=1, part_mib=0.05)
+    assert exported["carried"] == [whole[0]["run_id"]] and len(list(out.glob("ckpt.tar.*"))) > 1
+    collected = mqar_device.collect(out, results, carry)
+    assert collected["updated"] == 2 and collected["parts"] == len(list(carry.glob("ckpt.tar.*")))
+    assert "not run" in (results / "mqar_results.md").read_text()
+    second = tmp_path / "machine2"
+    assert mqar_device.restore(second, results, carry) == dict(finished=1, resumed=1)
+    resumed = mqar_runner.main(base + ["--mixers", "hdla", "gated_deltanet", "--state-dir", str(second)])
+    assert [curve_values(r) for r in resumed] == [curve_values(r) for r in whole]
+    assert mqar_device.restore(second, results, carry) == dict(finished=0, resumed=0), "a DONE run takes no checkpoint"
 
 
 def test_presets_are_faithful_and_balanced():
