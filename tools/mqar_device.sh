@@ -57,7 +57,8 @@ for ((gpu = 0; gpu < ngpu; gpu++)); do
   for ((slot = 0; slot < per_gpu; slot++)); do worker "$gpu" & done
 done
 wait
-python3 -m benchmarks.mqar_report "$state" "$results/runs" --out-dir "$state/report" --queue "${queues[@]}" \
+finished=$([ -d "$results/runs" ] && echo "$results/runs")
+python3 -m benchmarks.mqar_report "$state" $finished --out-dir "$state/report" --queue "${queues[@]}" \
   > "$state/report.log" 2>&1 || tail -5 "$state/report.log"
 cp "$state/report/mqar_results.md" "$OUT/" 2>/dev/null
 python3 -m benchmarks.mqar_device export --state "$state" --out "$OUT" --carry-mib "${CARRY_MIB:-40}" \
