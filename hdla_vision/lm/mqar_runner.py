@@ -198,7 +198,7 @@ def parse_args(argv=None):
     return args
 
 
-MODEL_DEFAULTS = dict(lengths=LENGTHS, vocab_size=8192, d_model=128, num_heads=2, head_dim=64,
+COMMON_DEFAULTS = dict(lengths=LENGTHS, vocab_size=8192, d_model=128, num_heads=2, head_dim=64,
                       target_params=PAPER_PARAMS)
 TINY = dict(lengths=[16], kv_pairs=[4], batch_size=[16], lrs=[3e-3], seeds=[0], vocab_size=64, d_model=16,
             num_heads=2, head_dim=8, num_train=64, num_test=32, epochs=2, steps=6, eval_every=3, eval_batch_size=32,
@@ -213,13 +213,13 @@ def apply_tiny(args) -> None:
 
 
 def apply_preset(args) -> None:
-    """The preset's values (``PRESET_DEFAULTS``, ``MODEL_DEFAULTS``) for every setting not given;
+    """The preset's values (``PRESET_DEFAULTS``, ``COMMON_DEFAULTS``) for every setting not given;
     a setting that the preset does not use (``PRESET_UNUSED``) must not be given."""
     for name in PRESET_UNUSED[args.preset]:
         if name in args.explicit:
             raise ValueError(f"--{name.replace('_', '-')} does not apply to --preset {args.preset}")
         setattr(args, name, None)
-    for name, value in {**PRESET_DEFAULTS[args.preset], **MODEL_DEFAULTS}.items():
+    for name, value in {**PRESET_DEFAULTS[args.preset], **COMMON_DEFAULTS}.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
     if args.mixers is None:
