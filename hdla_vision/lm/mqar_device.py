@@ -122,7 +122,8 @@ def export(state: Path, out: Path, carry_mib: float = 40, part_mib: float = 15, 
     out.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out / "mqar_state.tgz", "w:gz") as tar:
         for path in sorted(state.rglob("*")):
-            if path.is_file() and path.suffix not in (".pt", ".lock", ".tmp") and "data" not in path.relative_to(state).parts:
+            kept = path.suffix not in (".pt", ".lock", ".tmp") and "data" not in path.relative_to(state).parts
+            if path.is_file() and kept:
                 tar.add(path, arcname=str(path.relative_to(state)))
     max_parts = MAX_FILES_BACK - FILES_BESIDE_PARTS
     carried = pick_carried(state, int(min(carry_mib, max_parts * part_mib) * MIB))

@@ -215,7 +215,8 @@ def plot(rows: dict, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(6, 4))
     for preset, filler, mixer in sorted({(k[0], k[1], k[3]) for k in rows}):
         points = sorted((k[2], r) for k, r in rows.items() if (k[0], k[1], k[3]) == (preset, filler, mixer))
-        label = mixer + ("" if preset == "zoology" else f" ({preset})") + ("" if filler == "zero" else f" ({filler} filler)")
+        label = (mixer + ("" if preset == "zoology" else f" ({preset})")
+                 + ("" if filler == "zero" else f" ({filler} filler)"))
         line, = ax.plot([n for n, _ in points], [100 * r["mean"] for _, r in points], marker="o", label=label)
         for n, r in points:
             ax.scatter([n] * len(r["seeds"]), [100 * a for a in r["seeds"].values()], color=line.get_color(),

@@ -583,7 +583,8 @@ def one_segment(args, model, opt, data, proto, curve) -> dict:
 
 def format_epoch(point: dict) -> str:
     return (f"step {point['step']} lr {point['lr']:.2e} train loss {point['train_loss']:.3f} "
-            f"test loss {point['test_loss']:.3f} acc {100 * point['test_accuracy']:.2f}% ({point['ms_per_step']} ms/step)")
+            f"test loss {point['test_loss']:.3f} acc {100 * point['test_accuracy']:.2f}% "
+            f"({point['ms_per_step']} ms/step)")
 
 
 # -- the sweep ----------------------------------------------------------------------------------
@@ -641,6 +642,7 @@ def main(argv=None):
     for proto in protos:
         records.append(train_run(args, proto, deadline, args.stop_after_epochs))
         r = records[-1]
-        print(f"{r['run_id']}: {r['status']} after {r['epochs_run']} epochs, best {100 * (r['best_accuracy'] or 0):.2f}%",
+        print(f"{r['run_id']}: {r['status']} after {r['epochs_run']} epochs, "
+              f"best {100 * (r['best_accuracy'] or 0):.2f}%",
               flush=True)
     return records
