@@ -1,15 +1,16 @@
-"""MQAR generator properties (Zoology's definition), the fixed split, and the MQAR runner's runs (hdla_vision/lm/mqar_runner.py)
-(resume from a per-epoch checkpoint, a smoke run of each preset, the report)."""
+"""MQAR generator properties (Zoology's definition), the fixed split, and the MQAR runner's runs
+(hdla_vision/lm/mqar_runner.py): the presets' values, resume from a per-epoch checkpoint (also across device
+calls, hdla_vision/lm/mqar_device.py), a smoke run of each preset, the report."""
 import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from hdla_vision.lm import mqar_report, mqar_runner
+from hdla_vision.lm import mqar_device, mqar_report, mqar_runner
 from hdla_vision.lm.mqar import mqar_split, multiquery_ar
-
 
 
 @pytest.mark.parametrize("random_filler", [False, True])
@@ -67,17 +68,6 @@ def test_generator_rejects_bad_arguments(kwargs):
         multiquery_ar(**args)
 
 
-def load_benchmark():
-    return mqar_runner
-
-
-def test_benchmark_paper_sweeps():
-    bench = load_benchmark()
-    assert len(bench.paper_lr_sweep(256)) == 4 and bench.paper_lr_sweep(256)[0] == pytest.approx(1e-4)
-    assert bench.paper_lr_sweep(512)[-1] == pytest.approx(1e-3)
-    assert bench.paper_lr_sweep(2048) == [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2]
-
-
 def test_split_is_disjoint_and_reproducible():
     """A vocabulary with a few hundred distinct examples: without the de-duplication the sets overlap."""
     (train_x, train_y), (test_x, test_y) = mqar_split(10, 8, 2, seed=0, num_train=200, num_test=100)
@@ -98,77 +88,184 @@ def test_split_is_disjoint_and_reproducible():
         mqar_split(10, 8, 2, seed=0, num_train=2000, num_test=100, max_draws=3)
 
 
+def test_learning_rate_sweeps():
+    bench = mqar_runner
+    assert bench.lr_sweep("zoology", 2048) == pytest.approx([1e-4, 10 ** -(10 / 3), 10 ** -(8 / 3), 1e-2])
+    assert bench.lr_sweep("paper", 256) == pytest.approx(bench.lr_sweep("zoology", 256))
+    assert bench.lr_sweep("paper", 512) == pytest.approx([1e-5, 10 ** (-13 / 3), 10 ** (-11 / 3), 1e-3])
+    assert bench.lr_sweep("paper", 2048) == [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2]
+
+
+def protocols(argv):
+    args = mqar_runner.parse_args(argv + ["--state-dir", "unused", "--intermediate-size", "64"])
+    return args, mqar_runner.planned_protocols(args)
+
+
+def test_zoology_preset_is_the_issue_s_protocol():
+    """Issue 13's numbers: batch 256/128/64/64 and 16/64/128/256 pairs at L = 256..2048, AdamW weight
+    decay 0.1, embedding dropout 0.1, 64 epochs over 100,000 fixed examples, 3,000 test examples,
+    token-0 filler, early stop above 99%, Zoology's four learning rates, seeds 0 and 1."""
+    args, protos = protocols(["--mixers", "hdla"])
+    assert args.preset == "zoology" and args.seeds == [0, 1] and args.mixers == ["hdla"]
+    by_length = {p["length"]: p for p in protos}
+    assert {n: p["batch_size"] for n, p in by_length.items()} == {256: 256, 512: 128, 1024: 64, 2048: 64}
+    assert {n: p["num_kv_pairs"] for n, p in by_length.items()} == {256: 16, 512: 64, 1024: 128, 2048: 256}
+    assert len(protos) == 4 * 4 * 2 and sorted({p["lr"] for p in protos}) == pytest.approx(np.logspace(-4, -2, 4))
+    for p in protos:
+        assert (p["weight_decay"], p["embedding_dropout"], p["early_stop"], p["filler"]) == (0.1, 0.1, 0.99, "zero")
+        assert (p["data"], p["epochs"], p["num_train"], p["num_test"]) == ("fixed", 64, 100_000, 3_000)
+        assert p["steps"] is None
+    _, models = protocols([])
+    configs = {p["mixer"]: p["model_config"] for p in models}
+    assert set(configs) == {"hdla", "hdla_authors", "gated_deltanet", "gated_deltaproduct_2"}
+    assert configs["gated_deltanet"]["head_dim_v"] == 2 * configs["gated_deltanet"]["head_dim"] == 128
+    assert configs["gated_deltanet"]["mixer_kwargs"] == {"beta_range": 1.0}
+    assert configs["gated_deltaproduct_2"]["head_dim_v"] == 128
+    assert configs["gated_deltaproduct_2"]["mixer_kwargs"] == {"num_householder": 2, "beta_range": 2.0}
+
+
+def test_legacy_preset_keeps_the_earlier_protocol():
+    """Issue 5's protocol: 16,384-token batches, L/16 pairs, wd 0.01, no dropout, random filler,
+    fresh batches for 3,000 steps, no early stop, the paper's sweeps, SwiGLU 512, baselines of then."""
+    args, protos = protocols(["--preset", "legacy", "--lengths", "256", "512"])
+    by_length = {p["length"]: p for p in protos}
+    assert {n: (p["batch_size"], p["num_kv_pairs"]) for n, p in by_length.items()} == {256: (64, 16), 512: (32, 32)}
+    for p in protos:
+        assert (p["weight_decay"], p["embedding_dropout"], p["early_stop"], p["filler"]) == (0.01, 0.0, None, "random")
+        assert (p["data"], p["steps"], p["num_test"], p["epochs"], p["num_train"]) == ("stream", 3000, 1000, None, None)
+    assert sorted({p["lr"] for p in protos if p["length"] == 512}) == pytest.approx(np.logspace(-5, -3, 4))
+    assert args.seeds == [0] and args.mixers == ["hdla", "gated_deltanet", "gated_deltaproduct_2"]
+    defaults = mqar_runner.parse_args(["--preset", "legacy", "--state-dir", "unused"])
+    assert defaults.intermediate_size == 512
+    configs = {p["mixer"]: p["model_config"] for p in protos}
+    assert configs["gated_deltanet"]["head_dim_v"] == 64
+    assert configs["gated_deltaproduct_2"]["mixer_kwargs"] == {"num_householder": 2, "beta_range": 1.0}
+
+
+@pytest.mark.parametrize("argv,match", [(["--steps", "10"], "--steps"),
+                                        (["--preset", "legacy", "--epochs", "3"], "--epochs"),
+                                        (["--preset", "legacy", "--mixers", "hdla_authors"], "--mixers"),
+                                        (["--lengths", "300"], "--kv-pairs")])
+def test_bad_arguments_name_the_flag(argv, match):
+    with pytest.raises(ValueError, match=match):
+        mqar_runner.parse_args(argv + ["--state-dir", "unused"])
+
+
 TINY = ["--tiny", "--device", "cpu", "--cpu-threads", "1"]
 
 
-def run_json(state: Path, preset="hdla"):
-    return json.loads(next(state.glob(f"{preset}_L16_*/run.json")).read_text())
+def curve_values(record):
+    keys = ("epoch", "step", "lr", "train_loss", "test_loss", "test_accuracy", "steps")
+    return [[c[k] for k in keys] for c in record["curve"]]
 
 
-def test_resume_gives_the_same_curve(tmp_path):
-    """Three epochs at once, and one epoch then a resume from the checkpoint (embedding dropout on:
-    the RNG state must be restored too), give the same learning curve and weights."""
-    bench = load_benchmark()
-    common = TINY + ["--presets", "hdla", "--epochs", "3", "--early-stop", "2"]
-    whole = bench.main(common + ["--state-dir", str(tmp_path / "a")])[0]
-    cut = bench.main(common + ["--state-dir", str(tmp_path / "b"), "--stop-after-epochs", "1"])[0]
+@pytest.mark.parametrize("preset,length_flag", [("zoology", ["--epochs", "3"]), ("legacy", ["--steps", "9"])])
+def test_resume_gives_the_same_curve(tmp_path, preset, length_flag):
+    """Three epochs (legacy: three blocks of 3 steps) at once, and one then a resume from the
+    checkpoint (embedding dropout on for zoology: the RNG state must be restored too), give the same
+    learning curve."""
+    common = TINY + ["--preset", preset, "--mixers", "hdla", "--early-stop", "2"] + length_flag
+    whole = mqar_runner.main(common + ["--state-dir", str(tmp_path / "a")])[0]
+    cut = mqar_runner.main(common + ["--state-dir", str(tmp_path / "b"), "--stop-after-epochs", "1"])[0]
     assert cut["status"] == "paused" and cut["epochs_run"] == 1
-    ckpt = next((tmp_path / "b").glob("hdla_*/ckpt.pt"))
+    ckpt = next((tmp_path / "b").glob(f"{preset}_hdla_*/ckpt.pt"))
     assert torch.load(ckpt, weights_only=True)["curve"][0]["epoch"] == 1
-    resumed = bench.main(common + ["--state-dir", str(tmp_path / "b")])[0]
-    assert resumed["status"] == whole["status"] == "done" and resumed["stop_reason"] == "epochs"
-    keys = ("epoch", "lr", "train_loss", "test_loss", "test_accuracy", "steps")
-    assert [[c[k] for k in keys] for c in resumed["curve"]] == [[c[k] for k in keys] for c in whole["curve"]]
+    resumed = mqar_runner.main(common + ["--state-dir", str(tmp_path / "b")])[0]
+    assert resumed["status"] == whole["status"] == "done" and resumed["epochs_run"] == 3
+    assert resumed["stop_reason"] == ("epochs" if preset == "zoology" else "steps")
+    assert curve_values(resumed) == curve_values(whole)
     assert [c["lr"] for c in whole["curve"]] == pytest.approx([3e-3, 3e-3 * 0.75, 3e-3 * 0.25])
+    assert [c["step"] for c in whole["curve"]] == ([4, 8, 12] if preset == "zoology" else [3, 6, 9])
     assert not ckpt.exists() and (ckpt.parent / "DONE").exists()
-    again = bench.main(common + ["--state-dir", str(tmp_path / "b")])[0]
+    again = mqar_runner.main(common + ["--state-dir", str(tmp_path / "b")])[0]
     assert again["curve"] == resumed["curve"], "a finished run is not trained again"
 
 
 def test_resume_refuses_another_protocol(tmp_path):
-    bench = load_benchmark()
-    common = TINY + ["--presets", "hdla", "--epochs", "2", "--state-dir", str(tmp_path)]
-    bench.main(common + ["--stop-after-epochs", "1"])
-    folder = next(tmp_path.glob("hdla_*"))
+    common = TINY + ["--mixers", "hdla", "--epochs", "2", "--state-dir", str(tmp_path)]
+    mqar_runner.main(common + ["--stop-after-epochs", "1"])
+    folder = next(tmp_path.glob("zoology_hdla_*"))
     ckpt = torch.load(folder / "ckpt.pt", weights_only=True)
     ckpt["protocol"]["weight_decay"] = 0.01
     torch.save(ckpt, folder / "ckpt.pt")
     with pytest.raises(ValueError, match="weight_decay"):
-        bench.main(common)
+        mqar_runner.main(common)
 
 
 def test_presets_smoke_run_and_report(tmp_path):
-    """Two tiny epochs of every preset, then the report's table, plot and merged curves."""
-    bench = load_benchmark()
-    records = bench.main(TINY + ["--state-dir", str(tmp_path / "runs")])
-    assert [r["protocol"]["preset"] for r in records] == list(bench.PRESETS)
+    """Two tiny epochs of every model of both presets, then the report: the grid over the plan
+    names the cells not run, the summary per model, the plot and the merged curves."""
+    records = mqar_runner.main(TINY + ["--state-dir", str(tmp_path / "runs")])
+    records += mqar_runner.main(TINY + ["--preset", "legacy", "--state-dir", str(tmp_path / "runs")])
+    assert [r["protocol"]["mixer"] for r in records] == list(mqar_runner.MODELS["zoology"]) + list(
+        mqar_runner.MODELS["legacy"])
     for r in records:
         assert r["status"] == "done" and r["epochs_run"] == 2 and r["params"] > 0 and r["ms_per_step"] > 0
         assert all(0 <= c["test_accuracy"] <= 1 and math.isfinite(c["test_loss"]) for c in r["curve"])
-        assert r["protocol"]["weight_decay"] == 0.1 and r["protocol"]["filler"] == "zero"
-    configs = {r["protocol"]["preset"]: r["protocol"]["model_config"] for r in records}
-    assert configs["hdla_authors"]["short_conv_size"] == 0 and configs["hdla"]["short_conv_size"] == 4
-    assert configs["gated_deltanet"]["head_dim_v"] == 2 * configs["gated_deltanet"]["head_dim"]
-    assert configs["gated_deltaproduct_2"]["mixer_kwargs"] == {"num_householder": 2, "beta_range": 2.0}
-    report = mqar_report
-    rows = report.main([str(tmp_path / "runs"), "--out-dir", str(tmp_path / "report")])
-    assert set(rows) == {(p, "zero", 16) for p in bench.PRESETS}
+    queue = tmp_path / "queue.txt"
+    mqar_runner.main(TINY + ["--seeds", "0", "1", "--write-queue", str(queue)])
+    assert len(queue.read_text().splitlines()) == 8
+    rows = mqar_report.main([str(tmp_path / "runs"), "--out-dir", str(tmp_path / "report"), "--queue", str(queue)])
+    assert set(rows) == {("zoology", "zero", 16, m) for m in mqar_runner.MODELS["zoology"]} | {
+        ("legacy", "random", 16, m) for m in mqar_runner.MODELS["legacy"]}
     table = (tmp_path / "report" / "mqar_results.md").read_text()
-    assert "| hdla_authors | zero | 16 | 4 |" in table and "weight_decay: 0.1" in table
+    assert "| zoology | zero | 16 | 4 | hdla_authors | 0.003 | " in table
+    assert table.count("| not run |") == 4 and "Planned cells: 8; finished: 4; unfinished: 0; not run: 4." in table
+    assert "| legacy | random | 16 | 4 | hdla (outside the plan) |" in table and "weight_decay: 0.01, 0.1" in table
     assert (tmp_path / "report" / "mqar_accuracy.png").stat().st_size > 0
     merged = json.loads((tmp_path / "report" / "mqar_runs.json").read_text())["runs"]
     assert sorted(r["run_id"] for r in merged) == sorted(r["run_id"] for r in records)
 
 
+def test_report_default_plan_is_the_zoology_table():
+    cells = mqar_report.expected_cells()
+    assert len(cells) == 4 * 4 * 4 * 2
+    assert {(c["length"], c["num_kv_pairs"]) for c in cells} == {(256, 16), (512, 64), (1024, 128), (2048, 256)}
+    assert {c["seed"] for c in cells} == {0, 1} and {c["filler"] for c in cells} == {"zero"}
+
+
+def test_queue_lines_name_their_runs(tmp_path):
+    queue = tmp_path / "q.txt"
+    mqar_runner.main(["--lengths", "256", "--seeds", "1", "--mixers", "gated_deltanet", "--intermediate-size", "64",
+                      "--write-queue", str(queue), "--state-dir", str(tmp_path)])
+    lines = queue.read_text().splitlines()
+    assert len(lines) == 4
+    for line in lines:
+        run, *argv = line.split()
+        assert "--intermediate-size 64" in line
+        assert [mqar_runner.run_id(c) for c in mqar_report.planned_cells(argv)] == [run]
+
+
+def test_unfinished_run_crosses_device_calls(tmp_path):
+    """A run cut after one epoch on one machine, exported, collected here and restored on a fresh
+    machine, ends with the curve of an uninterrupted run; finished runs come back as DONE."""
+    base = TINY + ["--epochs", "3", "--early-stop", "2"]
+    whole = mqar_runner.main(base + ["--mixers", "hdla", "gated_deltanet", "--state-dir", str(tmp_path / "whole")])
+    first = tmp_path / "machine1"
+    mqar_runner.main(base + ["--mixers", "gated_deltanet", "--state-dir", str(first)])
+    mqar_runner.main(base + ["--mixers", "hdla", "--state-dir", str(first), "--stop-after-epochs", "1"])
+    out, results, carry = tmp_path / "out", tmp_path / "results", tmp_path / "carry"
+    exported = mqar_device.export(first, out, carry_mib=1, part_mib=0.05)
+    assert exported["carried"] == [whole[0]["run_id"]] and len(list(out.glob("ckpt.tar.*"))) > 1
+    collected = mqar_device.collect(out, results, carry)
+    assert collected["updated"] == 2 and collected["parts"] == len(list(carry.glob("ckpt.tar.*")))
+    assert "not run" in (results / "mqar_results.md").read_text()
+    second = tmp_path / "machine2"
+    assert mqar_device.restore(second, results, carry) == dict(finished=1, resumed=1)
+    resumed = mqar_runner.main(base + ["--mixers", "hdla", "gated_deltanet", "--state-dir", str(second)])
+    assert [curve_values(r) for r in resumed] == [curve_values(r) for r in whole]
+    assert mqar_device.restore(second, results, carry) == dict(finished=0, resumed=0), "a DONE run takes no checkpoint"
+
+
 def test_presets_are_faithful_and_balanced():
-    """At the paper's sizes each preset lands within 1% of 1.65M parameters; the authors' HDLA has a
-    bias-free low-rank decay with lambda ~ 0.5 at init and one norm over all heads."""
-    bench = load_benchmark()
+    """At the paper's sizes each zoology model lands within 1% of 1.65M parameters; the authors' HDLA
+    has a bias-free low-rank decay with lambda ~ 0.5 at init and one norm over all heads."""
+    bench = mqar_runner
     args = bench.parse_args(["--lengths", "256", "--state-dir", "unused"])
-    for preset in bench.PRESETS:
-        width = bench.balanced_intermediate_size(args, preset)
-        params = bench.count_params(bench.model_config(args, preset, width))
-        assert abs(params - 1.65e6) < 0.01 * 1.65e6, (preset, params)
+    for mixer in bench.MODELS["zoology"]:
+        width = bench.balanced_intermediate_size(args, mixer)
+        params = bench.count_params(bench.model_config(args, mixer, width))
+        assert abs(params - 1.65e6) < 0.01 * 1.65e6, (mixer, params)
     model = bench.build_model(bench.model_config(args, "hdla_authors", 64), seed=0, device="cpu")
     mixer = model.model.layers[0].mixer
     assert all(m.bias is None for m in mixer.decay_proj) and mixer.out_norm.weight.numel() == 2 * 64

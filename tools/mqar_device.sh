@@ -1,27 +1,32 @@
 #!/bin/bash
-# Device call: MQAR runs of a queue file on every GPU of the machine, RUNS_PER_GPU at a time per GPU.
+# Device call: MQAR runs of queue files on every GPU of the machine, RUNS_PER_GPU at a time per GPU,
+# resumed across calls and sessions (hdla_vision/lm/mqar_device.py's docstring gives the whole cycle).
 # A queue line is '<run id> <python -m benchmarks.mqar arguments>' (written by `python -m benchmarks.mqar
-# --write-queue FILE ...`), smallest length first. Runs live in $MQAR_STATE (default .mqar in the
-# repository root: git-ignored, so a warm machine keeps it between calls): a run with a DONE marker
-# is skipped; a run cut by the deadline resumes at its last finished epoch in the next call (its
-# checkpoint stays there). Each call stops starting epochs that would not end before DEADLINE_S.
+# --write-queue FILE ...`), smallest length first. Runs live in $MQAR_STATE (default .mqar: git-ignored,
+# so a warm machine keeps it between the calls of a session). At the start, `mqar_device restore` marks
+# the finished runs of benchmarks/results/mqar_zoology/runs DONE (they are skipped) and unpacks the
+# checkpoints carried in .mqar_carry (unfinished runs resume at their last epoch). No epoch starts that
+# would not end before DEADLINE_S; no run starts later than DEADLINE_S - MIN_JOB_S.
 #
-# Usage (device, repository root):
+# Usage (device, repository root; carry .mqar_carry, timeout_s 600):
 #   bash tools/mqar_device.sh [QUEUE ...]          (default tools/mqar_queue.txt)
-#   env: RUNS_PER_GPU (4), DEADLINE_S (540: seconds from the start, under the 600 s call limit),
-#        MQAR_STATE (.mqar), MIN_JOB_S (90: no new run starts later than DEADLINE_S - MIN_JOB_S)
-# Back in $OUT: mqar_results.md, mqar_accuracy.png, mqar_runs.json (every run's curve, finished or
-# not), mqar_state.tgz (run.json, DONE markers and logs, no checkpoints or data), progress.txt.
-# A cold machine starts with an empty state: unpack mqar_state.tgz into .mqar here and carry .mqar
-# so finished runs are skipped (unfinished ones then restart at epoch 0: their checkpoints, ~20 MB
-# each, do not come back).
+#   env: RUNS_PER_GPU (4; 2 once the queue is at L >= 1024, whose runs outlast a session, so that every
+#        unfinished run can be carried), DEADLINE_S (540 s from the start, under the 600 s call limit),
+#        MIN_JOB_S (90), CARRY_MIB (40: checkpoints packed for the next call, about 19 MiB each),
+#        MQAR_STATE (.mqar), MQAR_CARRY (.mqar_carry), MQAR_RESULTS (benchmarks/results/mqar_zoology)
+# Back in $OUT: mqar_results.md (the table over every planned cell), progress.txt, mqar_state.tgz
+# (records, DONE markers, logs, the report with its plot), ckpt.tar.NN (checkpoints of unfinished runs).
+# Then here: python -m benchmarks.mqar_device collect <folder the files came back to>
 source tools/device_setup.sh
 queues=("${@:-tools/mqar_queue.txt}")
 state=${MQAR_STATE:-.mqar}
+carry=${MQAR_CARRY:-.mqar_carry}
+results=${MQAR_RESULTS:-benchmarks/results/mqar_zoology}
 deadline=${DEADLINE_S:-540}
 per_gpu=${RUNS_PER_GPU:-4}
 export MQAR_RUNS_PER_GPU=$per_gpu TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache_mqar}
-mkdir -p "$state/logs"
+mkdir -p "$state/logs" "$carry"
+python3 -m benchmarks.mqar_device restore --state "$state" --results "$results" --carry "$carry"
 ngpu=$(nvidia-smi -L | wc -l)
 todo=$state/todo.txt
 : > "$todo"
@@ -44,7 +49,7 @@ worker() {
     # shellcheck disable=SC2086
     CUDA_VISIBLE_DEVICES=$gpu timeout $((deadline - SECONDS)) python3 -m benchmarks.mqar ${job#* } \
       --state-dir "$state" --deadline-s $((deadline - SECONDS - 10)) >> "$state/logs/$id.log" 2>&1 \
-      || echo "gpu $gpu: $id stopped (exit $?)"
+      || echo "gpu $gpu: $id stopped (exit $?): $(tail -n 1 "$state/logs/$id.log")"
   done
 }
 
@@ -52,13 +57,10 @@ for ((gpu = 0; gpu < ngpu; gpu++)); do
   for ((slot = 0; slot < per_gpu; slot++)); do worker "$gpu" & done
 done
 wait
-python3 -m benchmarks.mqar_report "$state" --out-dir "$OUT" > "$OUT/report.log" 2>&1 || tail -5 "$OUT/report.log"
-tar czf "$OUT/mqar_state.tgz" --exclude='*.pt' --exclude='*.lock' --exclude=data -C "$state" .
-{
-  echo "call ended at ${SECONDS}s"
-  echo "done: $(find "$state" -name DONE | wc -l) runs; paused with a checkpoint: $(find "$state" -name ckpt.pt | wc -l)"
-  cat "${queues[@]}" | while read -r id _; do
-    [ -f "$state/$id/DONE" ] && continue
-    if [ -f "$state/$id/run.json" ]; then echo "unfinished: $id"; else echo "not started: $id"; fi
-  done
-} | tee "$OUT/progress.txt" | head -20
+finished=$([ -d "$results/runs" ] && echo "$results/runs")
+python3 -m benchmarks.mqar_report "$state" $finished --out-dir "$state/report" --queue "${queues[@]}" \
+  > "$state/report.log" 2>&1 || tail -5 "$state/report.log"
+cp "$state/report/mqar_results.md" "$OUT/" 2>/dev/null
+python3 -m benchmarks.mqar_device export --state "$state" --out "$OUT" --carry-mib "${CARRY_MIB:-40}" \
+  --queue "${queues[@]}" | head -40
+echo "call ended at ${SECONDS}s"

@@ -32,8 +32,11 @@ class HDLAConfig(PreTrainedConfig):
     Fields (all keyword arguments):
         vocab_size, hidden_size, num_hidden_layers: embedding size and depth.
         mixer: causal mixer name (``"hdla"``, ``"gated_deltanet"``, ``"gated_deltaproduct"``, ...).
-        mixer_kwargs: extra keyword arguments for that mixer (e.g. ``{"num_householder": 2}``).
-        num_heads, head_dim: heads and key dimension per head; head_dim_v defaults to head_dim.
+        mixer_kwargs: extra keyword arguments for that mixer (e.g. ``{"num_householder": 2}``;
+            ``{"beta_range": 2.0}`` gives Gated DeltaNet / DeltaProduct beta in (0, 2), negative
+            eigenvalues allowed as fla's ``allow_neg_eigval``, where their default is (0, 1)).
+        num_heads, head_dim: heads and key dimension per head; head_dim_v defaults to head_dim
+            (``head_dim_v = 2 * head_dim`` is fla's and Zoology's ``expand_v = 2`` for Gated DeltaNet).
         short_conv_size: depthwise causal conv on the q/k/v projections (0 turns it off).
         gate_act: activation of the output gate (paper eq. 29-30 use a plain gate; fla uses SiLU).
         intermediate_size: SwiGLU hidden size (defaults to the multiple of 32 nearest 8/3 hidden).

@@ -1,97 +1,210 @@
-"""Results table and plot of the MQAR runs of ``python -m benchmarks.mqar`` (their ``run.json`` files).
+"""Results tables and plot of the MQAR runs of ``python -m benchmarks.mqar`` (their ``run.json`` files).
 
-Per (preset, filler, length): each run's score is its best test accuracy over its epochs (with the
-early stop above 99% the last epoch is the best one for a solved run); the seeds' mean is taken
-at each learning rate and the best learning rate is reported, with each seed's score beside it.
-Runs not finished (paused by a time limit) are counted and flagged, never silently mixed in.
+Two tables:
+  * the grid: every cell (length x model x learning rate x seed) of the planned sweep, with its
+    best test accuracy, the epochs it ran and how it stopped; a cell that never ran says
+    ``not run``, one cut by a time limit says ``unfinished``; a count of the cells not run follows.
+    The plan is the default sweep of ``--preset zoology`` (lengths 256..2048, four models, Zoology's
+    four learning rates, seeds 0 and 1: 128 cells), or the runs listed in ``--queue`` files
+    (``python -m benchmarks.mqar --write-queue``); runs outside the plan get rows of their own;
+  * the summary per (preset, filler, length, model): each run's score is its best test accuracy over
+    its epochs (with the early stop above 99% the last epoch is the best one for a solved run); the
+    seeds' mean is taken at each learning rate and the best learning rate is reported, with each
+    seed's score beside it, the runs counted and the unfinished and missing ones named.
 
-    python -m benchmarks.mqar_report .mqar [more folders or run.json files] --out-dir DIR
+    python -m benchmarks.mqar_report .mqar [more folders or run.json files] --out-dir DIR [--queue FILE ...]
 
-writes ``DIR/mqar_results.md`` (the table and the protocol), ``DIR/mqar_accuracy.png`` (best
-accuracy against length per preset: the seed mean as a line, each seed as a point) and
-``DIR/mqar_runs.json`` (every run with its learning curve).
+writes ``DIR/mqar_results.md`` (both tables and the protocol), ``DIR/mqar_accuracy.png`` (best
+accuracy against length per model: the seed mean as a line, each seed as a point) and, unless
+``--no-runs-json``, ``DIR/mqar_runs.json`` (every run with its learning curve).
 """
 import argparse
 import json
+import shlex
 from pathlib import Path
+
+from hdla_vision.lm import mqar_runner
 
 
 def load_runs(paths) -> list:
-    """Every run.json under the given folders (recursively), or the given files; the runs of a
-    merged ``mqar_runs.json`` too. A run id seen twice keeps the record with more epochs."""
+    """Every run.json under the given folders (recursively, also ``<run id>.json`` files beside a
+    ``runs`` folder's name), or the given files; the runs of a merged ``mqar_runs.json`` too. A run
+    id seen twice keeps the finished record, else the one with more epochs."""
     records = {}
     for path in map(Path, paths):
-        files = sorted(path.rglob("run.json")) if path.is_dir() else [path]
+        files = sorted(path.rglob("*.json")) if path.is_dir() else [path]
         for file in files:
             data = json.loads(file.read_text())
             for record in data["runs"] if "runs" in data else [data]:
-                old = records.get(record["run_id"])
-                if old is None or record["epochs_run"] > old["epochs_run"]:
-                    records[record["run_id"]] = record
+                if "run_id" in record and "protocol" in record:
+                    old = records.get(record["run_id"])
+                    if old is None or rank(record) > rank(old):
+                        records[record["run_id"]] = record
     return sorted(records.values(), key=lambda r: r["run_id"])
 
 
-def group_key(record: dict):
+def rank(record: dict):
+    return record["status"] == "done", record["epochs_run"]
+
+
+# -- the planned cells --------------------------------------------------------------------------
+def cell(preset, mixer, length, num_kv, lr, seed, filler, data, steps) -> dict:
+    """The protocol fields that name one cell (enough for ``mqar_runner.run_id``)."""
+    return dict(preset=preset, mixer=mixer, length=length, num_kv_pairs=num_kv, lr=lr, seed=seed, filler=filler,
+                data=data, steps=steps)
+
+
+def planned_cells(argv: list) -> list:
+    """The cells that ``python -m benchmarks.mqar <argv>`` would run (no model is built)."""
+    args = mqar_runner.parse_args(list(argv) + ["--state-dir", "unused"])
+    return [cell(args.preset, mixer, length, mqar_runner.per_length(args, "kv_pairs", length), lr, seed, args.filler,
+                 args.data, args.steps)
+            for mixer, length, lr, seed in mqar_runner.plan(args)]
+
+
+def queue_cells(paths) -> list:
+    """The cells of queue files (lines '<run id> <arguments>')."""
+    cells = []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                cells += planned_cells(shlex.split(line)[1:])
+    return cells
+
+
+def expected_cells(queues=None) -> list:
+    """The queues' cells, or the default sweep of ``--preset zoology`` (lengths 256..2048, its four
+    models, Zoology's four learning rates, seeds 0 and 1)."""
+    return queue_cells(queues) if queues else planned_cells(["--preset", "zoology"])
+
+
+def record_cell(record: dict) -> dict:
     p = record["protocol"]
-    return p["preset"], p["filler"], p["length"]
+    return cell(p["preset"], p["mixer"], p["length"], p["num_kv_pairs"], p["lr"], p["seed"], p["filler"], p["data"],
+                p.get("steps"))
 
 
-def summarize(records: list) -> dict:
-    """``{(preset, filler, length): row}`` with the best learning rate by seed-mean accuracy."""
+# -- tables -------------------------------------------------------------------------------------
+def cell_text(record) -> str:
+    if record is None:
+        return "not run"
+    acc = f"{100 * (record['best_accuracy'] or 0):.2f}%"
+    if record["status"] != "done":
+        return f"{acc} (e{record['epochs_run']}/{record['epochs_planned']}, unfinished)"
+    stop = {"early_stop": "early stop", "epochs": "all epochs", "steps": "all steps"}[record["stop_reason"]]
+    return f"{acc} (e{record['epochs_run']}, {stop})"
+
+
+def grid_table(records: list, cells: list) -> str:
+    """One row per (preset, filler, length, model, lr), one column per seed: the planned cells, and
+    the runs outside the plan in rows of their own (marked)."""
+    by_id = {r["run_id"]: r for r in records}
+    planned_ids = {mqar_runner.run_id(c) for c in cells}
+    extra = [record_cell(r) for r in records if r["run_id"] not in planned_ids]
+    rows, planned_rows = {}, set()
+    for c, planned in [(c, True) for c in cells] + [(c, False) for c in extra]:
+        key = (c["preset"], c["filler"], c["length"], c["num_kv_pairs"], c["mixer"], c["lr"])
+        rows.setdefault(key, {})[c["seed"]] = by_id.get(mqar_runner.run_id(c))
+        if planned:
+            planned_rows.add(key)
+    seeds = sorted({c["seed"] for c in cells + extra})
+    lines = ["| preset | filler | L | kv pairs | model | lr | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(seeds)]
+    for key in sorted(rows, key=lambda k: (k[0], k[1], k[2], k[4], k[5])):
+        texts = [cell_text(rows[key][s]) if s in rows[key] else "-" for s in seeds]
+        marker = "" if key in planned_rows else " (outside the plan)"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]}{marker} | {key[5]:.3g} | "
+                     + " | ".join(texts) + " |")
+    return "\n".join(lines)
+
+
+def missing_summary(records: list, cells: list) -> str:
+    """How many planned cells were not run and which (counted per preset, filler, length, model)."""
+    done = {r["run_id"] for r in records}
+    unfinished = {r["run_id"] for r in records if r["status"] != "done"}
+    missing, cut = {}, {}
+    for c in cells:
+        key = (c["preset"], c["filler"], c["length"], c["mixer"])
+        rid = mqar_runner.run_id(c)
+        if rid not in done:
+            missing.setdefault(key, []).append(f"lr {c['lr']:.3g} s{c['seed']}")
+        elif rid in unfinished:
+            cut.setdefault(key, []).append(f"lr {c['lr']:.3g} s{c['seed']}")
+    total_missing = sum(map(len, missing.values()))
+    lines = [f"Planned cells: {len(cells)}; finished: {len(cells) - total_missing - sum(map(len, cut.values()))}; "
+             f"unfinished: {sum(map(len, cut.values()))}; not run: {total_missing}."]
+    for title, table in (("Not run", missing), ("Unfinished (cut by a time limit, to be resumed)", cut)):
+        for key in sorted(table):
+            lines.append(f"- {title}: {key[0]} {key[1]} filler, L = {key[2]}, {key[3]}: {', '.join(table[key])}")
+    return "\n".join(lines)
+
+
+def summarize(records: list, cells=()) -> dict:
+    """``{(preset, filler, length, model): row}`` with the best learning rate by seed-mean accuracy."""
     by_lr = {}
     for r in records:
-        by_lr.setdefault(group_key(r), {}).setdefault(r["protocol"]["lr"], []).append(r)
+        p = r["protocol"]
+        by_lr.setdefault((p["preset"], p["filler"], p["length"], p["mixer"]), {}).setdefault(p["lr"], []).append(r)
+    ran = {r["run_id"] for r in records}
+    not_run = {}
+    for c in cells:
+        if mqar_runner.run_id(c) not in ran:
+            key = (c["preset"], c["filler"], c["length"], c["mixer"])
+            not_run[key] = not_run.get(key, 0) + 1
     rows = {}
     for key, lrs in by_lr.items():
         lr, runs = max(lrs.items(), key=lambda item: sum(x["best_accuracy"] or 0 for x in item[1]) / len(item[1]))
         runs = sorted(runs, key=lambda x: x["protocol"]["seed"])
         every = [x for rs in lrs.values() for x in rs]
         rows[key] = dict(
-            preset=key[0], filler=key[1], length=key[2], num_kv_pairs=runs[0]["protocol"]["num_kv_pairs"], lr=lr,
-            mean=sum(x["best_accuracy"] or 0 for x in runs) / len(runs),
+            preset=key[0], filler=key[1], length=key[2], mixer=key[3], num_kv_pairs=runs[0]["protocol"]["num_kv_pairs"],
+            lr=lr, mean=sum(x["best_accuracy"] or 0 for x in runs) / len(runs),
             seeds={x["protocol"]["seed"]: x["best_accuracy"] or 0 for x in runs},
             epochs=[x["epochs_run"] for x in runs], stop=[x["stop_reason"] or x["status"] for x in runs],
             lrs_tried=sorted(lrs), runs=len(every), unfinished=sum(x["status"] != "done" for x in every),
-            params=runs[0]["params"], batch_size=runs[0]["protocol"]["batch_size"],
+            not_run=not_run.get(key, 0), params=runs[0]["params"], batch_size=runs[0]["protocol"]["batch_size"],
             ms_per_step=runs[0]["ms_per_step"], device=runs[0]["protocol"]["device"])
     return rows
 
 
 def markdown_table(rows: dict) -> str:
-    lines = ["| preset | filler | L | kv pairs | best acc. (seed mean) | per seed | best lr | lrs tried | epochs run "
-             "(stop) | runs (unfinished) | params | batch | ms/step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key in sorted(rows, key=lambda k: (k[2], k[1], k[0])):
+    lines = ["| preset | filler | L | kv pairs | model | best acc. (seed mean) | per seed | best lr | lrs tried "
+             "| epochs run (stop) | runs (unfinished) | cells not run | params | batch | ms/step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(rows, key=lambda k: (k[0], k[1], k[2], k[3])):
         r = rows[key]
         seeds = ", ".join(f"s{s}: {100 * a:.2f}%" for s, a in r["seeds"].items())
         stops = ", ".join(f"{e} ({s})" for e, s in zip(r["epochs"], r["stop"]))
         lrs = ", ".join(f"{x:.2g}" for x in r["lrs_tried"])
-        lines.append(f"| {r['preset']} | {r['filler']} | {r['length']} | {r['num_kv_pairs']} | {100 * r['mean']:.2f}% "
-                     f"| {seeds} | {r['lr']:.2g} | {lrs} | {stops} | {r['runs']} ({r['unfinished']}) "
-                     f"| {r['params'] / 1e6:.3f}M | {r['batch_size']} | {r['ms_per_step']} |")
+        lines.append(f"| {r['preset']} | {r['filler']} | {r['length']} | {r['num_kv_pairs']} | {r['mixer']} "
+                     f"| {100 * r['mean']:.2f}% | {seeds} | {r['lr']:.2g} | {lrs} | {stops} "
+                     f"| {r['runs']} ({r['unfinished']}) | {r['not_run']} | {r['params'] / 1e6:.3f}M "
+                     f"| {r['batch_size']} | {r['ms_per_step']} |")
     return "\n".join(lines)
 
 
 def protocol_lines(records: list) -> str:
-    """The protocol fields shared by every run, and those that vary, for the report's header."""
+    """The protocol fields of the runs (each field's values over all runs), for the report's header."""
     fields = {}
+    skip = ("model_config", "params", "lr", "seed", "length", "num_kv_pairs", "batch_size", "mixer")
     for r in records:
         for k, v in r["protocol"].items():
-            if k not in ("model_config", "params", "lr", "seed", "length", "num_kv_pairs", "batch_size", "preset"):
+            if k not in skip:
                 fields.setdefault(k, set()).add(json.dumps(v))
     return "\n".join(f"- {k}: {', '.join(sorted(v))}" for k, v in sorted(fields.items()))
 
 
 def model_lines(records: list) -> str:
-    """One line per preset: its parameter count and model settings."""
-    models = {r["protocol"]["preset"]: (r["params"], r["protocol"]["model_config"]) for r in records}
-    return "\n".join(f"- {preset}: {params / 1e6:.4f}M parameters, {json.dumps(config)}"
-                     for preset, (params, config) in sorted(models.items()))
+    """One line per (preset, model): its parameter count and model settings."""
+    models = {(r["protocol"]["preset"], r["protocol"]["mixer"]): (r["params"], r["protocol"]["model_config"])
+              for r in records}
+    return "\n".join(f"- {preset}/{mixer}: {params / 1e6:.4f}M parameters, {json.dumps(config)}"
+                     for (preset, mixer), (params, config) in sorted(models.items()))
 
 
 def plot(rows: dict, path: Path) -> bool:
-    """Best accuracy against length, one line per (preset, filler) (seed mean) with each seed's
-    point; False when matplotlib is missing."""
+    """Best accuracy against length, one line per (preset, filler, model) (seed mean) with each
+    seed's point; False when matplotlib is missing."""
     try:
         import matplotlib
     except ImportError:
@@ -100,9 +213,10 @@ def plot(rows: dict, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for preset, filler in sorted({(k[0], k[1]) for k in rows}):
-        points = sorted((k[2], r) for k, r in rows.items() if k[:2] == (preset, filler))
-        label = preset if filler == "zero" else f"{preset} ({filler} filler)"
+    for preset, filler, mixer in sorted({(k[0], k[1], k[3]) for k in rows}):
+        points = sorted((k[2], r) for k, r in rows.items() if (k[0], k[1], k[3]) == (preset, filler, mixer))
+        label = (mixer + ("" if preset == "zoology" else f" ({preset})")
+                 + ("" if filler == "zero" else f" ({filler} filler)"))
         line, = ax.plot([n for n, _ in points], [100 * r["mean"] for _, r in points], marker="o", label=label)
         for n, r in points:
             ax.scatter([n] * len(r["seeds"]), [100 * a for a in r["seeds"].values()], color=line.get_color(),
@@ -120,20 +234,24 @@ def plot(rows: dict, path: Path) -> bool:
     return True
 
 
-def write_report(records: list, out_dir: Path) -> dict:
-    """The three output files; returns the table rows."""
+def write_report(records: list, out_dir: Path, queues=None, runs_json: bool = True) -> dict:
+    """The output files; returns the summary rows."""
     if not records:
         raise ValueError("no run.json found in the given paths")
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = summarize(records)
-    text = (f"MQAR, {len(records)} runs: best test accuracy over epochs per run, mean over seeds at the best "
-            f"learning rate (per-seed values beside it).\n\nProtocol:\n{protocol_lines(records)}\n\n"
-            f"Models:\n{model_lines(records)}\n\n"
-            f"{markdown_table(rows)}\n")
+    cells = expected_cells(queues)
+    rows = summarize(records, cells)
+    text = (f"MQAR, {len(records)} runs.\n\n## Every cell of the plan\n\nBest test accuracy over the epochs of "
+            f"each run, the epochs it ran (e) and how it stopped.\n\n{grid_table(records, cells)}\n\n"
+            f"{missing_summary(records, cells)}\n\n## Best learning rate per model and length\n\nMean over seeds "
+            f"at the best learning rate (per-seed values beside it).\n\n{markdown_table(rows)}\n\n"
+            f"## Protocol\n\n{protocol_lines(records)}\n\n## Models\n\n{model_lines(records)}\n")
     (out_dir / "mqar_results.md").write_text(text)
-    (out_dir / "mqar_runs.json").write_text(json.dumps(dict(runs=records), indent=1))
+    if runs_json:
+        (out_dir / "mqar_runs.json").write_text(json.dumps(dict(runs=records), indent=1))
     if not plot(rows, out_dir / "mqar_accuracy.png"):
         print("matplotlib is not installed: no plot")
+    print(missing_summary(records, cells).splitlines()[0])
     print(markdown_table(rows))
     return rows
 
@@ -142,5 +260,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="folders holding run.json files (searched recursively), or files")
     p.add_argument("--out-dir", required=True)
+    p.add_argument("--queue", nargs="+", default=None, help="the planned runs (default: Zoology's default sweep)")
+    p.add_argument("--no-runs-json", action="store_true", help="do not write mqar_runs.json")
     args = p.parse_args(argv)
-    return write_report(load_runs(args.paths), Path(args.out_dir))
+    return write_report(load_runs(args.paths), Path(args.out_dir), args.queue, not args.no_runs_json)

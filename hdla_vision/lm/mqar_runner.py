@@ -1,39 +1,61 @@
-"""MQAR recall benchmark (HDLA paper §4 / fig. 2, appendix D) under Zoology's protocol.
+"""MQAR recall benchmark (HDLA paper §4 / fig. 2, appendix D): two protocol presets.
 
-Protocol (defaults; Zoology = HazyResearch/zoology ``zoology/train.py``, ``zoology/config.py`` and
-the ICLR'24 figure-2 configs, which the HDLA paper's appendix-D sweeps follow):
+``--preset zoology`` (the default) is Zoology's ICLR'24 figure-2 protocol (HazyResearch/zoology
+``zoology/experiments/paper_configs/iclr24_zoology_figure2/configs.py``, ``zoology/train.py`` and
+``zoology/config.py`` as released with the paper, Dec. 2023), which the HDLA paper's appendix D follows:
   * data: a fixed training set of 100,000 and a fixed, disjoint test set of 3,000 examples per
     (length, key-value pairs, seed) (:func:`hdla_vision.lm.mqar.mqar_split`), vocab 8192, power-law
     query gaps (a = 0.01), filler token 0 (``--filler zero``, Zoology's ``random_non_queries=False``;
-    ``--filler random`` is the ablation that this script's earlier protocol used);
+    ``--filler random`` is the ablation);
   * key-value pairs and batch sizes per length: 16 / 64 / 128 / 256 pairs and batches of
-    256 / 128 / 64 / 64 at L = 256 / 512 / 1024 / 2048 (other lengths need ``--kv-pairs`` and
-    ``--batch-size``);
-  * training: 64 epochs over the training set in a fresh shuffled order each epoch (the last
-    batch may be short, as a DataLoader without drop_last); AdamW, weight decay 0.1; cosine
-    schedule stepped once per epoch (T_max = epochs, to 0, no warm-up); embedding dropout 0.1;
-    no gradient clipping; bf16 autocast on CUDA; test accuracy (share of query positions whose
-    argmax is the right value) and loss after every epoch, stop once the accuracy is above 99%;
-  * learning rates: the paper's appendix-D sweeps (logspace(-4, -2, 4) at 256, logspace(-5, -3, 4)
-    at 512, [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2] at 1024 and 2048); seeds are a sweep axis
-    (a seed fixes the datasets, the initialisation, the shuffles and the dropout masks);
-  * models (``PRESETS``): two layers, d_model 128, 2 heads of key dim 64, tied embeddings, SwiGLU
-    whose width balances each preset near the paper's 1.65M parameters (printed and recorded).
+    256 / 128 / 64 / 64 at L = 256 / 512 / 1024 / 2048 (Zoology's configs and the Head-in-Head
+    paper's table; other lengths need ``--kv-pairs`` and ``--batch-size``);
+  * training: 64 epochs over the training set in a fresh shuffled order each epoch (Zoology's
+    DataLoader of Dec. 2023 shuffles; the last batch may be short); AdamW (torch betas and eps),
+    weight decay 0.1; cosine schedule stepped once per epoch (T_max = epochs, to 0, no warm-up);
+    embedding dropout 0.1; no gradient clipping; bf16 autocast on CUDA; test accuracy (share of
+    query positions whose argmax is the right value) and loss after every epoch, stop once the
+    accuracy is above 99%;
+  * learning rates: Zoology's four, ``logspace(-4, -2, 4)``, at every length (``--lr-sweep zoology``);
+    ``--lr-sweep paper`` takes the HDLA paper's appendix-D sweeps instead (logspace(-4, -2, 4) at 256,
+    logspace(-5, -3, 4) at 512, [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2] at 1024 and 2048);
+    seeds 0 and 1 (a seed fixes the datasets, the initialisation, the shuffles and the dropout masks);
+  * models (``MODELS["zoology"]``): two layers, d_model 128, 2 heads of key dim 64, tied embeddings,
+    SwiGLU whose width balances each model near the paper's 1.65M parameters (printed and recorded);
+    ``hdla`` (today's layer: short conv 4, decay bias), ``hdla_authors`` (the authors' layer: no short
+    conv, bias-free rank-16 decay, rank-16 sigmoid gate before one RMSNorm over all heads), and the
+    baselines as fla and Zoology build them: ``gated_deltanet`` with value width twice the key width
+    (fla's expand_v = 2), ``gated_deltaproduct_2`` (n_h = 2) with expand_v = 2 and beta in (0, 2)
+    (fla's allow_neg_eigval default for DeltaProduct).
+
+``--preset legacy`` is this benchmark's earlier protocol (issue 5; the runs in
+``benchmarks/results/mqar_h200_4000steps`` and ``mqar_h200_13000steps``), kept so those results can be
+re-run: a fresh training batch every step (generator seed 1000003 * (seed + 1) + step), random filler,
+1,000 test examples drawn at seed 12345, L/16 key-value pairs, 16,384-token batches (64 at L = 256,
+32 at 512), ``--steps`` (3,000 by default; the results used 4,000 and 13,000) with a cosine per step
+to 0 and no warm-up, AdamW weight decay 0.01, no embedding dropout, no early stop, the paper's
+learning-rate sweeps, seed 0, SwiGLU 512 for every model and the baselines of then (value width =
+key width, beta in (0, 1) for both Gated DeltaNet and Gated DeltaProduct). It departs from Zoology
+in all of these; the test set is also scored every ``--eval-every`` steps (1,000), which changes
+no training step.
 
 Each run lives in ``<state-dir>/<run id>/``: ``run.json`` (protocol, parameter count, learning
-curve, ms/step, status) rewritten after every epoch, ``ckpt.pt`` (model, optimizer, RNG states and
-curve; written atomically, read with ``weights_only=True``) so a run cut by a time limit resumes at
-its last finished epoch with the same curve, and ``DONE`` once finished (the checkpoint is then
-deleted). ``--deadline-s`` stops a run cleanly before an epoch that would not finish in time.
+curve, ms/step, status) rewritten after every epoch (legacy: every ``--eval-every`` steps),
+``ckpt.pt`` (model, optimizer, RNG states and curve; written atomically, read with
+``weights_only=True``) so a run cut by a time limit resumes at its last finished epoch with the
+same curve, and ``DONE`` once finished (the checkpoint is then deleted). ``--deadline-s`` stops a
+run cleanly before an epoch that would not finish in time.
 
-    python -m benchmarks.mqar --presets hdla --lengths 256 --lrs 1e-3 --seeds 0   # one run
-    python -m benchmarks.mqar --write-queue tools/mqar_queue.txt                   # the sweep, one run a line
-    bash tools/mqar_device.sh                                                      # the queue on a GPU machine
+    python -m benchmarks.mqar --mixers hdla --lengths 256 --lrs 1e-3 --seeds 0      # one run
+    python -m benchmarks.mqar --write-queue tools/mqar_queue.txt                     # the sweep, one run a line
+    bash tools/mqar_device.sh tools/mqar_queue.txt                                   # the queue on a GPU machine
     python -m benchmarks.mqar_report .mqar --out-dir benchmarks/results/mqar_zoology
-    python -m benchmarks.mqar --tiny                                               # CPU smoke run
+    python -m benchmarks.mqar --preset legacy --mixers hdla --lengths 256 --lrs 2.2e-3 --steps 13000
+    python -m benchmarks.mqar --tiny                                                 # CPU smoke run
 
-(``benchmarks/mqar.py`` is the command line; this module, in the package, is what it runs and
-what the tests import.)
+The device runner (``tools/mqar_device.sh`` with ``python -m benchmarks.mqar_device``; see
+:mod:`hdla_vision.lm.mqar_device`) fills the table over several device windows. (``benchmarks/mqar.py``
+is the command line; this module, in the package, is what it runs and what the tests import.)
 """
 import argparse
 import fcntl
@@ -50,32 +72,61 @@ import torch.nn.functional as F
 
 from hdla_vision.lm import HDLAConfig, HDLAForCausalLM
 from hdla_vision.lm import mixers as lm_mixers
-from hdla_vision.lm.mqar import check_mqar_args, mqar_split
+from hdla_vision.lm.mqar import check_mqar_args, mqar_split, multiquery_ar
 
+LENGTHS = [256, 512, 1024, 2048]
 ZOOLOGY_KV_PAIRS = {256: 16, 512: 64, 1024: 128, 2048: 256}
 ZOOLOGY_BATCH = {256: 256, 512: 128, 1024: 64, 2048: 64}
+LEGACY_BATCH_TOKENS = 16_384
+LEGACY_KV_DIVISOR = 16
+LEGACY_TEST_SEED = 12_345
 PAPER_PARAMS = 1.65e6
+ZOOLOGY_LRS = np.logspace(-4, -2, 4).tolist()
 
-# Each preset: HDLAConfig settings; "value_expand" multiplies head_dim into head_dim_v.
-PRESETS = {
-    # today's HDLA with its deliberate choices: short conv, full-rank decay with a bias (lambda in
-    # (0.9, 0.999) at init), per-head RMSNorm then a SiLU gate
-    "hdla": dict(mixer="hdla", short_conv_size=4, gate_act="silu", value_expand=1, mixer_kwargs={}),
-    # HDLA as the authors' layer builds it: no short conv, bias-free rank-16 decay (lambda ~ 0.5),
-    # rank-16 sigmoid gate before one RMSNorm over all heads
-    "hdla_authors": dict(mixer="hdla_authors", short_conv_size=0, gate_act="sigmoid", value_expand=1,
-                         mixer_kwargs={"decay_rank": 16, "gate_rank": 16}),
-    # fla's / Zoology's Gated DeltaNet: expand_v = 2, beta in (0, 1)
-    "gated_deltanet": dict(mixer="gated_deltanet", short_conv_size=4, gate_act="silu", value_expand=2,
-                           mixer_kwargs={"beta_range": 1.0}),
-    # fla's Gated DeltaProduct, n_h = 2: expand_v = 2, negative eigenvalues allowed (beta in (0, 2))
-    "gated_deltaproduct_2": dict(mixer="gated_deltaproduct", short_conv_size=4, gate_act="silu", value_expand=2,
-                                 mixer_kwargs={"num_householder": 2, "beta_range": 2.0}),
+# Each model: HDLAConfig settings; "value_expand" multiplies head_dim into head_dim_v (fla's expand_v).
+MODELS = {
+    "zoology": {
+        # today's HDLA with its deliberate choices: short conv, full-rank decay with a bias (lambda in
+        # (0.9, 0.999) at init), per-head RMSNorm then a SiLU gate
+        "hdla": dict(mixer="hdla", short_conv_size=4, gate_act="silu", value_expand=1, mixer_kwargs={}),
+        # HDLA as the authors' layer builds it: no short conv, bias-free rank-16 decay (lambda ~ 0.5),
+        # rank-16 sigmoid gate before one RMSNorm over all heads
+        "hdla_authors": dict(mixer="hdla_authors", short_conv_size=0, gate_act="sigmoid", value_expand=1,
+                             mixer_kwargs={"decay_rank": 16, "gate_rank": 16}),
+        # fla's / Zoology's Gated DeltaNet: expand_v = 2, beta in (0, 1)
+        "gated_deltanet": dict(mixer="gated_deltanet", short_conv_size=4, gate_act="silu", value_expand=2,
+                               mixer_kwargs={"beta_range": 1.0}),
+        # fla's Gated DeltaProduct, n_h = 2: expand_v = 2, negative eigenvalues allowed (beta in (0, 2))
+        "gated_deltaproduct_2": dict(mixer="gated_deltaproduct", short_conv_size=4, gate_act="silu", value_expand=2,
+                                     mixer_kwargs={"num_householder": 2, "beta_range": 2.0}),
+    },
+    # issue 5's models: short conv 4 everywhere, value width = key width, beta in (0, 1) for the baselines
+    "legacy": {
+        "hdla": dict(mixer="hdla", short_conv_size=4, gate_act="silu", value_expand=1,
+                     mixer_kwargs={"beta_range": 2.0}),
+        "gated_deltanet": dict(mixer="gated_deltanet", short_conv_size=4, gate_act="silu", value_expand=1,
+                               mixer_kwargs={"beta_range": 1.0}),
+        "gated_deltaproduct_2": dict(mixer="gated_deltaproduct", short_conv_size=4, gate_act="silu", value_expand=1,
+                                     mixer_kwargs={"num_householder": 2, "beta_range": 1.0}),
+    },
 }
 
+# What each preset sets for the flags left out, and the flags it does not use.
+PRESET_DEFAULTS = {
+    "zoology": dict(data="fixed", filler="zero", epochs=64, num_train=100_000, num_test=3_000, weight_decay=0.1,
+                    embedding_dropout=0.1, early_stop=0.99, lr_sweep="zoology", seeds=[0, 1], eval_batch_size=250),
+    "legacy": dict(data="stream", filler="random", steps=3_000, eval_every=1_000, num_test=1_000, weight_decay=0.01,
+                   embedding_dropout=0.0, early_stop=None, lr_sweep="paper", seeds=[0], eval_batch_size=125,
+                   intermediate_size=512),
+}
+PRESET_UNUSED = {"zoology": ("steps", "eval_every"), "legacy": ("epochs", "num_train")}
+SCHEDULES = {"fixed": "cosine per epoch (T_max = epochs, eta_min = 0), no warm-up",
+             "stream": "cosine per step over the steps, to 0, no warm-up"}
+
 # protocol keys that must match for a checkpoint to be resumed
-RESUME_KEYS = ("preset", "model_config", "length", "num_kv_pairs", "lr", "seed", "filler", "batch_size", "epochs",
-               "num_train", "num_test", "weight_decay", "embedding_dropout", "early_stop", "vocab_size")
+RESUME_KEYS = ("preset", "mixer", "model_config", "data", "length", "num_kv_pairs", "lr", "seed", "filler",
+               "batch_size", "epochs", "steps", "eval_every", "num_train", "num_test", "weight_decay",
+               "embedding_dropout", "early_stop", "vocab_size")
 
 
 def paper_lr_sweep(length: int):
@@ -87,35 +138,47 @@ def paper_lr_sweep(length: int):
     return np.logspace(-4, -2, 4).tolist()
 
 
+def lr_sweep(name: str, length: int):
+    """``"zoology"``: Zoology's figure-2 sweep at every length; ``"paper"``: the HDLA paper's."""
+    return list(ZOOLOGY_LRS) if name == "zoology" else paper_lr_sweep(length)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
-    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
-    p.add_argument("--kv-pairs", type=int, nargs="+", default=None, help="one per length (default: Zoology's)")
-    p.add_argument("--batch-size", type=int, nargs="+", default=None, help="one per length (default: Zoology's)")
-    p.add_argument("--lrs", type=float, nargs="+", default=None, help="one sweep for all lengths (default: paper's)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--filler", choices=("zero", "random"), default="zero")
-    p.add_argument("--epochs", type=int, default=64)
-    p.add_argument("--num-train", type=int, default=100_000)
-    p.add_argument("--num-test", type=int, default=3_000)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--embedding-dropout", type=float, default=0.1)
-    p.add_argument("--early-stop", type=float, default=0.99, help="stop once test accuracy is above this (>1: never)")
-    p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--num-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--target-params", type=float, default=PAPER_PARAMS,
-                   help="the SwiGLU width of each preset is chosen to bring it nearest this parameter count")
+    p.add_argument("--preset", choices=list(PRESET_DEFAULTS), default="zoology",
+                   help="protocol: Zoology's (default) or this benchmark's earlier one; flags override it")
+    every_model = sorted({name for models in MODELS.values() for name in models})
+    p.add_argument("--mixers", nargs="+", default=None, choices=every_model, help="default: the preset's models")
+    p.add_argument("--lengths", type=int, nargs="+", default=None, help=f"default {LENGTHS}")
+    p.add_argument("--kv-pairs", type=int, nargs="+", default=None, help="one per length (default: the preset's)")
+    p.add_argument("--batch-size", type=int, nargs="+", default=None, help="one per length (default: the preset's)")
+    p.add_argument("--lrs", type=float, nargs="+", default=None, help="one sweep for all lengths (default: --lr-sweep)")
+    p.add_argument("--lr-sweep", choices=("zoology", "paper"), default=None)
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--filler", choices=("zero", "random"), default=None)
+    p.add_argument("--epochs", type=int, default=None, help="zoology: passes over the training set")
+    p.add_argument("--steps", type=int, default=None, help="legacy: training steps")
+    p.add_argument("--eval-every", type=int, default=None, help="legacy: steps between test evaluations")
+    p.add_argument("--num-train", type=int, default=None, help="zoology: training examples")
+    p.add_argument("--num-test", type=int, default=None)
+    p.add_argument("--weight-decay", type=float, default=None)
+    p.add_argument("--embedding-dropout", type=float, default=None)
+    p.add_argument("--early-stop", type=float, default=None, help="stop once test accuracy is above this (>1: never)")
+    p.add_argument("--vocab-size", type=int, default=None, help="default 8192")
+    p.add_argument("--d-model", type=int, default=None, help="default 128")
+    p.add_argument("--num-heads", type=int, default=None, help="default 2")
+    p.add_argument("--head-dim", type=int, default=None, help="default 64")
+    p.add_argument("--target-params", type=float, default=None,
+                   help="the SwiGLU width of each model is chosen to bring it nearest this parameter count (1.65M)")
     p.add_argument("--intermediate-size", type=int, default=None, help="fixed SwiGLU width (skips the balancing)")
-    p.add_argument("--eval-batch-size", type=int, default=250)
+    p.add_argument("--eval-batch-size", type=int, default=None)
     p.add_argument("--state-dir", default=None, help="runs' folders (default: $OUT/mqar or .mqar)")
     p.add_argument("--data-dir", default=None, help="cached datasets (default: <state-dir>/data)")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="seconds from now: no epoch is started that would not end before (resume later)")
     p.add_argument("--stop-after-epochs", type=int, default=None,
-                   help="checkpoint and stop each run after this many epochs in this call (resume later)")
+                   help="checkpoint and stop each run after this many epochs (legacy: evaluation blocks) in this "
+                        "call (resume later)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cpu-threads", type=int, default=2, help="torch CPU threads (several runs share a machine)")
     p.add_argument("--chunk-backend", default="auto", choices=lm_mixers.CHUNK_BACKENDS)
@@ -123,9 +186,10 @@ def parse_args(argv=None):
                    help="no training: write the planned runs to FILE, one '<run id> <arguments>' line each")
     p.add_argument("--tiny", action="store_true", help="CPU smoke sizes for the settings not given")
     args = p.parse_args(argv)
-    args.defaults = {action.dest: action.default for action in p._actions}
+    args.explicit = {name for name, value in vars(args).items() if value is not None}
     if args.tiny:
-        apply_tiny(args, p)
+        apply_tiny(args)
+    apply_preset(args)
     check_args(args)
     if args.state_dir is None:
         args.state_dir = os.path.join(os.environ["OUT"], "mqar") if os.environ.get("OUT") else ".mqar"
@@ -134,48 +198,74 @@ def parse_args(argv=None):
     return args
 
 
+COMMON_DEFAULTS = dict(lengths=LENGTHS, vocab_size=8192, d_model=128, num_heads=2, head_dim=64,
+                      target_params=PAPER_PARAMS)
 TINY = dict(lengths=[16], kv_pairs=[4], batch_size=[16], lrs=[3e-3], seeds=[0], vocab_size=64, d_model=16,
-            num_heads=2, head_dim=8, num_train=64, num_test=32, epochs=2, eval_batch_size=32, intermediate_size=32)
+            num_heads=2, head_dim=8, num_train=64, num_test=32, epochs=2, steps=6, eval_every=3, eval_batch_size=32,
+            intermediate_size=32)
 
 
-def apply_tiny(args, parser) -> None:
-    """CPU smoke sizes (``TINY``) for every setting left at its default (seconds for all presets)."""
+def apply_tiny(args) -> None:
+    """CPU smoke sizes (``TINY``) for every setting not given (seconds for all models)."""
     for name, value in TINY.items():
-        if getattr(args, name) == parser.get_default(name):
+        if getattr(args, name) is None:
             setattr(args, name, value)
 
 
+def apply_preset(args) -> None:
+    """The preset's values (``PRESET_DEFAULTS``, ``COMMON_DEFAULTS``) for every setting not given;
+    a setting that the preset does not use (``PRESET_UNUSED``) must not be given."""
+    for name in PRESET_UNUSED[args.preset]:
+        if name in args.explicit:
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to --preset {args.preset}")
+        setattr(args, name, None)
+    for name, value in {**PRESET_DEFAULTS[args.preset], **COMMON_DEFAULTS}.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    if args.mixers is None:
+        args.mixers = list(MODELS[args.preset])
+
+
 def check_args(args) -> None:
-    """Per-length lists have one value per length; lengths without Zoology's values need them."""
+    """Models of the preset; per-length lists with one value per length; lengths without the
+    preset's values need them; positive sizes."""
+    unknown = [m for m in args.mixers if m not in MODELS[args.preset]]
+    if unknown:
+        raise ValueError(f"--mixers {unknown} are not models of --preset {args.preset}: {list(MODELS[args.preset])}")
     for name, table in (("kv_pairs", ZOOLOGY_KV_PAIRS), ("batch_size", ZOOLOGY_BATCH)):
         given, flag = getattr(args, name), "--" + name.replace("_", "-")
         if given is not None and len(given) != len(args.lengths):
             raise ValueError(f"{flag} needs one value per length ({len(args.lengths)}), got {given}")
-        if given is None:
+        if given is None and args.preset == "zoology":
             missing = [n for n in args.lengths if n not in table]
             if missing:
                 raise ValueError(f"{flag} is needed for lengths without Zoology's values: {missing}")
-    for name in ("epochs", "num_train", "num_test", "eval_batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("epochs", "steps", "eval_every", "num_train", "num_test", "eval_batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not 0.0 <= args.embedding_dropout < 1.0:
         raise ValueError(f"--embedding-dropout must be in [0, 1), got {args.embedding_dropout}")
     for length in args.lengths:
         check_mqar_args(args.vocab_size, length, per_length(args, "kv_pairs", length))
+        if per_length(args, "batch_size", length) < 1:
+            raise ValueError(f"--batch-size must be >= 1 at length {length}")
 
 
 def per_length(args, name: str, length: int) -> int:
-    """``--kv-pairs`` / ``--batch-size`` for one length (Zoology's value when not given)."""
+    """``--kv-pairs`` / ``--batch-size`` for one length (the preset's value when not given)."""
     given = getattr(args, name)
     if given is not None:
         return given[args.lengths.index(length)]
+    if args.preset == "legacy":
+        return length // LEGACY_KV_DIVISOR if name == "kv_pairs" else LEGACY_BATCH_TOKENS // length
     return (ZOOLOGY_KV_PAIRS if name == "kv_pairs" else ZOOLOGY_BATCH)[length]
 
 
 # -- models -------------------------------------------------------------------------------------
-def model_config(args, preset: str, intermediate_size: int) -> HDLAConfig:
-    """HDLAConfig of one preset at one SwiGLU width."""
-    settings = dict(PRESETS[preset])
+def model_config(args, mixer: str, intermediate_size: int) -> HDLAConfig:
+    """HDLAConfig of one model of the preset at one SwiGLU width."""
+    settings = dict(MODELS[args.preset][mixer])
     expand = settings.pop("value_expand")
     return HDLAConfig(vocab_size=args.vocab_size, hidden_size=args.d_model, num_hidden_layers=2,
                       num_heads=args.num_heads, head_dim=args.head_dim, head_dim_v=expand * args.head_dim,
@@ -187,12 +277,12 @@ def count_params(config: HDLAConfig) -> int:
     return sum(p.numel() for p in HDLAForCausalLM(config).parameters())
 
 
-def balanced_intermediate_size(args, preset: str) -> int:
-    """SwiGLU width (a multiple of 8) bringing the preset nearest ``--target-params``."""
+def balanced_intermediate_size(args, mixer: str) -> int:
+    """SwiGLU width (a multiple of 8) bringing the model nearest ``--target-params`` (or the fixed width)."""
     if args.intermediate_size is not None:
         return args.intermediate_size
-    base = count_params(model_config(args, preset, 8))
-    per_unit = (count_params(model_config(args, preset, 16)) - base) / 8
+    base = count_params(model_config(args, mixer, 8))
+    per_unit = (count_params(model_config(args, mixer, 16)) - base) / 8
     width = 8 + (args.target_params - base) / per_unit
     return max(8, 8 * round(width / 8))
 
@@ -221,9 +311,10 @@ def write_json_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def load_split(args, length: int, num_kv: int, seed: int):
-    """The fixed (train, test) sets of one (length, pairs, seed), cached in ``--data-dir``; a file
-    lock lets one of several concurrent runs draw them while the others wait and read the file."""
+def load_split(args, proto: dict):
+    """Zoology's fixed (train, test) sets of one (length, pairs, seed), cached in ``--data-dir``; a
+    file lock lets one of several concurrent runs draw them while the others wait and read the file."""
+    length, num_kv, seed = proto["length"], proto["num_kv_pairs"], proto["seed"]
     name = f"mqar_v{args.vocab_size}_L{length}_kv{num_kv}_s{seed}_{args.filler}_n{args.num_train}_{args.num_test}.pt"
     path = Path(args.data_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -237,9 +328,56 @@ def load_split(args, length: int, num_kv: int, seed: int):
     return (data["train_x"], data["train_y"]), (data["test_x"], data["test_y"])
 
 
+def load_data(args, proto: dict, device: str):
+    """``(train, test)`` on the device: the fixed sets (zoology), or ``(None, test)`` for the legacy
+    stream, whose test set is drawn at one seed for every run seed as issue 5's runs did."""
+    if proto["data"] == "fixed":
+        return tuple(tuple(t.to(device) for t in part) for part in load_split(args, proto))
+    test = multiquery_ar(proto["vocab_size"], proto["num_test"], proto["length"], proto["num_kv_pairs"],
+                         seed=LEGACY_TEST_SEED, random_non_queries=proto["filler"] == "random")
+    return None, tuple(t.to(device) for t in test)
+
+
 def epoch_order(num: int, seed: int, epoch: int) -> torch.Tensor:
     """The shuffled order of epoch ``epoch``: a function of (seed, epoch) alone, so resumes match."""
     return torch.randperm(num, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def cosine_lr(peak: float, epoch: int, epochs: int) -> float:
+    """Zoology's CosineAnnealingLR(T_max=epochs, eta_min=0) stepped once per epoch, no warm-up
+    (also the legacy per-step cosine, with steps for epochs)."""
+    return 0.5 * peak * (1 + math.cos(math.pi * epoch / epochs))
+
+
+def epoch_batches(proto: dict, train, epoch: int):
+    """Zoology: ``(lr, inputs, labels)`` of every batch of one epoch over the fixed training set."""
+    inputs, labels = train
+    lr = cosine_lr(proto["lr"], epoch, proto["epochs"])
+    order = epoch_order(len(inputs), proto["seed"], epoch).to(inputs.device)
+    for i in range(0, len(order), proto["batch_size"]):
+        idx = order[i:i + proto["batch_size"]]
+        yield lr, inputs[idx].long(), labels[idx].long()
+
+
+def stream_batches(proto: dict, block: int, device: str):
+    """Legacy: ``(lr, inputs, labels)`` of the steps of one evaluation block, each batch drawn fresh."""
+    first = block * proto["eval_every"]
+    for step in range(first, min(proto["steps"], first + proto["eval_every"])):
+        inputs, labels = multiquery_ar(proto["vocab_size"], proto["batch_size"], proto["length"],
+                                       proto["num_kv_pairs"], seed=1_000_003 * (proto["seed"] + 1) + step,
+                                       random_non_queries=proto["filler"] == "random")
+        yield cosine_lr(proto["lr"], step, proto["steps"]), inputs.to(device), labels.to(device)
+
+
+def segment_batches(proto: dict, train, segment: int, device: str):
+    """The batches of one curve point: an epoch (zoology) or a block of steps (legacy)."""
+    return epoch_batches(proto, train, segment) if proto["data"] == "fixed" else stream_batches(proto, segment, device)
+
+
+def num_segments(proto: dict) -> int:
+    if proto["data"] == "fixed":
+        return proto["epochs"]
+    return -(-proto["steps"] // proto["eval_every"])
 
 
 # -- training -----------------------------------------------------------------------------------
@@ -257,30 +395,26 @@ def synchronize(device: str) -> None:
 def query_logits(model: HDLAForCausalLM, inputs: torch.Tensor, labels: torch.Tensor, dropout: float):
     """Logits at the query positions only (the LM head over every position would dominate memory);
     the embeddings go through dropout (Zoology's embedding dropout) in training mode."""
-    embeds = F.dropout(model.model.embed_tokens(inputs), dropout, model.training)
+    embeds = model.model.embed_tokens(inputs)
+    if dropout > 0:
+        embeds = F.dropout(embeds, dropout, model.training)
     hidden = model.model(inputs_embeds=embeds).last_hidden_state
     asked = labels != -100
     return model.lm_head(hidden[asked]).float(), labels[asked]
 
 
-def cosine_lr(peak: float, epoch: int, epochs: int) -> float:
-    """Zoology's CosineAnnealingLR(T_max=epochs, eta_min=0) stepped once per epoch, no warm-up."""
-    return 0.5 * peak * (1 + math.cos(math.pi * epoch / epochs))
-
-
-def train_epoch(model, opt, data, proto, epoch, device) -> dict:
-    """One pass over the training set in the epoch's order; mean loss and ms/step (synchronised)."""
+def train_segment(model, opt, batches, proto: dict, device: str) -> dict:
+    """Train on ``batches`` (``(lr, inputs, labels)``); mean loss, the first lr and ms/step (synchronised)."""
     model.train()
-    inputs, labels = data
-    order = epoch_order(len(inputs), proto["seed"], epoch).to(inputs.device)
-    batch = proto["batch_size"]
-    total, steps = torch.zeros((), device=device), 0
+    total, steps, first_lr = torch.zeros((), device=device), 0, None
     synchronize(device)
     start = time.time()
-    for i in range(0, len(order), batch):
-        idx = order[i:i + batch]
+    for lr, inputs, labels in batches:
+        for group in opt.param_groups:
+            group["lr"] = lr
+        first_lr = lr if first_lr is None else first_lr
         with autocast(device):
-            logits, targets = query_logits(model, inputs[idx].long(), labels[idx].long(), proto["embedding_dropout"])
+            logits, targets = query_logits(model, inputs, labels, proto["embedding_dropout"])
         loss = F.cross_entropy(logits, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -289,12 +423,12 @@ def train_epoch(model, opt, data, proto, epoch, device) -> dict:
         steps += 1
     synchronize(device)
     seconds = time.time() - start
-    return dict(train_loss=total.item() / steps, steps=steps, ms_per_step=round(1000 * seconds / steps, 3),
+    return dict(lr=first_lr, train_loss=total.item() / steps, steps=steps, ms_per_step=round(1000 * seconds / steps, 3),
                 train_seconds=round(seconds, 2))
 
 
 @torch.no_grad()
-def evaluate(model, data, proto, device, eval_batch: int) -> dict:
+def evaluate(model, data, device, eval_batch: int) -> dict:
     """Test accuracy over all query positions and the mean cross-entropy per query."""
     model.eval()
     inputs, labels = data
@@ -310,8 +444,10 @@ def evaluate(model, data, proto, device, eval_batch: int) -> dict:
 
 # -- runs: protocol, checkpoints, resume ----------------------------------------------------------
 def run_id(proto: dict) -> str:
-    return (f"{proto['preset']}_L{proto['length']}_kv{proto['num_kv_pairs']}_lr{proto['lr']:.3g}_s{proto['seed']}"
-            f"_{proto['filler']}")
+    """``<preset>_<mixer>_L<length>_kv<pairs>_lr<lr>_s<seed>_<filler>`` (legacy: ``_steps<steps>`` too)."""
+    name = (f"{proto['preset']}_{proto['mixer']}_L{proto['length']}_kv{proto['num_kv_pairs']}_lr{proto['lr']:.3g}"
+            f"_s{proto['seed']}_{proto['filler']}")
+    return name + (f"_steps{proto['steps']}" if proto["data"] == "stream" else "")
 
 
 def git_commit() -> str:
@@ -323,21 +459,23 @@ def git_commit() -> str:
         return "unknown"
 
 
-def protocol(args, preset, length, lr, seed, intermediate_size, params: int) -> dict:
+def describe_model(config: HDLAConfig) -> dict:
+    return dict(mixer=config.mixer, mixer_kwargs=config.mixer_kwargs, hidden_size=config.hidden_size,
+                num_layers=config.num_hidden_layers, num_heads=config.num_heads, head_dim=config.head_dim,
+                head_dim_v=config.head_dim_v, short_conv_size=config.short_conv_size, gate_act=config.gate_act,
+                intermediate_size=config.intermediate_size, tie_word_embeddings=True)
+
+
+def protocol(args, mixer, length, lr, seed, intermediate_size, params: int) -> dict:
     """Everything that defines one run (and some that describe where it ran)."""
-    config = model_config(args, preset, intermediate_size)
     return dict(
-        preset=preset, model_config=dict(mixer=config.mixer, mixer_kwargs=config.mixer_kwargs,
-                                         hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
-                                         num_heads=config.num_heads, head_dim=config.head_dim,
-                                         head_dim_v=config.head_dim_v, short_conv_size=config.short_conv_size,
-                                         gate_act=config.gate_act, intermediate_size=config.intermediate_size,
-                                         tie_word_embeddings=True),
-        params=params, length=length, num_kv_pairs=per_length(args, "kv_pairs", length), lr=lr,
-        seed=seed, filler=args.filler, batch_size=per_length(args, "batch_size", length), epochs=args.epochs,
-        num_train=args.num_train, num_test=args.num_test, vocab_size=args.vocab_size, power_a=0.01,
-        weight_decay=args.weight_decay, embedding_dropout=args.embedding_dropout, early_stop=args.early_stop,
-        optimizer="AdamW(betas=(0.9, 0.999), eps=1e-8)", schedule="cosine per epoch, T_max=epochs, eta_min=0, no warm-up",
+        preset=args.preset, mixer=mixer, model_config=describe_model(model_config(args, mixer, intermediate_size)),
+        params=params, data=args.data, length=length, num_kv_pairs=per_length(args, "kv_pairs", length), lr=lr,
+        lr_sweep=args.lr_sweep, seed=seed, filler=args.filler,
+        batch_size=per_length(args, "batch_size", length), epochs=args.epochs, steps=args.steps,
+        eval_every=args.eval_every, num_train=args.num_train, num_test=args.num_test, vocab_size=args.vocab_size,
+        power_a=0.01, weight_decay=args.weight_decay, embedding_dropout=args.embedding_dropout,
+        early_stop=args.early_stop, optimizer="AdamW(betas=(0.9, 0.999), eps=1e-8)", schedule=SCHEDULES[args.data],
         grad_clip=None, precision="bf16 autocast" if args.device.startswith("cuda") else "fp32",
         device=torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else args.device,
         chunk_backend=args.chunk_backend, torch=str(torch.__version__), commit=git_commit(),
@@ -377,17 +515,17 @@ def run_record(proto: dict, curve: list, status: str, stop_reason=None) -> dict:
     accs = [c["test_accuracy"] for c in curve]
     times = sorted(c["ms_per_step"] for c in curve)
     return dict(run_id=run_id(proto), protocol=proto, params=proto["params"], status=status, stop_reason=stop_reason,
-                epochs_run=len(curve), best_accuracy=max(accs, default=None),
+                epochs_run=len(curve), epochs_planned=num_segments(proto), best_accuracy=max(accs, default=None),
                 final_accuracy=accs[-1] if accs else None,
                 ms_per_step=times[len(times) // 2] if times else None, curve=curve)
 
 
 def stop_reason(curve: list, proto: dict):
-    """'early_stop' above the threshold, 'epochs' after the last epoch, else None (go on)."""
-    if curve and curve[-1]["test_accuracy"] > proto["early_stop"]:
+    """'early_stop' above the threshold, 'epochs' / 'steps' after the last one, else None (go on)."""
+    if curve and proto["early_stop"] is not None and curve[-1]["test_accuracy"] > proto["early_stop"]:
         return "early_stop"
-    if len(curve) >= proto["epochs"]:
-        return "epochs"
+    if len(curve) >= num_segments(proto):
+        return "epochs" if proto["data"] == "fixed" else "steps"
     return None
 
 
@@ -407,16 +545,15 @@ def train_run(args, proto: dict, deadline=None, stop_after=None) -> dict:
         return json.loads((folder / "run.json").read_text())
     folder.mkdir(parents=True, exist_ok=True)
     device = args.device
-    train, test = (tuple(t.to(device) for t in part) for part in load_split(args, proto["length"],
-                                                                             proto["num_kv_pairs"], proto["seed"]))
-    model = build_model(model_config(args, proto["preset"], proto["model_config"]["intermediate_size"]),
+    train, test = load_data(args, proto, device)
+    model = build_model(model_config(args, proto["mixer"], proto["model_config"]["intermediate_size"]),
                         proto["seed"], device)
     opt = torch.optim.AdamW(model.parameters(), lr=proto["lr"], weight_decay=proto["weight_decay"])
     ckpt = folder / "ckpt.pt"
     curve = load_checkpoint(ckpt, proto, model, opt, device) if ckpt.exists() else []
     done_here, reason = 0, stop_reason(curve, proto)
     while reason is None and time_left_for_epoch(curve, deadline) and (stop_after is None or done_here < stop_after):
-        curve.append(one_epoch(args, model, opt, train, test, proto, len(curve)))
+        curve.append(one_segment(args, model, opt, (train, test), proto, curve))
         save_atomic(dict(protocol=proto, model=model.state_dict(), optimizer=opt.state_dict(), rng=rng_state(device),
                          curve=curve), ckpt)
         reason, done_here = stop_reason(curve, proto), done_here + 1
@@ -431,51 +568,64 @@ def train_run(args, proto: dict, deadline=None, stop_after=None) -> dict:
     return record
 
 
-def one_epoch(args, model, opt, train, test, proto, epoch) -> dict:
-    """Set the epoch's learning rate, train, test: one point of the learning curve."""
-    lr = cosine_lr(proto["lr"], epoch, proto["epochs"])
-    for group in opt.param_groups:
-        group["lr"] = lr
-    point = dict(epoch=epoch + 1, lr=lr, **train_epoch(model, opt, train, proto, epoch, args.device))
+def one_segment(args, model, opt, data, proto, curve) -> dict:
+    """Train one epoch (legacy: one block of steps), then test: the next point of the learning curve."""
+    train, test = data
+    segment = len(curve)
+    point = dict(epoch=segment + 1, **train_segment(model, opt, segment_batches(proto, train, segment, args.device),
+                                                    proto, args.device))
+    point["step"] = (curve[-1]["step"] if curve else 0) + point["steps"]
     start = time.time()
-    point.update(evaluate(model, test, proto, args.device, args.eval_batch_size))
+    point.update(evaluate(model, test, args.device, args.eval_batch_size))
     point["eval_seconds"] = round(time.time() - start, 2)
     return point
 
 
 def format_epoch(point: dict) -> str:
-    return (f"lr {point['lr']:.2e} train loss {point['train_loss']:.3f} test loss {point['test_loss']:.3f} "
-            f"acc {100 * point['test_accuracy']:.2f}% ({point['ms_per_step']} ms/step)")
+    return (f"step {point['step']} lr {point['lr']:.2e} train loss {point['train_loss']:.3f} "
+            f"test loss {point['test_loss']:.3f} acc {100 * point['test_accuracy']:.2f}% "
+            f"({point['ms_per_step']} ms/step)")
 
 
 # -- the sweep ----------------------------------------------------------------------------------
 def plan(args):
-    """Runs, smallest length first: (preset, length, lr, seed)."""
+    """Runs, smallest length first, then seed: (mixer, length, lr, seed)."""
     runs = []
     for length in sorted(args.lengths):
         for seed in args.seeds:
-            for preset in args.presets:
-                for lr in (args.lrs if args.lrs is not None else paper_lr_sweep(length)):
-                    runs.append((preset, length, lr, seed))
+            for mixer in args.mixers:
+                for lr in (args.lrs if args.lrs is not None else lr_sweep(args.lr_sweep, length)):
+                    runs.append((mixer, length, lr, seed))
     return runs
 
 
-QUEUE_KEPT = ("epochs", "num_train", "num_test", "weight_decay", "embedding_dropout", "early_stop", "vocab_size",
-              "d_model", "num_heads", "head_dim", "target_params", "intermediate_size", "eval_batch_size",
-              "chunk_backend")
+def planned_protocols(args, verbose: bool = False) -> list:
+    """The protocol of every planned run (the SwiGLU widths balanced once per model)."""
+    widths = {mixer: balanced_intermediate_size(args, mixer) for mixer in args.mixers}
+    params = {mixer: count_params(model_config(args, mixer, widths[mixer])) for mixer in args.mixers}
+    if verbose:
+        for mixer in args.mixers:
+            print(f"  {args.preset}/{mixer}: SwiGLU {widths[mixer]}, {params[mixer] / 1e6:.4f}M parameters", flush=True)
+    return [protocol(args, mixer, length, lr, seed, widths[mixer], params[mixer])
+            for mixer, length, lr, seed in plan(args)]
+
+
+QUEUE_KEPT = ("epochs", "steps", "eval_every", "num_train", "num_test", "weight_decay", "embedding_dropout",
+              "early_stop", "vocab_size", "d_model", "num_heads", "head_dim", "target_params", "intermediate_size",
+              "eval_batch_size")
 
 
 def queue_line(args, proto: dict) -> str:
-    """'<run id> <arguments>' for one run (settings off their defaults kept): the workers of
+    """'<run id> <arguments>' for one run (the settings given to --write-queue kept): the workers of
     tools/mqar_device.sh skip ids that are finished."""
-    words = [f"--presets {proto['preset']}", f"--lengths {proto['length']}", f"--lrs {proto['lr']!r}",
-             f"--seeds {proto['seed']}", f"--filler {proto['filler']}"]
-    if args.kv_pairs is not None or args.batch_size is not None:
+    words = [f"--preset {proto['preset']}", f"--mixers {proto['mixer']}", f"--lengths {proto['length']}",
+             f"--lrs {proto['lr']!r}", f"--lr-sweep {proto['lr_sweep']}", f"--seeds {proto['seed']}",
+             f"--filler {proto['filler']}"]
+    if {"kv_pairs", "batch_size"} & args.explicit:
         words += [f"--kv-pairs {proto['num_kv_pairs']}", f"--batch-size {proto['batch_size']}"]
-    for name in QUEUE_KEPT:
-        if getattr(args, name) != args.defaults[name]:
-            words.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
-    return run_id(proto) + " " + " ".join(words)
+    words += [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in QUEUE_KEPT if name in args.explicit]
+    return run_id(proto) + " " + " ".join(words + (["--tiny"] if args.tiny else []))
+
 
 
 def main(argv=None):
@@ -483,12 +633,7 @@ def main(argv=None):
     deadline = None if args.deadline_s is None else time.time() + args.deadline_s
     lm_mixers.set_chunk_backend(args.chunk_backend)
     torch.set_num_threads(args.cpu_threads)
-    widths = {preset: balanced_intermediate_size(args, preset) for preset in args.presets}
-    params = {preset: count_params(model_config(args, preset, widths[preset])) for preset in args.presets}
-    for preset in args.presets:
-        print(f"  {preset}: SwiGLU {widths[preset]}, {params[preset] / 1e6:.4f}M parameters", flush=True)
-    protos = [protocol(args, preset, length, lr, seed, widths[preset], params[preset])
-              for preset, length, lr, seed in plan(args)]
+    protos = planned_protocols(args, verbose=True)
     if args.write_queue:
         Path(args.write_queue).write_text("".join(queue_line(args, p) + "\n" for p in protos))
         print(f"wrote {len(protos)} runs to {args.write_queue}")
@@ -497,6 +642,7 @@ def main(argv=None):
     for proto in protos:
         records.append(train_run(args, proto, deadline, args.stop_after_epochs))
         r = records[-1]
-        print(f"{r['run_id']}: {r['status']} after {r['epochs_run']} epochs, best {100 * (r['best_accuracy'] or 0):.2f}%",
+        print(f"{r['run_id']}: {r['status']} after {r['epochs_run']} epochs, "
+              f"best {100 * (r['best_accuracy'] or 0):.2f}%",
               flush=True)
     return records
