@@ -3,7 +3,6 @@
 calls, hdla_vision/lm/mqar_device.py), a smoke run of each preset, the report."""
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
