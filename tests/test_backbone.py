@@ -94,7 +94,7 @@ def test_kwargs_override_defaults(name):
     [
         (dict(global_pool="max"), "global_pool"),
         (dict(global_pool="token"), "class_token=True"),
-        (dict(mixer="no_such_mixer"), "unknown vision mixer"),
+        (dict(mixer="no_such_mixer"), "unknown mixer"),
         (dict(embed_dim=100, num_heads=3), "multiple of num_heads"),
         (dict(qk_norm=True), "qk_norm"),
         (dict(reg_tokens=2), "reg_tokens"),

@@ -33,13 +33,15 @@ import torch.nn as nn
 from hdla_vision.kernels import chunk_generalized, fused_recurrent_generalized, torch_chunk_generalized
 
 from . import seed_mixers as sm
-from .gates import BetaGate, HeadInHeadMask, RWKV7Gates, ScalarLogDecay, VectorLogDecay, at_least_fp32, check_memory_range, check_rank
+from .gates import (BetaGate, HeadInHeadMask, RWKV7Gates, ScalarLogDecay, VectorLogDecay, at_least_fp32,
+                    check_memory_range, check_rank)
 from .mixer import LinearAttentionMixer, check_positive_int, chunk_backend
 from .registry import register_mixer
 
 
 class GeneralizedMixer(LinearAttentionMixer):
-    """A mixer whose ``features`` are one step of the generalized recurrence (:class:`~hdla_vision.layers.seed_mixers.GeneralizedStep`).
+    """A mixer whose ``features`` are one step of the generalized recurrence
+    (:class:`~hdla_vision.layers.seed_mixers.GeneralizedStep`).
 
     Subclasses set ``mixer_name``, ``qkv_activation`` and ``normalize_q`` and implement ``make_gates``
     and ``features``. The ops get k, v, a, b in q's dtype and g as the gates give it (fp32 or wider).
@@ -86,7 +88,8 @@ class _DecayOptions:
 
 @register_mixer("gla")
 class GLAMixer(_DecayOptions, GeneralizedMixer):
-    """GLA (Yang et al. 2024): ``S_t = Diag(alpha_t) S_{t-1} + k_t v_t^T``, ``alpha = sigmoid(.)^(1/16)`` (GLA's tau = 16)."""
+    """GLA (Yang et al. 2024): ``S_t = Diag(alpha_t) S_{t-1} + k_t v_t^T``, ``alpha = sigmoid(.)^(1/16)``
+    (GLA's tau = 16)."""
 
     mixer_name, qkv_activation, normalize_q = "gla", "identity", False
 
@@ -113,7 +116,8 @@ class DeltaNetMixer(GeneralizedMixer):
 class _GatedDelta(GeneralizedMixer):
     """Gated DeltaNet / DeltaProduct (Yang et al. 2025; Siems et al. 2025): per token ``S <- alpha S`` with
     Mamba-2's scalar gate per head, then ``num_keys`` delta-rule sub-steps ``S <- (I - b k k^T) S + b k v^T``
-    with ``b = beta_range * sigmoid(.)``, merged into one generalized step (:func:`~hdla_vision.layers.seed_mixers.gated_deltaproduct_factors`)."""
+    with ``b = beta_range * sigmoid(.)``, merged into one generalized step
+    (:func:`~hdla_vision.layers.seed_mixers.gated_deltaproduct_factors`)."""
 
     default_beta_range = 1.0
 
@@ -159,7 +163,8 @@ class KDAMixer(_DecayOptions, GeneralizedMixer):
     mixer_name = "kda"
 
     def make_gates(self):
-        return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads, **self.factory_kwargs), "decay": self.vector_decay(tau=1.0)})
+        return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads, **self.factory_kwargs),
+                              "decay": self.vector_decay(tau=1.0)})
 
     def features(self, x, q, k, v, gates):
         return sm.kda_factors(k[..., 0, :], v[..., 0, :], gates["beta"](x)[..., 0], gates["decay"](x))
@@ -207,7 +212,8 @@ class _HeadInHead(GeneralizedMixer):
 
     def features(self, x, q, k, v, gates):
         log_alpha = gates["alpha"](x) if self.gated else None
-        return sm.head_in_head_factors(k[..., 0, :], v[..., 0, :], gates["beta"](x)[..., 0], gates["mask"](x), log_alpha)
+        beta = gates["beta"](x)[..., 0]
+        return sm.head_in_head_factors(k[..., 0, :], v[..., 0, :], beta, gates["mask"](x), log_alpha)
 
 
 @register_mixer("hih_deltanet")
