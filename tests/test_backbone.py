@@ -100,6 +100,7 @@ def test_kwargs_override_defaults(name):
         (dict(reg_tokens=2), "reg_tokens"),
         (dict(attn_layer="attn"), "mixer="),
         (dict(mixer_kwargs=dict(window=3)), "unknown arguments for the 'hdla' mixer"),
+        (dict(mixer_kwargs=dict(directions=("fwd",))), r"mixer_kwargs may not set \['directions'\]"),
     ],
 )
 def test_bad_config_raises(kwargs, match):

@@ -56,7 +56,7 @@ def test_config_round_trip_and_auto_classes(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs", [dict(num_heads=0), dict(gate_act="relu"), dict(short_conv_size=1),
-                                    dict(hidden_size=32.0)])
+                                    dict(hidden_size=32.0), dict(mixer_kwargs={"directions": ("fwd", "bwd")})])
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         tiny_config(**kwargs)

@@ -47,6 +47,9 @@ GLOBAL_POOLS = ("", "avg", "token")
 # The mixers' vision use: both scans over the patches (hdla_vision.layers.mixer), eps of their norms.
 VISION_DIRECTIONS = ("fwd", "bwd")
 MIXER_NORM_EPS = 1e-5
+# mixer arguments the block sets itself (mixer_kwargs may not)
+BLOCK_MIXER_ARGUMENTS = ("dim", "num_heads", "directions", "qkv_bias", "proj_bias", "proj_drop", "norm_eps", "device",
+                         "dtype")
 
 
 def class_token_index(num_patches: int) -> int:
@@ -116,6 +119,9 @@ class MixerBlock(Block):
     ):
         _refuse(qk_norm=(qk_norm, False), scale_attn_norm=(scale_attn_norm, False),
                 proj_bias=(proj_bias, True), attn_drop=(attn_drop, 0.0))
+        fixed = sorted(set(mixer_kwargs or {}) & set(BLOCK_MIXER_ARGUMENTS))
+        if fixed:
+            raise ValueError(f"mixer_kwargs may not set {fixed}: the backbone sets them")
         # nn.Identity takes (and ignores) timm's attention arguments; the mixer replaces it below
         super().__init__(dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop, proj_bias=proj_bias,
                          attn_layer=nn.Identity, device=device, dtype=dtype, **block_kwargs)

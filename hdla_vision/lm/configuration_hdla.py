@@ -16,6 +16,9 @@ from ..layers.mixer import GATE_ACTIVATIONS
 
 # The mixers' causal use (hdla_vision.layers.mixer): one forward scan, no biases on the projections.
 LM_DIRECTIONS = ("fwd",)
+# mixer arguments the config sets itself (mixer_kwargs may not)
+CONFIG_MIXER_ARGUMENTS = ("dim", "num_heads", "head_dim", "head_dim_v", "directions", "qkv_bias", "proj_bias",
+                          "short_conv_size", "gate_act", "norm_eps")
 AUTO_MODULE = "hdla_vision_auto"
 AUTO_MAP = {"AutoConfig": f"{AUTO_MODULE}.HDLAConfig", "AutoModel": f"{AUTO_MODULE}.HDLAModel",
             "AutoModelForCausalLM": f"{AUTO_MODULE}.HDLAForCausalLM"}
@@ -151,6 +154,9 @@ class HDLAConfig(PreTrainedConfig):
             raise ValueError(f"HDLAConfig.mixer must be a registered mixer name, got {self.mixer!r}")
         if not isinstance(self.mixer_kwargs, dict):
             raise ValueError(f"HDLAConfig.mixer_kwargs must be a dict, got {type(self.mixer_kwargs).__name__}")
+        fixed = sorted(set(self.mixer_kwargs) & set(CONFIG_MIXER_ARGUMENTS))
+        if fixed:
+            raise ValueError(f"HDLAConfig.mixer_kwargs may not set {fixed}: the config sets them (mixer_arguments)")
         if not (isinstance(self.rms_norm_eps, float) and self.rms_norm_eps > 0):
             raise ValueError(f"HDLAConfig.rms_norm_eps must be a float > 0, got {self.rms_norm_eps!r}")
 
