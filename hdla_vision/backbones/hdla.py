@@ -4,8 +4,9 @@
 (as timm's ``deit.py`` subclasses it): 16x16 patches, a learned absolute position embedding over
 the patches, pre-norm blocks with MLP ratio 4, average pooling of the normalised patch tokens.
 Only two things differ, both in :class:`MixerBlock`: its ``attn`` is a bidirectional
-linear-attention token mixer chosen by name from the vision mixer registry (``mixer='hdla'`` by
-default, see :mod:`hdla_vision.layers.hdla`), and the class token is scanned in the middle.
+linear-attention token mixer chosen by name from the mixer registry (``mixer='hdla'`` by default,
+see :mod:`hdla_vision.layers.hdla`), built with ``directions=("fwd", "bwd")`` (both scans, see
+:mod:`hdla_vision.layers.mixer`), and the class token is scanned in the middle.
 
 Class token placement: the scans run over the patches in raster order, forward and backward,
 and a token at position i reads position j only through the decays of the |i - j| tokens
@@ -95,8 +96,9 @@ class MixerBlock(Block):
     """timm's pre-norm ViT block whose ``attn`` is a registered bidirectional token mixer.
 
     ``x [B, P + N, C] -> [B, P + N, C]`` with ``P = num_prefix_tokens`` (0, or 1 for the class
-    token, first). The mixer is built by name with ``(dim, num_heads, qkv_bias, proj_drop,
-    device, dtype, **mixer_kwargs)`` and scans the class token at index ``N // 2``.
+    token, first). The mixer is built by name with ``(dim, num_heads, directions=("fwd", "bwd"),
+    qkv_bias, proj_bias, proj_drop, norm_eps=1e-5, device, dtype, **mixer_kwargs)`` and scans the
+    class token at index ``N // 2``.
     """
 
     def __init__(
@@ -153,7 +155,7 @@ class HDLAVisionTransformer(VisionTransformer):
     ``global_pool=''``). ``forward_features`` returns the normalised tokens ``[B, L, C]``,
     ``L = N (+1: the class token, first)``. Takes every argument of timm's ``VisionTransformer``
     (``device`` and ``dtype`` included) except those listed in the module docstring, plus
-    ``mixer`` (a vision mixer name) and ``mixer_kwargs``; the defaults are those of ``hdla_tiny``.
+    ``mixer`` (a registered mixer name) and ``mixer_kwargs``; the defaults are those of ``hdla_tiny``.
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """HDLA causal language model as transformers ``PreTrainedModel``s.
 
 Each block: ``x + mixer(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``; the mixer is built by
-name (``config.mixer``) from the causal mixer registry. Prefill runs the chunk kernels and
+name (``config.mixer``) from the mixer registry. Prefill runs the chunk kernels and
 stores each layer's final state in the cache; decoding advances those states with the
 recurrent step (``fused_recurrent_hdla`` for HDLA, ``fused_recurrent_generalized`` for the others). The
 mixers are those of the vision backbones (:mod:`hdla_vision.layers`), built for the causal use by
