@@ -22,16 +22,10 @@ def measure(args) -> dict:
     import torch
 
     import hdla_vision  # noqa: F401  registers the timm models
-    import hdla_vision.layers.hdla as hdla_layer
+    from hdla_vision.layers import set_chunk_backend
 
     if args.inline:
-        from hdla_vision.kernels import hdla_decay_factors, torch_chunk_generalized
-
-        def inline_chunk_hdla(q, k, v, beta, g, reverse=False):
-            a, b = hdla_decay_factors(k, beta, g)
-            return torch_chunk_generalized(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, reverse=reverse)
-
-        hdla_layer.chunk_hdla = inline_chunk_hdla
+        set_chunk_backend("torch")  # the mixers call the PyTorch chunk form directly
     torch.manual_seed(0)
     model = timm.create_model("hdla_tiny", depth=args.depth, img_size=args.img_size, num_classes=10).to(args.device)
     images = torch.randn(args.batch, 3, args.img_size, args.img_size, device=args.device)

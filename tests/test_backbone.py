@@ -94,12 +94,13 @@ def test_kwargs_override_defaults(name):
     [
         (dict(global_pool="max"), "global_pool"),
         (dict(global_pool="token"), "class_token=True"),
-        (dict(mixer="no_such_mixer"), "unknown vision mixer"),
+        (dict(mixer="no_such_mixer"), "unknown mixer"),
         (dict(embed_dim=100, num_heads=3), "multiple of num_heads"),
         (dict(qk_norm=True), "qk_norm"),
         (dict(reg_tokens=2), "reg_tokens"),
         (dict(attn_layer="attn"), "mixer="),
         (dict(mixer_kwargs=dict(window=3)), "unknown arguments for the 'hdla' mixer"),
+        (dict(mixer_kwargs=dict(directions=("fwd",))), r"mixer_kwargs may not set \['directions'\]"),
     ],
 )
 def test_bad_config_raises(kwargs, match):
@@ -516,3 +517,48 @@ def test_first_layout_checkpoint_loads_with_the_same_logits(name, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(x), case["logits"])
     assert sum(v.numel() for v in model.state_dict().values()) == sum(v.numel() for v in case["state_dict"].values())
+
+
+# ------------------------------------------------------ checkpoints of the second layout
+V1_CHECKPOINTS = Path(__file__).parent / "data" / "backbone_layout_v1.safetensors"
+
+
+def _v1_cases():
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(V1_CHECKPOINTS), "pt") as handle:
+        kwargs = json.loads(handle.metadata()["kwargs"])
+    return kwargs, load_file(str(V1_CHECKPOINTS))
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_second_layout_checkpoint_loads_with_the_same_logits(name, tmp_path):
+    """tests/data/backbone_layout_v1.safetensors holds, for every tiny name, a state dict (bf16 values)
+    and its logits on one input, written by the backbone before one mixer class served the vision and
+    the LM uses (main at 2b0b9bd: HDLA's gates were ``attn.decay_{fwd,bwd}`` and one ``attn.beta`` for
+    both directions; the seed mixers already kept theirs in ``attn.directions``). Small models (width
+    16, 2 blocks, 3 x 3 patches of 4 px, MLP ratio 1) with class tokens, token and average pooling,
+    layer scale and non-default mixer options, every weight moved off its init. Loaded through
+    ``checkpoint_filter_fn`` (``pretrained=True`` with a local file) they have the same number of
+    parameters and the same logits: bit-identical for the seed mixers; for HDLA, whose two-direction
+    beta projection became one per direction (two matrix products instead of one), to float32 rounding."""
+    kwargs, tensors = _v1_cases()
+    prefix = f"{name}/state_dict/"
+    state_dict = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
+    if name == "hdla_tiny":
+        assert "blocks.1.attn.decay_bwd.up.bias" in state_dict and "blocks.1.attn.beta.weight" in state_dict
+    path = tmp_path / "v1.pth"
+    torch.save(state_dict, path)
+    overlay = dict(file=str(path), num_classes=5, input_size=(3, 12, 12))
+    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs[name]).eval()
+    assert sum(p.numel() for p in model.parameters()) == sum(v.numel() for v in state_dict.values())
+    with torch.no_grad():
+        logits = model(tensors["input"])
+    expected = tensors[f"{name}/logits"]
+    if name == "hdla_tiny":
+        torch.testing.assert_close(logits, expected, rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(logits, expected), (logits - expected).abs().max()

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from hdla_vision.kernels import chunk_generalized, naive_generalized
-from hdla_vision.lm import gated_deltaproduct_factors
+from hdla_vision.layers.seed_mixers import gated_deltaproduct_factors
 
 
 def substep_loop(q, k, v, beta, log_alpha, scale):
@@ -78,7 +78,7 @@ def test_deltaproduct_mixer_rejects_bad_num_householder():
     from hdla_vision.layers import create_mixer
 
     with pytest.raises(ValueError, match="num_householder"):
-        create_mixer("gated_deltaproduct", kind="causal", hidden_size=16, num_heads=2, head_dim=8, num_householder=0)
+        create_mixer("gated_deltaproduct", dim=16, num_heads=2, head_dim=8, directions=("fwd",), num_householder=0)
 
 
 @pytest.mark.parametrize("name,kwargs,per_head", [
@@ -87,18 +87,17 @@ def test_deltaproduct_mixer_rejects_bad_num_householder():
 ])
 def test_causal_mixers_pass_g_per_head_where_the_decay_is_scalar(name, kwargs, per_head, monkeypatch):
     """Prefill hands chunk_generalized g [B, T, H] for a per-head decay, [B, T, H, K] for a per-channel one."""
-    import hdla_vision.lm  # noqa: F401  registers the causal mixers
-    import hdla_vision.lm.mixers as lm_mixers
+    import hdla_vision.layers.seed as seed
     from hdla_vision.layers import create_mixer
 
     shapes = []
 
-    def recording(*args, **kw):
-        shapes.append(tuple(args[5].shape))
-        return chunk_generalized(*args, **kw)
+    def recording(q, k, v, a, b, g, **kw):
+        shapes.append(tuple(g.shape))
+        return chunk_generalized(q, k, v, a, b, g, **kw)
 
-    monkeypatch.setattr(lm_mixers, "chunk_generalized", recording)
+    monkeypatch.setattr(seed, "chunk_generalized", recording)
     torch.manual_seed(0)
-    mixer = create_mixer(name, kind="causal", hidden_size=16, num_heads=2, head_dim=8, **kwargs)
+    mixer = create_mixer(name, dim=16, num_heads=2, head_dim=8, directions=("fwd",), **kwargs)
     mixer(torch.randn(2, 5, 16)).sum().backward()
     assert shapes == [(2, 5, 2) if per_head else (2, 5, 2, 8)]

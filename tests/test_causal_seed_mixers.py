@@ -25,8 +25,8 @@ def tiny_model(mixer, seed=0, short_conv_size=4):
     return HDLAForCausalLM(config).eval()
 
 
-def test_seed_mixers_are_registered_as_causal():
-    assert set(SEED_MIXERS) <= set(list_mixers("causal"))
+def test_seed_mixers_are_registered():
+    assert set(SEED_MIXERS) <= set(list_mixers())
 
 
 @pytest.mark.parametrize("mixer", SEED_MIXERS)
@@ -86,7 +86,7 @@ def test_left_padding_leaves_the_unpadded_logits_unchanged(mixer):
 @pytest.mark.parametrize("kwargs, match", [({"groups": 3}, "groups"), ({"mask": "dynamic"}, "mask")])
 def test_head_in_head_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        create_mixer("hih_deltanet", kind="causal", hidden_size=32, num_heads=2, head_dim=16, **kwargs)
+        create_mixer("hih_deltanet", dim=32, num_heads=2, head_dim=16, directions=("fwd",), **kwargs)
 
 
 @pytest.mark.parametrize("mixer", SEED_MIXERS)
@@ -110,15 +110,15 @@ def test_generate_decodes_with_the_fused_recurrent_op(mixer, monkeypatch):
     """Every mixer on chunk_generalized decodes with fused_recurrent_generalized, never the float64 reference loop."""
     import hdla_vision.kernels as kernels
     import hdla_vision.kernels.generalized.naive as naive
-    import hdla_vision.lm.mixers as mixers
+    import hdla_vision.layers.seed as seed
 
     def reference_loop_called(*args, **kwargs):
         raise AssertionError("naive_generalized called while decoding")
 
-    for module in (kernels, naive, mixers):  # mixers: in case it imports the loop by name again
+    for module in (kernels, naive, seed):  # seed: in case it imports the loop by name again
         monkeypatch.setattr(module, "naive_generalized", reference_loop_called, raising=False)
-    steps, op = [], mixers.fused_recurrent_generalized
-    monkeypatch.setattr(mixers, "fused_recurrent_generalized", lambda *a, **kw: steps.append(a[0].shape[1]) or op(*a, **kw))
+    steps, op = [], seed.fused_recurrent_generalized
+    monkeypatch.setattr(seed, "fused_recurrent_generalized", lambda *a, **kw: steps.append(a[0].shape[1]) or op(*a, **kw))
     torch.manual_seed(0)
     config = HDLAConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=16,
                         short_conv_size=4, mixer=mixer, mixer_kwargs=SEED_MIXERS.get(mixer, {}), initializer_range=0.3)

@@ -114,7 +114,7 @@ def _count(graphs, op) -> int:
 
 def _hdla_mixer(seed=0):
     torch.manual_seed(seed)
-    return create_mixer("hdla", kind="vision", dim=32, num_heads=2)
+    return create_mixer("hdla", dim=32, num_heads=2, directions=("fwd", "bwd"))
 
 
 def test_hdla_mixer_has_no_graph_break():
@@ -171,7 +171,7 @@ def test_compiled_seed_mixer_equals_eager():
     """Gated DeltaNet: chunk_generalized with a per-head g [B, T, H], both directions."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    mixer = create_mixer("gated_deltanet", kind="vision", dim=32, num_heads=2)
+    mixer = create_mixer("gated_deltanet", dim=32, num_heads=2, directions=("fwd", "bwd"))
     _assert_compiled_equals_eager(mixer, torch.randn(2, 37, 32))
 
 

@@ -136,9 +136,10 @@ def test_the_walker_sees_the_imports_it_must_see():
     """Relative, absolute, ``from pkg import submodule`` and lazy (in-function) imports all resolve."""
     found = {(importer, target) for importer, _, target in edges()}
     expected = {
-        ("hdla_vision.lm.mixers", "hdla_vision.kernels"),  # from ..kernels import (...)
-        ("hdla_vision.lm.mixers", "hdla_vision.layers.seed_mixers"),  # from ..layers.seed_mixers import f
-        ("hdla_vision.layers.seed_vision", "hdla_vision.kernels"),  # from hdla_vision.kernels import f
+        ("hdla_vision.lm.modeling_hdla", "hdla_vision.layers"),  # from ..layers import f
+        ("hdla_vision.lm.modeling_hdla", "hdla_vision.layers.gates"),  # from ..layers.gates import f
+        ("hdla_vision.lm.configuration_hdla", "hdla_vision.layers.mixer"),  # from ..layers.mixer import f
+        ("hdla_vision.layers.seed", "hdla_vision.kernels"),  # from hdla_vision.kernels import f
         ("hdla_vision", "hdla_vision.backbones"),  # from . import backbones
         ("hdla_vision.kernels.hdla.fused_recurrent", "hdla_vision.kernels.custom_ops"),  # lazy, in a function
         ("hdla_vision.training.runner", "hdla_vision.training.checkpoint"),  # from hdla_vision.training import checkpoint
@@ -148,14 +149,14 @@ def test_the_walker_sees_the_imports_it_must_see():
 
 def test_the_check_flags_upward_and_sideways_imports():
     fake = {("hdla_vision.kernels.ops", 1, "hdla_vision.layers.hdla"),
-            ("hdla_vision.layers.hdla", 2, "hdla_vision.lm.mixers"),
+            ("hdla_vision.layers.hdla", 2, "hdla_vision.lm.modeling_hdla"),
             ("hdla_vision.backbones.hdla", 3, "hdla_vision.lm.cache"),
-            ("hdla_vision.lm.mixers", 4, "hdla_vision.training.config"),
+            ("hdla_vision.lm.modeling_hdla", 4, "hdla_vision.training.config"),
             ("hdla_vision.training.runner", 5, "hdla_vision.lm"),  # down: fine
             ("hdla_vision.export", 6, "hdla_vision.training.models")}  # the top: fine
     flagged = {v.split(": ")[1].split()[0]: v.split(": ")[-1] for v in violations(fake)}
     assert flagged == {"hdla_vision.kernels.ops": "up", "hdla_vision.layers.hdla": "up",
-                       "hdla_vision.backbones.hdla": "across", "hdla_vision.lm.mixers": "up"}
+                       "hdla_vision.backbones.hdla": "across", "hdla_vision.lm.modeling_hdla": "up"}
 
 
 @pytest.mark.parametrize("layer", sorted(set(LAYERS.values())))

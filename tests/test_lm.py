@@ -3,8 +3,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-import hdla_vision.lm as lm
-from hdla_vision.layers import create_mixer, list_mixers
+from hdla_vision.layers import HDLAMixer, create_mixer, list_mixers
 from hdla_vision.lm import HDLACache, HDLAConfig, HDLAForCausalLM, HDLAModel
 
 MIXERS = ["hdla", "gated_deltanet", "gated_deltaproduct"]
@@ -31,10 +30,14 @@ def greedy_by_full_forward(model, input_ids, steps):
     return seq
 
 
-def test_mixers_are_registered_as_causal():
-    assert set(MIXERS) <= set(list_mixers("causal"))
-    mixer = create_mixer("hdla", kind="causal", hidden_size=32, num_heads=2, head_dim=16)
-    assert isinstance(mixer, lm.HDLAMixer)
+def test_mixers_are_registered_and_built_causal():
+    assert set(MIXERS) <= set(list_mixers())
+    model = tiny_model(mixer="hdla")
+    mixer = model.model.layers[1].mixer
+    assert isinstance(mixer, HDLAMixer) and mixer.directions_used == ("fwd",) and len(mixer.directions) == 1
+    assert mixer.qkv.bias is None and mixer.proj.bias is None and mixer.gate.bias is None
+    assert (mixer.dim, mixer.head_dim, mixer.norm_eps) == (32, 16, model.config.rms_norm_eps)
+    assert type(mixer) is type(create_mixer("hdla", **model.config.mixer_arguments()))
 
 
 def test_config_round_trip_and_auto_classes(tmp_path):
@@ -53,14 +56,14 @@ def test_config_round_trip_and_auto_classes(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs", [dict(num_heads=0), dict(gate_act="relu"), dict(short_conv_size=1),
-                                    dict(hidden_size=32.0)])
+                                    dict(hidden_size=32.0), dict(mixer_kwargs={"directions": ("fwd", "bwd")})])
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         tiny_config(**kwargs)
 
 
 def test_unknown_mixer_name_raises():
-    with pytest.raises(ValueError, match="unknown causal mixer"):
+    with pytest.raises(ValueError, match="unknown mixer"):
         HDLAForCausalLM(tiny_config(mixer="no_such_mixer"))
 
 

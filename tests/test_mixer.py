@@ -1,5 +1,6 @@
-"""The bidirectional HDLA mixer: registry, input checks, its definition against a float64
-token loop, bidirectionality, and the Triton path (under TRITON_INTERPRET=1) against PyTorch."""
+"""The HDLA mixer in its bidirectional (vision) use: registry, input checks, its definition against a
+float64 token loop, bidirectionality, and the Triton path (under TRITON_INTERPRET=1) against PyTorch.
+Its causal use is checked in tests/test_causal_mixers.py and tests/test_lm.py."""
 import importlib
 import os
 import subprocess
@@ -10,17 +11,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hdla_vision.layers import BidirectionalHDLA, create_mixer, list_mixers
+from hdla_vision.layers import HDLAMixer, create_mixer, list_mixers
+
+BIDIRECTIONAL = ("fwd", "bwd")
 
 
 def make_mixer(dim=32, num_heads=2, seed=0, dtype=torch.float64):
     torch.manual_seed(seed)
-    mixer = create_mixer("hdla", kind="vision", dim=dim, num_heads=num_heads, qkv_bias=True)
+    mixer = create_mixer("hdla", dim=dim, num_heads=num_heads, directions=BIDIRECTIONAL, qkv_bias=True)
     with torch.no_grad():  # spread the gates so that beta and lambda vary over their ranges
-        mixer.beta.weight.normal_(0.0, 0.5)
-        mixer.decay_fwd.up.weight.normal_(0.0, 0.5)
-        mixer.decay_bwd.up.weight.normal_(0.0, 0.5)
+        for gates in mixer.directions:
+            gates["beta"].proj.weight.normal_(0.0, 0.5)
+            gates["decay"].logits.up.weight.normal_(0.0, 0.5)
     return mixer.to(dtype)
+
+
+def projections(mixer, x):
+    """q, k, v ``[B, N, H, D]`` and each direction's g ``[B, N, H, D]`` and beta ``[B, N, H]``."""
+    q, k, v = mixer.projections(x)
+    fwd, bwd = (mixer.features(x, q, k, v, gates) for gates in mixer.directions)
+    torch.testing.assert_close(fwd.k, bwd.k, rtol=0, atol=0)  # q, k, v are shared by the directions
+    return q, fwd.k, fwd.v, fwd.g, bwd.g, fwd.beta, bwd.beta
 
 
 def scan_loop(q, k, v, beta, g, reverse):
@@ -39,8 +50,8 @@ def scan_loop(q, k, v, beta, g, reverse):
 
 
 def test_registered_by_name():
-    assert "hdla" in list_mixers("vision")
-    assert isinstance(create_mixer("hdla", kind="vision", dim=16, num_heads=2), BidirectionalHDLA)
+    assert "hdla" in list_mixers()
+    assert isinstance(create_mixer("hdla", dim=16, num_heads=2, directions=BIDIRECTIONAL), HDLAMixer)
 
 
 @pytest.mark.parametrize(
@@ -49,23 +60,29 @@ def test_registered_by_name():
         (dict(dim=30, num_heads=4), "multiple of num_heads"),
         (dict(dim=32, num_heads=2, window=3), "unknown arguments"),
         (dict(dim=32, num_heads=2, decay_rank=0), "decay_rank"),
+        (dict(dim=32, num_heads=2, min_memory=1.0), "min_memory"),
+        (dict(dim=32, num_heads=2, directions=("bwd",)), "directions"),
+        (dict(dim=32, num_heads=2, short_conv_size=4), "short_conv_size"),  # causal conv, bidirectional mixer
+        (dict(dim=32, num_heads=2, gate_act="relu"), "gate_act"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        BidirectionalHDLA(**kwargs)
+        HDLAMixer(**dict(dict(directions=BIDIRECTIONAL), **kwargs))
 
 
 def test_bad_input_shape_raises():
-    mixer = BidirectionalHDLA(dim=32, num_heads=2)
+    mixer = HDLAMixer(dim=32, num_heads=2, directions=BIDIRECTIONAL)
     with pytest.raises(ValueError, match=r"\[B, N, 32\]"):
         mixer(torch.randn(2, 5, 16))
+    with pytest.raises(ValueError, match="bidirectional"):
+        mixer(torch.randn(2, 5, 32), attention_mask=torch.ones(2, 5))
 
 
 def test_gate_ranges():
     mixer = make_mixer()
     x = torch.randn(2, 9, 32, dtype=torch.float64) * 3
-    q, k, v, g_fwd, g_bwd, beta_fwd, beta_bwd = mixer.projections(x)
+    q, k, v, g_fwd, g_bwd, beta_fwd, beta_bwd = projections(mixer, x)
     assert torch.allclose(k.norm(dim=-1), torch.ones_like(k[..., 0]))
     for beta in (beta_fwd, beta_bwd):
         assert beta.shape == (2, 9, 2) and (beta > 0).all() and (beta < 2).all()
@@ -76,8 +93,8 @@ def test_gate_ranges():
 
 
 def test_gates_fp32_for_bf16_inputs():
-    mixer = BidirectionalHDLA(dim=32, num_heads=2).to(torch.bfloat16)
-    *_, g_fwd, g_bwd, beta_fwd, beta_bwd = mixer.projections(torch.randn(1, 5, 32, dtype=torch.bfloat16))
+    mixer = HDLAMixer(dim=32, num_heads=2, directions=BIDIRECTIONAL).to(torch.bfloat16)
+    *_, g_fwd, g_bwd, beta_fwd, beta_bwd = projections(mixer, torch.randn(1, 5, 32, dtype=torch.bfloat16))
     assert {g_fwd.dtype, g_bwd.dtype, beta_fwd.dtype, beta_bwd.dtype} == {torch.float32}
 
 
@@ -86,7 +103,7 @@ def test_mixer_equals_definition(seq_len):
     """Forward scan + reversed scan - own write, against the float64 loop; then norm, gate, proj."""
     mixer = make_mixer()
     x = torch.randn(2, seq_len, 32, dtype=torch.float64)
-    q, k, v, g_fwd, g_bwd, beta_fwd, beta_bwd = mixer.projections(x)
+    q, k, v, g_fwd, g_bwd, beta_fwd, beta_bwd = projections(mixer, x)
     own = (q * k).sum(-1, keepdim=True) * v
     y_ref = scan_loop(q, k, v, beta_fwd, g_fwd, False) + scan_loop(q, k, v, beta_bwd, g_bwd, True) - own
     torch.testing.assert_close(mixer.mix(x), y_ref, rtol=1e-9, atol=1e-10)
@@ -101,7 +118,7 @@ def test_own_write_counted_once():
     there equals the other scan alone; counting the own write twice would break this."""
     mixer = make_mixer()
     x = torch.randn(1, 6, 32, dtype=torch.float64)
-    q, k, v, g_fwd, g_bwd, beta_fwd, beta_bwd = mixer.projections(x)
+    q, k, v, g_fwd, g_bwd, beta_fwd, beta_bwd = projections(mixer, x)
     y = mixer.mix(x)
     torch.testing.assert_close(y[:, 0], scan_loop(q, k, v, beta_bwd, g_bwd, True)[:, 0])
     torch.testing.assert_close(y[:, -1], scan_loop(q, k, v, beta_fwd, g_fwd, False)[:, -1])
@@ -125,25 +142,26 @@ def test_backward_scan_reaches_first_token():
     """The first token reads the last one only through the reversed scan."""
     mixer = make_mixer(dtype=torch.float32)
     with torch.no_grad():
-        mixer.decay_bwd.up.bias.fill_(-30.0)  # backward scan forgets at once: lambda ~ 1e-13
+        mixer.directions[1]["decay"].logits.up.bias.fill_(-30.0)  # backward scan forgets at once: lambda ~ 1e-13
     x = torch.randn(1, 8, 32, requires_grad=True)
     mixer(x)[:, 0].sum().backward()
     assert x.grad[0, -1].abs().max() < 1e-8
     mixer.zero_grad()
     x.grad = None
     with torch.no_grad():
-        mixer.decay_bwd.up.bias.fill_(8.0)  # lambda ~ 1: long memory
+        mixer.directions[1]["decay"].logits.up.bias.fill_(8.0)  # lambda ~ 1: long memory
     mixer(x)[:, 0].sum().backward()
     assert x.grad[0, -1].abs().max() > 1e-4
 
 
 def test_decay_initialisation_spans_memory_range():
-    mixer = BidirectionalHDLA(dim=64, num_heads=2, min_memory=2.0, max_memory=256.0)
-    lam = torch.sigmoid(mixer.decay_fwd.up.bias).view(2, 32)
+    mixer = HDLAMixer(dim=64, num_heads=2, directions=BIDIRECTIONAL, min_memory=2.0, max_memory=256.0)
+    fwd_bias, bwd_bias = (gates["decay"].logits.up.bias for gates in mixer.directions)
+    lam = torch.sigmoid(fwd_bias).view(2, 32)
     memory = 1.0 / (1.0 - lam)
     torch.testing.assert_close(memory[:, 0], torch.full((2,), 2.0), rtol=1e-4, atol=0)
     torch.testing.assert_close(memory[:, -1], torch.full((2,), 256.0), rtol=1e-3, atol=0)
-    torch.testing.assert_close(mixer.decay_fwd.up.bias, mixer.decay_bwd.up.bias)
+    torch.testing.assert_close(fwd_bias, bwd_bias)
 
 
 INTERPRET_SCRIPT = textwrap.dedent(
@@ -152,7 +170,7 @@ INTERPRET_SCRIPT = textwrap.dedent(
     from hdla_vision.layers import create_mixer
     from hdla_vision.kernels.ops import use_triton
     torch.manual_seed(0)
-    mixer = create_mixer("hdla", kind="vision", dim=64, num_heads=2, qkv_bias=True)
+    mixer = create_mixer("hdla", dim=64, num_heads=2, directions=("fwd", "bwd"), qkv_bias=True)
     x = torch.randn(1, 19, 64, requires_grad=True)
     assert use_triton(x), "TRITON_INTERPRET=1 must route CPU tensors to Triton"
     y = mixer(x)
@@ -180,7 +198,7 @@ def test_triton_interpret_matches_pytorch(tmp_path):
 
     assert os.environ.get("TRITON_INTERPRET", "0") != "1"
     torch.manual_seed(0)
-    mixer = create_mixer("hdla", kind="vision", dim=64, num_heads=2, qkv_bias=True)
+    mixer = create_mixer("hdla", dim=64, num_heads=2, directions=("fwd", "bwd"), qkv_bias=True)
     x = torch.randn(1, 19, 64, requires_grad=True)
     y = mixer(x)
     y.backward(torch.ones_like(y))

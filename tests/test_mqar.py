@@ -267,8 +267,9 @@ def test_presets_are_faithful_and_balanced():
         assert abs(params - 1.65e6) < 0.01 * 1.65e6, (mixer, params)
     model = bench.build_model(bench.model_config(args, "hdla_authors", 64), seed=0, device="cpu")
     mixer = model.model.layers[0].mixer
-    assert all(m.bias is None for m in mixer.decay_proj) and mixer.out_norm.weight.numel() == 2 * 64
+    decay = mixer.directions[0]["decay"].logits
+    assert decay.down.bias is None and decay.up.bias is None and mixer.norm.weight.numel() == 2 * 64
     with torch.no_grad():
-        lam = torch.sigmoid(mixer.decay_proj(torch.randn(4, 32, 128)))
+        lam = torch.sigmoid(decay(torch.randn(4, 32, 128)))
     assert abs(float(lam.mean()) - 0.5) < 0.02 and float((lam - 0.5).abs().max()) < 0.1
     assert not hasattr(mixer, "conv")

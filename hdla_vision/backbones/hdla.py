@@ -4,8 +4,9 @@
 (as timm's ``deit.py`` subclasses it): 16x16 patches, a learned absolute position embedding over
 the patches, pre-norm blocks with MLP ratio 4, average pooling of the normalised patch tokens.
 Only two things differ, both in :class:`MixerBlock`: its ``attn`` is a bidirectional
-linear-attention token mixer chosen by name from the vision mixer registry (``mixer='hdla'`` by
-default, see :mod:`hdla_vision.layers.hdla`), and the class token is scanned in the middle.
+linear-attention token mixer chosen by name from the mixer registry (``mixer='hdla'`` by default,
+see :mod:`hdla_vision.layers.hdla`), built with ``directions=("fwd", "bwd")`` (both scans, see
+:mod:`hdla_vision.layers.mixer`), and the class token is scanned in the middle.
 
 Class token placement: the scans run over the patches in raster order, forward and backward,
 and a token at position i reads position j only through the decays of the |i - j| tokens
@@ -24,6 +25,7 @@ and causal masking, and the 'max' / 'avgmax' / 'map' / 'prr' pools. TorchScript 
 the Triton kernels; FX tracing treats the mixers as leaves.
 """
 import logging
+import re
 from functools import partial
 from typing import Any, Dict, Optional, Tuple
 
@@ -43,6 +45,12 @@ __all__ = ["HDLAVisionTransformer", "MixerBlock", "checkpoint_filter_fn"]
 _logger = logging.getLogger(__name__)
 
 GLOBAL_POOLS = ("", "avg", "token")
+# The mixers' vision use: both scans over the patches (hdla_vision.layers.mixer), eps of their norms.
+VISION_DIRECTIONS = ("fwd", "bwd")
+MIXER_NORM_EPS = 1e-5
+# mixer arguments the block sets itself (mixer_kwargs may not)
+BLOCK_MIXER_ARGUMENTS = ("dim", "num_heads", "directions", "qkv_bias", "proj_bias", "proj_drop", "norm_eps", "device",
+                         "dtype")
 
 
 def class_token_index(num_patches: int) -> int:
@@ -88,8 +96,9 @@ class MixerBlock(Block):
     """timm's pre-norm ViT block whose ``attn`` is a registered bidirectional token mixer.
 
     ``x [B, P + N, C] -> [B, P + N, C]`` with ``P = num_prefix_tokens`` (0, or 1 for the class
-    token, first). The mixer is built by name with ``(dim, num_heads, qkv_bias, proj_drop,
-    device, dtype, **mixer_kwargs)`` and scans the class token at index ``N // 2``.
+    token, first). The mixer is built by name with ``(dim, num_heads, directions=("fwd", "bwd"),
+    qkv_bias, proj_bias, proj_drop, norm_eps=1e-5, device, dtype, **mixer_kwargs)`` and scans the
+    class token at index ``N // 2``.
     """
 
     def __init__(
@@ -112,12 +121,15 @@ class MixerBlock(Block):
     ):
         _refuse(qk_norm=(qk_norm, False), scale_attn_norm=(scale_attn_norm, False),
                 proj_bias=(proj_bias, True), attn_drop=(attn_drop, 0.0))
+        fixed = sorted(set(mixer_kwargs or {}) & set(BLOCK_MIXER_ARGUMENTS))
+        if fixed:
+            raise ValueError(f"mixer_kwargs may not set {fixed}: the backbone sets them")
         # nn.Identity takes (and ignores) timm's attention arguments; the mixer replaces it below
         super().__init__(dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop, proj_bias=proj_bias,
                          attn_layer=nn.Identity, device=device, dtype=dtype, **block_kwargs)
         self.attn = create_mixer(
-            mixer, kind="vision", dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop,
-            device=device, dtype=dtype, **(mixer_kwargs or {}),
+            mixer, dim=dim, num_heads=num_heads, directions=VISION_DIRECTIONS, qkv_bias=qkv_bias, proj_bias=proj_bias,
+            proj_drop=proj_drop, norm_eps=MIXER_NORM_EPS, device=device, dtype=dtype, **(mixer_kwargs or {}),
         )
         register_notrace_module(type(self.attn))  # FX traces the blocks and keeps the mixer (its kernels) a leaf
         self.num_prefix_tokens = num_prefix_tokens
@@ -143,7 +155,7 @@ class HDLAVisionTransformer(VisionTransformer):
     ``global_pool=''``). ``forward_features`` returns the normalised tokens ``[B, L, C]``,
     ``L = N (+1: the class token, first)``. Takes every argument of timm's ``VisionTransformer``
     (``device`` and ``dtype`` included) except those listed in the module docstring, plus
-    ``mixer`` (a vision mixer name) and ``mixer_kwargs``; the defaults are those of ``hdla_tiny``.
+    ``mixer`` (a registered mixer name) and ``mixer_kwargs``; the defaults are those of ``hdla_tiny``.
     """
 
     def __init__(
@@ -195,14 +207,41 @@ def rename_v0_keys(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tenso
     return {rename(key): value for key, value in state_dict.items()}
 
 
+_V1_HDLA_DECAY = re.compile(r"^(blocks\.\d+\.attn)\.decay_(fwd|bwd)\.(.+)$")
+_V1_HDLA_BETA = re.compile(r"^(blocks\.\d+\.attn)\.beta\.(weight|bias)$")
+
+
+def convert_v1_hdla_gates(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """State dicts of the second layout (before one mixer class served vision and the LM, issue 18)
+    kept the HDLA mixer's gates apart from the ``directions`` of the other mixers:
+    ``attn.decay_{fwd,bwd}.{down,up}.*`` is now ``attn.directions.{0,1}.decay.logits.{down,up}.*``,
+    and ``attn.beta`` (one linear map, rows ``[:H]`` forward, ``[H:]`` backward) is split into
+    ``attn.directions.{0,1}.beta.proj``. The other mixers' keys did not change."""
+    out = {}
+    for key, value in state_dict.items():
+        decay, beta = _V1_HDLA_DECAY.match(key), _V1_HDLA_BETA.match(key)
+        if decay:
+            prefix, direction, rest = decay.groups()
+            out[f"{prefix}.directions.{'01'[direction == 'bwd']}.decay.logits.{rest}"] = value
+        elif beta:
+            prefix, name = beta.groups()
+            forward, backward = value.chunk(2, dim=0)
+            out[f"{prefix}.directions.0.beta.proj.{name}"] = forward
+            out[f"{prefix}.directions.1.beta.proj.{name}"] = backward
+        else:
+            out[key] = value
+    return out
+
+
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: HDLAVisionTransformer) -> Dict[str, torch.Tensor]:
-    """Adapt a checkpoint to ``model``: old key names are renamed (:func:`rename_v0_keys`); timm's ViT
-    filter resamples the position embedding to the model's grid and the patch kernel to its patch
-    size; a classifier whose shape differs from the model's (another number of classes) is dropped
-    and the model keeps its own freshly initialised head."""
+    """Adapt a checkpoint to ``model``: old key names are renamed (:func:`rename_v0_keys`,
+    :func:`convert_v1_hdla_gates`); timm's ViT filter resamples the position embedding to the model's
+    grid and the patch kernel to its patch size; a classifier whose shape differs from the model's
+    (another number of classes) is dropped and the model keeps its own freshly initialised head."""
     state_dict = state_dict.get("model", state_dict)
     state_dict = state_dict.get("state_dict", state_dict)
-    state_dict = vit_checkpoint_filter_fn(rename_v0_keys(state_dict), model)
+    state_dict = convert_v1_hdla_gates(rename_v0_keys(state_dict))
+    state_dict = vit_checkpoint_filter_fn(state_dict, model)
     model_state = model.state_dict()
     out = {}
     for key, value in state_dict.items():

@@ -4,20 +4,20 @@ Each name builds :class:`~hdla_vision.backbones.hdla.HDLAVisionTransformer` with
 3 heads (head dim 64), exactly as ``hdla_tiny``, with only the token mixer changed:
 
 =================  ==========================  ==================================================
-timm name          mixer (vision registry)     recurrence
+timm name          mixer (registry), options   recurrence
 =================  ==========================  ==================================================
 ``gla_tiny``       ``gla``                     Diag(alpha) S + k v^T
 ``deltanet_tiny``  ``deltanet``                (I - b k k^T) S + b k v^T
 ``gdn_tiny``       ``gated_deltanet``          alpha (I - b k k^T) S + b k v^T
 ``kda_tiny``       ``kda``                     (I - b k k^T) Diag(alpha) S + b k v^T
 ``rwkv7_tiny``     ``rwkv7``                   (Diag(w) - (a * kh) kh^T) S + k v^T
-``gdp2_tiny``      ``gated_deltaproduct2``     Gated DeltaProduct, n_h = 2
-``gdp3_tiny``      ``gated_deltaproduct3``     Gated DeltaProduct, n_h = 3
+``gdp2_tiny``      ``gated_deltaproduct``, 2   Gated DeltaProduct, n_h = ``num_householder`` = 2
+``gdp3_tiny``      ``gated_deltaproduct``, 3   Gated DeltaProduct, n_h = ``num_householder`` = 3
 ``hihdn_tiny``     ``hih_deltanet``            Head-in-Head DeltaNet, r = 4 (static mask)
 ``hihgdn_tiny``    ``hih_gated_deltanet``      Head-in-Head Gated DeltaNet, r = 4 (static mask)
 =================  ==========================  ==================================================
 """
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from timm.models import generate_default_cfgs, register_model
 
@@ -25,25 +25,32 @@ from .hdla import HDLAVisionTransformer, _cfg, _create_hdla
 
 TINY = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
 
-SEED_MODELS: Dict[str, str] = {
-    "gla_tiny": "gla",
-    "deltanet_tiny": "deltanet",
-    "gdn_tiny": "gated_deltanet",
-    "kda_tiny": "kda",
-    "rwkv7_tiny": "rwkv7",
-    "gdp2_tiny": "gated_deltaproduct2",
-    "gdp3_tiny": "gated_deltaproduct3",
-    "hihdn_tiny": "hih_deltanet",
-    "hihgdn_tiny": "hih_gated_deltanet",
+# timm name -> (mixer name, the mixer options the name fixes)
+SEED_MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "gla_tiny": ("gla", {}),
+    "deltanet_tiny": ("deltanet", {}),
+    "gdn_tiny": ("gated_deltanet", {}),
+    "kda_tiny": ("kda", {}),
+    "rwkv7_tiny": ("rwkv7", {}),
+    "gdp2_tiny": ("gated_deltaproduct", {"num_householder": 2}),
+    "gdp3_tiny": ("gated_deltaproduct", {"num_householder": 3}),
+    "hihdn_tiny": ("hih_deltanet", {}),
+    "hihgdn_tiny": ("hih_gated_deltanet", {}),
 }
 
 default_cfgs = generate_default_cfgs({name: _cfg() for name in SEED_MODELS})
 
 
 def _create_seed(variant: str, pretrained: bool, kwargs: Dict[str, Any]) -> HDLAVisionTransformer:
+    mixer, fixed = SEED_MODELS[variant]
     if "mixer" in kwargs:
-        raise ValueError(f"{variant} fixes mixer={SEED_MODELS[variant]!r}; use hdla_tiny(mixer=...) for another mixer")
-    return _create_hdla(variant, pretrained=pretrained, **dict(TINY, mixer=SEED_MODELS[variant], **kwargs))
+        raise ValueError(f"{variant} fixes mixer={mixer!r}; use hdla_tiny(mixer=...) for another mixer")
+    mixer_kwargs = dict(kwargs.pop("mixer_kwargs", None) or {})
+    clash = sorted(name for name in fixed if name in mixer_kwargs and mixer_kwargs[name] != fixed[name])
+    if clash:
+        raise ValueError(f"{variant} fixes mixer_kwargs {fixed}; got {clash} = {[mixer_kwargs[n] for n in clash]}")
+    mixer_kwargs.update(fixed)
+    return _create_hdla(variant, pretrained=pretrained, **dict(TINY, mixer=mixer, mixer_kwargs=mixer_kwargs, **kwargs))
 
 
 @register_model

@@ -1,3 +1,15 @@
-from .registry import create_mixer, list_mixers, register_mixer
-from .hdla import BidirectionalHDLA  # registers the "hdla" vision mixer
-from . import seed_vision  # registers the seed vision mixers (gla, deltanet, gated_deltanet, kda, rwkv7, ...)
+"""Token mixers, one class per mixer for the vision backbones (``directions=("fwd", "bwd")``) and the
+causal language model (``directions=("fwd",)``), registered by name."""
+from .registry import create_mixer, list_mixers, mixer_class, register_mixer
+from .mixer import CHUNK_BACKENDS, RECURRENT_MAX_TOKENS, LinearAttentionMixer, MixerCache, set_chunk_backend
+from .hdla import AuthorsHDLAMixer, HDLAMixer  # registers "hdla", "hdla_authors"
+from .seed import (DeltaNetMixer, GatedDeltaNetMixer, GatedDeltaProductMixer,  # registers the seed mixers
+                   GeneralizedMixer, GLAMixer, HeadInHeadDeltaNetMixer, HeadInHeadGatedDeltaNetMixer, KDAMixer,
+                   RWKV7Mixer)
+
+__all__ = [
+    "create_mixer", "list_mixers", "mixer_class", "register_mixer", "CHUNK_BACKENDS", "RECURRENT_MAX_TOKENS",
+    "LinearAttentionMixer", "MixerCache", "set_chunk_backend", "HDLAMixer", "AuthorsHDLAMixer", "GeneralizedMixer",
+    "GLAMixer", "DeltaNetMixer", "GatedDeltaNetMixer", "GatedDeltaProductMixer", "KDAMixer", "RWKV7Mixer",
+    "HeadInHeadDeltaNetMixer", "HeadInHeadGatedDeltaNetMixer",
+]

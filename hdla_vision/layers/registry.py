@@ -1,40 +1,38 @@
-"""Token mixers chosen by name.
+"""Token mixers chosen by name, one registry for the vision backbones and the causal language model.
 
-Two registries: bidirectional mixers for the vision backbones (``forward(x [B, N, C]) -> [B, N, C]``)
-and causal mixers for the language models. A mixer class is registered under a name with
-``@register_mixer("hdla", kind="vision")`` and built with ``create_mixer(name, kind=..., dim=..., num_heads=..., **kw)``.
+A mixer class is registered under a name with ``@register_mixer("hdla")`` and built with
+``create_mixer(name, dim=..., num_heads=..., directions=..., **kw)``: ``directions=("fwd", "bwd")``
+for the bidirectional (vision) use, ``("fwd",)`` for the causal one (see
+:mod:`hdla_vision.layers.mixer`).
 """
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
-_REGISTRIES: Dict[str, Dict[str, Callable]] = {"vision": {}, "causal": {}}
-
-
-def _registry(kind: str) -> Dict[str, Callable]:
-    if kind not in _REGISTRIES:
-        raise ValueError(f"kind must be one of {sorted(_REGISTRIES)}, got {kind!r}")
-    return _REGISTRIES[kind]
+_REGISTRY: Dict[str, Callable] = {}
 
 
-def register_mixer(name: str, kind: str = "vision") -> Callable:
+def register_mixer(name: str) -> Callable:
     """Class decorator that registers a token mixer under ``name``."""
-    registry = _registry(kind)
 
     def wrap(cls):
-        if name in registry and registry[name] is not cls:
-            raise ValueError(f"a {kind} mixer named {name!r} is already registered ({registry[name].__name__})")
-        registry[name] = cls
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"a mixer named {name!r} is already registered ({_REGISTRY[name].__name__})")
+        _REGISTRY[name] = cls
         return cls
 
     return wrap
 
 
-def list_mixers(kind: str = "vision"):
-    return sorted(_registry(kind))
+def list_mixers() -> List[str]:
+    return sorted(_REGISTRY)
 
 
-def create_mixer(name: str, kind: str = "vision", **kwargs):
-    """Build the mixer registered as ``name``; unknown names raise with the list of known ones."""
-    registry = _registry(kind)
-    if name not in registry:
-        raise ValueError(f"unknown {kind} mixer {name!r}; expected one of {sorted(registry)}")
-    return registry[name](**kwargs)
+def mixer_class(name: str) -> Callable:
+    """The class registered as ``name``; unknown names raise with the list of known ones."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown mixer {name!r}; expected one of {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def create_mixer(name: str, **kwargs):
+    """Build the mixer registered as ``name`` with ``kwargs``."""
+    return mixer_class(name)(**kwargs)

@@ -1,9 +1,10 @@
 """Causal language models on the HDLA kernels (transformers ``model_type = "hdla"``).
 
 Importing this package registers ``HDLAConfig`` with ``AutoConfig`` and the models with
-``AutoModel`` / ``AutoModelForCausalLM``, and the causal mixers ``"hdla"``,
-``"gated_deltanet"``, ``"gated_deltaproduct"``, ``"gla"``, ``"deltanet"``, ``"kda"``, ``"rwkv7"``,
-``"hih_deltanet"`` and ``"hih_gated_deltanet"`` with the mixer registry.
+``AutoModel`` / ``AutoModelForCausalLM``. The token mixers (``"hdla"``, ``"gated_deltanet"``,
+``"gated_deltaproduct"``, ``"gla"``, ``"deltanet"``, ``"kda"``, ``"rwkv7"``, ``"hih_deltanet"``,
+``"hih_gated_deltanet"``, ``"hdla_authors"``) are those of the vision backbones, from
+:mod:`hdla_vision.layers`, built for the causal use (``directions=("fwd",)``).
 
     import hdla_vision.lm
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -33,11 +34,7 @@ except ImportError as _err:
     raise_missing_extra(_err, "transformers", "lm", "hdla_vision.lm")
 
 from .configuration_hdla import HDLAConfig
-from ..layers.seed_mixers import gated_deltaproduct_factors  # defined with the vision mixers (no transformers)
-from .mixers import GatedDeltaNetMixer, GatedDeltaProductMixer, HDLAMixer
-from .seed_mixers import (DeltaNetMixer, GLAMixer, HeadInHeadDeltaNetMixer, HeadInHeadGatedDeltaNetMixer, KDAMixer,
-                          RWKV7Mixer)
-from .cache import HDLACache
+from .cache import HDLACache, LayerCache
 from .modeling_hdla import HDLAForCausalLM, HDLAModel, HDLAPreTrainedModel, split_packed
 
 AutoConfig.register(HDLAConfig.model_type, HDLAConfig, exist_ok=True)
@@ -50,15 +47,6 @@ __all__ = [
     "HDLAPreTrainedModel",
     "HDLAModel",
     "HDLAForCausalLM",
-    "HDLAMixer",
-    "GatedDeltaNetMixer",
-    "GatedDeltaProductMixer",
-    "GLAMixer",
-    "DeltaNetMixer",
-    "KDAMixer",
-    "RWKV7Mixer",
-    "HeadInHeadDeltaNetMixer",
-    "HeadInHeadGatedDeltaNetMixer",
-    "gated_deltaproduct_factors",
+    "LayerCache",
     "split_packed",
 ]

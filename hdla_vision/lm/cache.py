@@ -9,6 +9,7 @@ number of generated tokens.
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicCache, LinearAttentionCacheLayerMixin
 
 
@@ -45,6 +46,29 @@ def read_conv_window(cache: Cache, layer_idx: int) -> Optional[torch.Tensor]:
     if layer.has_previous_state[0] and layer.is_conv_states_initialized[0]:
         return layer.conv_states[0]
     return None
+
+
+class LayerCache:
+    """One layer's view of a transformers cache, in the form the mixers read and write it
+    (:class:`hdla_vision.layers.mixer.MixerCache`). Building it checks the cache and the layer."""
+
+    def __init__(self, cache: Cache, layer_idx: int):
+        _layer(cache, layer_idx)
+        self.cache, self.layer_idx = cache, layer_idx
+
+    def recurrent_state(self) -> Optional[torch.Tensor]:
+        return read_recurrent_state(self.cache, self.layer_idx)
+
+    def set_recurrent_state(self, state: torch.Tensor) -> None:
+        write_recurrent_state(self.cache, self.layer_idx, state)
+
+    def conv_input(self, seq: torch.Tensor, width: int) -> torch.Tensor:
+        """``seq [B, C, T]`` after the cached last ``width`` conv inputs (zeros for a fresh sequence):
+        ``[B, C, width + T]``; the cache keeps the last ``width`` columns."""
+        if read_conv_window(self.cache, self.layer_idx) is None:
+            seq = F.pad(seq, (width, 0))
+        # returns [cached window, seq] when continuing, and keeps the last `width` inputs
+        return self.cache.update_conv_state(seq, self.layer_idx, conv_kernel_size=width)
 
 
 class HDLACache(DynamicCache):

@@ -1,13 +1,15 @@
 """HDLA causal language model as transformers ``PreTrainedModel``s.
 
 Each block: ``x + mixer(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``; the mixer is built by
-name (``config.mixer``) from the causal mixer registry. Prefill runs the chunk kernels and
+name (``config.mixer``) from the mixer registry. Prefill runs the chunk kernels and
 stores each layer's final state in the cache; decoding advances those states with the
-recurrent step (``fused_recurrent_hdla`` for HDLA, ``fused_recurrent_generalized`` for the others).
+recurrent step (``fused_recurrent_hdla`` for HDLA, ``fused_recurrent_generalized`` for the others). The
+mixers are those of the vision backbones (:mod:`hdla_vision.layers`), built for the causal use by
+``HDLAConfig.mixer_arguments``.
 
 Variable-length batches:
   * ``attention_mask`` (left or right padding, 1 = token, 0 = pad): pad tokens become identity
-    steps of every layer's recurrence (see :mod:`hdla_vision.lm.mixers`), so no state flows
+    steps of every layer's recurrence (see :mod:`hdla_vision.layers.mixer`), so no state flows
     between a sequence and its padding and a left-padded prompt decodes exactly like the
     unpadded one. Masks must be contiguous runs of ones (padding on one side only).
   * ``cu_seqlens`` (packed ``input_ids [1, total]`` with FlashAttention-style boundaries
@@ -27,9 +29,9 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import create_recurrent_attention_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from ..layers.registry import create_mixer
-from . import mixers, seed_mixers  # noqa: F401  (register the causal mixers)
-from .cache import HDLACache
+from ..layers import create_mixer
+from ..layers.gates import GateModule
+from .cache import HDLACache, LayerCache
 from .configuration_hdla import HDLAConfig
 
 
@@ -50,24 +52,14 @@ class HDLABlock(nn.Module):
     def __init__(self, config: HDLAConfig, layer_idx: int):
         super().__init__()
         self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mixer = create_mixer(
-            config.mixer,
-            kind="causal",
-            hidden_size=config.hidden_size,
-            num_heads=config.num_heads,
-            head_dim=config.head_dim,
-            head_dim_v=config.head_dim_v,
-            short_conv_size=config.short_conv_size,
-            gate_act=config.gate_act,
-            norm_eps=config.rms_norm_eps,
-            layer_idx=layer_idx,
-            **config.mixer_kwargs,
-        )
+        self.layer_idx = layer_idx
+        self.mixer = create_mixer(config.mixer, **config.mixer_arguments())
         self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor], cache: Optional[Cache]) -> torch.Tensor:
-        x = x + self.mixer(self.mixer_norm(x), attention_mask=attention_mask, cache=cache)
+        layer_cache = None if cache is None else LayerCache(cache, self.layer_idx)
+        x = x + self.mixer(self.mixer_norm(x), attention_mask=attention_mask, cache=layer_cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -84,10 +76,13 @@ class HDLAPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         """transformers' defaults (normal(0, initializer_range) linears and embeddings, unit norms),
-        except the mixers' decay parameters, which start with long memory, and the depthwise short
-        convs, which keep PyTorch's default (a 0.02-std conv would shrink q, k, v by ~30x at init)."""
-        if hasattr(module, "reset_decay_parameters"):
-            module.reset_decay_parameters()
+        except the mixers' gates, which take their starting values (``GateModule.initial_values``:
+        decays with multi-timescale memory, beta at half its range, ...) through the flag-aware
+        ``init.copy_`` (weights loaded from a checkpoint stay), and the depthwise short convs, which
+        keep PyTorch's default (a 0.02-std conv would shrink q, k, v by ~30x at init)."""
+        if isinstance(module, GateModule):
+            for name, value in module.initial_values().items():
+                init.copy_(module.get_parameter(name), value)
         elif isinstance(module, nn.Conv1d):
             init.kaiming_uniform_(module.weight, a=math.sqrt(5))
         else:

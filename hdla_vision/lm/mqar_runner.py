@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 
 from hdla_vision.lm import HDLAConfig, HDLAForCausalLM
-from hdla_vision.lm import mixers as lm_mixers
+from hdla_vision.layers import CHUNK_BACKENDS, set_chunk_backend
 from hdla_vision.lm.mqar import check_mqar_args, mqar_split, multiquery_ar
 
 LENGTHS = [256, 512, 1024, 2048]
@@ -86,8 +86,8 @@ ZOOLOGY_LRS = np.logspace(-4, -2, 4).tolist()
 # Each model: HDLAConfig settings; "value_expand" multiplies head_dim into head_dim_v (fla's expand_v).
 MODELS = {
     "zoology": {
-        # today's HDLA with its deliberate choices: short conv, full-rank decay with a bias (lambda in
-        # (0.9, 0.999) at init), per-head RMSNorm then a SiLU gate
+        # our HDLA with its deliberate choices: short conv, rank-16 decay with a bias (memory lengths
+        # spread over 2..256 tokens at init), per-head RMSNorm then a SiLU gate
         "hdla": dict(mixer="hdla", short_conv_size=4, gate_act="silu", value_expand=1, mixer_kwargs={}),
         # HDLA as the authors' layer builds it: no short conv, bias-free rank-16 decay (lambda ~ 0.5),
         # rank-16 sigmoid gate before one RMSNorm over all heads
@@ -181,7 +181,7 @@ def parse_args(argv=None):
                         "call (resume later)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cpu-threads", type=int, default=2, help="torch CPU threads (several runs share a machine)")
-    p.add_argument("--chunk-backend", default="auto", choices=lm_mixers.CHUNK_BACKENDS)
+    p.add_argument("--chunk-backend", default="auto", choices=CHUNK_BACKENDS)
     p.add_argument("--write-queue", default=None, metavar="FILE",
                    help="no training: write the planned runs to FILE, one '<run id> <arguments>' line each")
     p.add_argument("--tiny", action="store_true", help="CPU smoke sizes for the settings not given")
@@ -631,7 +631,7 @@ def queue_line(args, proto: dict) -> str:
 def main(argv=None):
     args = parse_args(argv)
     deadline = None if args.deadline_s is None else time.time() + args.deadline_s
-    lm_mixers.set_chunk_backend(args.chunk_backend)
+    set_chunk_backend(args.chunk_backend)
     torch.set_num_threads(args.cpu_threads)
     protos = planned_protocols(args, verbose=True)
     if args.write_queue:

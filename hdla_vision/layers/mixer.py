@@ -1,0 +1,323 @@
+"""The token-mixer block shared by every mixer, for the vision backbones and the causal language model.
+
+One class per mixer serves both uses (as timm's ``Attention(is_causal=...)`` and fla's
+``layers/<mixer>.py``), chosen by ``directions``:
+
+- ``("fwd", "bwd")`` (vision): a forward scan (t = 1..N) and a reversed one (t = N..1, inside the
+  kernel, no flipped copies), each with its own gates, summed with the token's own write counted
+  once: ``y_t = y^fwd_t + y^bwd_t - own^bwd_t``. Both scans contain the token's own write
+  ``scale * q_t^T K_t V_t^T``; with per-direction gates the two writes differ, so the mixer
+  subtracts the backward scan's: the backward scan reads the later tokens through token t's own
+  (backward) transition, and the token itself is read once, through the forward scan's write.
+- ``("fwd",)`` (causal LM): one forward scan, with padding (``attention_mask``), an optional short
+  causal convolution and a recurrent-state cache (prefill with the chunk op continuing the cached
+  state, decoding with the decoding ops ``fused_recurrent_hdla`` / ``fused_recurrent_generalized``).
+
+The block, per token (``H`` heads, key dim ``K``, value dim ``V`` per head)::
+
+    q, k, v = act(conv(x W_qkv))                        (conv: LM only, optional; act: SiLU or identity)
+    gates_d = directions[d](x)                          (beta, decays, ...: :mod:`hdla_vision.layers.gates`)
+    y       = scan(q, k, v, gates_fwd) [+ reversed scan(q, k, v, gates_bwd) - own write]
+    o       = W_o ( RMSNorm_head(y) * act_g(x W_g) )
+
+``RMSNorm_head`` is an RMS norm over each head's V features (one weight shared by the heads), as in
+GLA / Gated DeltaNet: the scans have no softmax normaliser and their output norm grows with the
+number of tokens inside the decay window. ``act_g`` is SiLU by default (the swish output gate of
+GLA and Gated DeltaNet).
+
+Padding (``("fwd",)`` only). A token whose ``attention_mask`` entry is 0 becomes an identity step
+of the recurrence: x is zeroed before the projections, and every recurrence input but q (k, v,
+beta, g, or the generalized factors k, v, a, b, g) is zeroed, so the transition is ``I`` and the
+write 0. With left padding the state stays exactly zero until the first real token; with right
+padding the final state is the state after the last real token. The short conv sees the zeroed
+inputs, so its window never reaches pad tokens' features either.
+
+The cache (``("fwd",)`` only) is any object with the :class:`MixerCache` methods; the language
+model adapts transformers' cache layers to it (``hdla_vision.lm.cache.LayerCache``).
+"""
+from typing import NamedTuple, Optional, Protocol, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .gates import GateModule
+
+DIRECTIONS = (("fwd",), ("fwd", "bwd"))
+GATE_ACTIVATIONS = ("silu", "sigmoid", "identity")
+# A causal forward of at most this many new tokens on top of a cached state uses the decoding op.
+RECURRENT_MAX_TOKENS = 4
+# "auto": the public ops (Triton on CUDA, the PyTorch chunk form on the CPU); "torch": the vectorised
+# PyTorch chunk form called directly on any device (differentiable by autograd, traced by dynamo).
+CHUNK_BACKENDS = ("auto", "torch")
+_chunk_backend = "auto"
+
+
+def set_chunk_backend(name: str) -> None:
+    """Choose how every mixer runs its chunked scans: ``"auto"`` or ``"torch"``."""
+    global _chunk_backend
+    if name not in CHUNK_BACKENDS:
+        raise ValueError(f"chunk backend must be one of {CHUNK_BACKENDS}, got {name!r}")
+    _chunk_backend = name
+
+
+def chunk_backend() -> str:
+    return _chunk_backend
+
+
+class MixerCache(Protocol):
+    """One layer's recurrent state, as a causal mixer reads and writes it."""
+
+    def recurrent_state(self) -> Optional[torch.Tensor]:
+        """The state ``[B, H, K, V]`` after the tokens seen so far, or None before the first forward."""
+
+    def set_recurrent_state(self, state: torch.Tensor) -> None:
+        """Keep ``state [B, H, K, V]`` (fp32) for the next forward."""
+
+    def conv_input(self, seq: torch.Tensor, width: int) -> torch.Tensor:
+        """``seq [B, C, T]`` -> ``[B, C, width + T]``: the cached last ``width`` conv inputs (zeros for a
+        fresh sequence) before ``seq``; keeps the last ``width`` columns for the next forward."""
+
+
+def mask_time(t: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Zero ``t [B, T, ...]`` where ``attention_mask [B, T]`` is 0 (a select, so no 0 * inf)."""
+    keep = attention_mask.bool().reshape(*attention_mask.shape, *([1] * (t.dim() - 2)))
+    return torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def check_positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class LinearAttentionMixer(nn.Module):
+    """The shared block: ``forward(x [B, N, C], attention_mask=None, cache=None) -> [B, N, C]``.
+
+    Args:
+        dim: channels C of the input and output.
+        num_heads: heads H.
+        directions: ``("fwd", "bwd")`` (bidirectional, vision) or ``("fwd",)`` (causal, LM). Required:
+            each model states which use it builds.
+        head_dim: key dim K per head (default ``dim // num_heads``, then dim must be a multiple of H).
+        head_dim_v: value dim V per head (default K).
+        qkv_bias: bias on the q/k/v projection.
+        proj_bias: bias on the output gate and output projection (timm's ViT blocks have them; LMs
+            usually not).
+        proj_drop: dropout after the output projection.
+        short_conv_size: width of a depthwise causal conv on the q/k/v projections (0: none; causal only).
+        gate_act: activation of the output gate, one of ``GATE_ACTIVATIONS``.
+        norm_eps: epsilon of the per-head RMS norm and of the q/k L2 norms.
+        device, dtype: where and in which dtype the parameters are created (timm's factory arguments).
+        **options: the mixer's own arguments (see each mixer); unknown ones raise ValueError.
+
+    Subclasses set ``mixer_name``, ``qkv_activation`` ("silu" or "identity"), ``normalize_q``,
+    ``scale`` (None: 1), and implement :meth:`make_gates` (one direction's gate modules),
+    :meth:`features` (one direction's recurrence inputs), :meth:`scan` and :meth:`own_write`.
+    """
+
+    mixer_name = "base"
+    qkv_activation = "silu"
+    normalize_q = False
+    scale: Optional[float] = None
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        directions: Sequence[str],
+        head_dim: Optional[int] = None,
+        head_dim_v: Optional[int] = None,
+        qkv_bias: bool = False,
+        proj_bias: bool = True,
+        proj_drop: float = 0.0,
+        short_conv_size: int = 0,
+        gate_act: str = "silu",
+        norm_eps: float = 1e-5,
+        device=None,
+        dtype=None,
+        **options,
+    ):
+        super().__init__()
+        self._check_sizes(dim, num_heads, head_dim, head_dim_v)
+        self.directions_used = self._check_directions(directions)
+        if not isinstance(short_conv_size, int) or short_conv_size < 0 or short_conv_size == 1:
+            raise ValueError(f"short_conv_size must be 0 (off) or an int >= 2, got {short_conv_size!r}")
+        if short_conv_size and self.bidirectional:
+            raise ValueError("short_conv_size: the short convolution is causal; only directions=('fwd',) takes it")
+        if gate_act not in GATE_ACTIVATIONS:
+            raise ValueError(f"gate_act must be one of {GATE_ACTIVATIONS}, got {gate_act!r}")
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim = dim // num_heads if head_dim is None else head_dim
+        self.head_dim_v = self.head_dim if head_dim_v is None else head_dim_v
+        self.short_conv_size, self.gate_act, self.norm_eps = short_conv_size, gate_act, norm_eps
+        self.factory_kwargs = dd = dict(device=device, dtype=dtype)
+        self.num_keys = 1  # key/value pairs per token (n_h of Gated DeltaProduct)
+        self.configure(**options)
+        heads, hk, hv, n = num_heads, self.head_dim, self.head_dim_v, self.num_keys
+        self.qkv_sizes = [heads * hk, n * heads * hk, n * heads * hv]
+        self.qkv = nn.Linear(dim, sum(self.qkv_sizes), bias=qkv_bias, **dd)
+        if short_conv_size:
+            width = sum(self.qkv_sizes)
+            self.conv = nn.Conv1d(width, width, short_conv_size, groups=width, bias=False, **dd)
+        self.directions = nn.ModuleList([self.make_gates() for _ in self.directions_used])
+        self.build_output(proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.init_weights()
+
+    # -- checks ------------------------------------------------------------------------------
+    @staticmethod
+    def _check_sizes(dim, num_heads, head_dim, head_dim_v) -> None:
+        check_positive_int("dim", dim)
+        check_positive_int("num_heads", num_heads)
+        if head_dim is None and dim % num_heads:
+            raise ValueError(f"dim must be a positive multiple of num_heads, got dim={dim}, num_heads={num_heads}")
+        if head_dim is not None:
+            check_positive_int("head_dim", head_dim)
+        if head_dim_v is not None:
+            check_positive_int("head_dim_v", head_dim_v)
+
+    @staticmethod
+    def _check_directions(directions) -> Tuple[str, ...]:
+        directions = tuple(directions) if isinstance(directions, (tuple, list)) else directions
+        if directions not in DIRECTIONS:
+            raise ValueError("directions must be ('fwd',) (causal) or ('fwd', 'bwd') (bidirectional), "
+                             f"got {directions!r}")
+        return directions
+
+    @property
+    def bidirectional(self) -> bool:
+        return len(self.directions_used) == 2
+
+    # -- hooks -------------------------------------------------------------------------------
+    def configure(self, **options) -> None:
+        """Take the mixer's own keyword arguments; unknown ones raise."""
+        if options:
+            raise ValueError(f"unknown arguments for the {self.mixer_name!r} mixer: {sorted(options)}")
+
+    def make_gates(self) -> nn.ModuleDict:
+        """The gate modules of one scan direction, created with ``**self.factory_kwargs``."""
+        raise NotImplementedError
+
+    def features(self, x: torch.Tensor, q, k, v, gates: nn.ModuleDict) -> NamedTuple:
+        """One direction's recurrence inputs (a NamedTuple of ``[B, N, H, ...]`` tensors) from x, the
+        activated q ``[B, N, H, K]``, k ``[B, N, H, n, K]``, v ``[B, N, H, n, V]`` and its gates."""
+        raise NotImplementedError
+
+    def scan(self, q: torch.Tensor, feats: NamedTuple, reverse: bool = False,
+             initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
+             recurrent: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Run the recurrence: ``(y [B, N, H, V], final state [B, H, K, V] or None)``. ``recurrent``:
+        the decoding op on ``initial_state`` (kept in fp32) instead of the chunk op."""
+        raise NotImplementedError
+
+    def own_write(self, q: torch.Tensor, feats: NamedTuple) -> torch.Tensor:
+        """The token's own contribution to a scan ``scale * q_t^T K_t V_t^T``: ``[B, N, H, V]``."""
+        raise NotImplementedError
+
+    # -- output stage ------------------------------------------------------------------------
+    def build_output(self, proj_bias: bool) -> None:
+        """The output gate ``W_g``, the per-head norm and the output projection ``W_o``."""
+        dd, width = self.factory_kwargs, self.num_heads * self.head_dim_v
+        self.gate = nn.Linear(self.dim, width, bias=proj_bias, **dd)
+        self.norm = nn.RMSNorm(self.head_dim_v, eps=self.norm_eps, **dd)
+        self.proj = nn.Linear(width, self.dim, bias=proj_bias, **dd)
+
+    def gate_activation(self, gate: torch.Tensor) -> torch.Tensor:
+        if self.gate_act == "silu":
+            return F.silu(gate)
+        if self.gate_act == "sigmoid":
+            return torch.sigmoid(gate)
+        return gate
+
+    def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``y [B, N, H, V]``, ``x [B, N, C]`` -> ``W_o (RMSNorm_head(y) * act_g(x W_g))  [B, N, C]``."""
+        # weight cast to y's dtype: under autocast y is bf16 and rms_norm's fused kernel (fp32
+        # accumulation inside) needs matching dtypes
+        y = F.rms_norm(y, (self.head_dim_v,), self.norm.weight.to(y.dtype), self.norm_eps)
+        y = y.reshape(*x.shape[:2], -1) * self.gate_activation(self.gate(x))
+        return self.proj_drop(self.proj(y))
+
+    # -- shared ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """The gates' starting values; the vision backbone calls this after its generic linear init."""
+        for module in self.directions.modules():
+            if isinstance(module, GateModule):
+                module.init_weights()
+
+    def short_conv(self, proj: torch.Tensor, cache: Optional[MixerCache]) -> torch.Tensor:
+        """Depthwise causal conv over time of ``proj [B, T, C]``, continuing the cached window."""
+        width = self.short_conv_size - 1
+        seq = proj.transpose(1, 2)  # [B, C, T]
+        seq = F.pad(seq, (width, 0)) if cache is None else cache.conv_input(seq, width)
+        return F.conv1d(seq, self.conv.weight, groups=seq.shape[1]).transpose(1, 2)
+
+    def projections(self, x: torch.Tensor, cache: Optional[MixerCache] = None):
+        """q ``[B, N, H, K]`` (contiguous); k ``[B, N, H, n, K]``, v ``[B, N, H, n, V]``, activated
+        (n = ``num_keys``); k (and q where ``normalize_q``) L2-normalised after a SiLU activation."""
+        batch, seq_len, _ = x.shape
+        heads, n = self.num_heads, self.num_keys
+        proj = self.qkv(x)
+        if self.short_conv_size:
+            proj = self.short_conv(proj, cache)
+        q, k, v = proj.split(self.qkv_sizes, dim=-1)
+        q = q.reshape(batch, seq_len, heads, self.head_dim)
+        k = k.reshape(batch, seq_len, heads, n, self.head_dim)
+        v = v.reshape(batch, seq_len, heads, n, self.head_dim_v)
+        if self.qkv_activation == "silu":
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+            if self.normalize_q:
+                q = F.normalize(q, p=2.0, dim=-1, eps=self.norm_eps)
+            # cast back: under CUDA autocast the norm runs in fp32, and the ops want k in q's dtype
+            k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(q.dtype)
+        return q.contiguous(), k, v
+
+    def check_input(self, x: torch.Tensor, attention_mask, cache) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape [B, N, {self.dim}], got {list(x.shape)}")
+        if self.bidirectional and (attention_mask is not None or cache is not None):
+            raise ValueError("attention_mask / cache: a bidirectional mixer (directions=('fwd', 'bwd')) takes neither")
+        if attention_mask is not None and tuple(attention_mask.shape) != tuple(x.shape[:2]):
+            raise ValueError(f"attention_mask must have shape [B, T] = {list(x.shape[:2])}, "
+                             f"got {list(attention_mask.shape)}")
+
+    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                cache: Optional[MixerCache] = None) -> torch.Tensor:
+        """``x [B, N, C] -> [B, N, C]``; ``attention_mask [B, N]`` (1 = token, 0 = pad) and ``cache``
+        for the causal use only."""
+        self.check_input(x, attention_mask, cache)
+        if self.bidirectional:
+            return self.output(self.mix(x), x)
+        if attention_mask is not None:
+            x = x * attention_mask.to(x.dtype)[..., None]
+        return self.output(self.causal_mix(x, attention_mask, cache), x)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        """The bidirectional sum before norm and gate: ``x [B, N, C] -> y [B, N, H, V]``."""
+        q, k, v = self.projections(x)
+        fwd = self.features(x, q, k, v, self.directions[0])
+        bwd = self.features(x, q, k, v, self.directions[1])
+        y_fwd, _ = self.scan(q, fwd, reverse=False)
+        y_bwd, _ = self.scan(q, bwd, reverse=True)
+        return y_fwd + y_bwd - self.own_write(q, bwd)
+
+    def causal_mix(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                   cache: Optional[MixerCache]) -> torch.Tensor:
+        """The causal scan before norm and gate: ``x [B, T, C] -> y [B, T, H, V]``, continuing and
+        updating ``cache``'s state; up to ``RECURRENT_MAX_TOKENS`` tokens on a cached state decode."""
+        state = cache.recurrent_state() if cache is not None else None
+        q, k, v = self.projections(x, cache)
+        feats = self.features(x, q, k, v, self.directions[0])
+        if attention_mask is not None:
+            feats = type(feats)(*(mask_time(t, attention_mask) for t in feats))
+        recurrent = state is not None and x.shape[1] <= RECURRENT_MAX_TOKENS
+        y, final_state = self.scan(q, feats, initial_state=state, output_final_state=cache is not None,
+                                   recurrent=recurrent)
+        if cache is not None:
+            cache.set_recurrent_state(final_state.float())
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"{self.mixer_name!r}, dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+                f"head_dim_v={self.head_dim_v}, directions={self.directions_used}")
