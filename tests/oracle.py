@@ -1,4 +1,6 @@
 """Shared helpers for kernel tests: random problems and their float64 references."""
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -104,3 +106,19 @@ def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.f
     for n, g in zip(empty, grads[len(names):]):
         errors[f"d{n}"] = 0.0 if g is not None and g.shape == leaves[n].shape else float("inf")
     return errors
+
+
+class LoopCase(NamedTuple):
+    """One comparison of an op with the float64 loop (:func:`compare_with_loop`): ``problem`` holds
+    the arguments of :func:`hdla_problem` / :func:`generalized_problem`, ``op`` the op's keywords
+    (scale, reverse); the op runs in ``dtype`` and every relative error must be below ``tol``."""
+    name: str
+    problem: dict
+    op: dict = {}
+    dtype: torch.dtype = torch.float32
+    tol: float = 1e-4
+
+
+def case_name(case: LoopCase) -> str:
+    """A LoopCase's test id."""
+    return case.name

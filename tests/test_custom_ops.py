@@ -15,7 +15,7 @@ from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 
 import hdla_vision  # noqa: F401  registers the timm models
-from hdla_vision.kernels import chunk_generalized, chunk_hdla, custom_ops
+from hdla_vision.kernels import chunk_generalized, custom_ops
 from hdla_vision.layers import create_mixer
 from tests.oracle import generalized_problem, hdla_problem
 
@@ -48,13 +48,6 @@ def test_opcheck_chunk_generalized(problem, final, reverse):
     assert [tuple(t.shape) for t in grads[:6]] == [tuple(t.shape) for t in args[:6]]
 
 
-@pytest.mark.parametrize("final,reverse,h0", [(True, False, True), (False, True, False)])
-def test_opcheck_chunk_hdla(final, reverse, h0):
-    p = _float_leaves(hdla_problem(1, 20, 2, 8, 8, h0=h0))
-    args = (p["q"], p["k"], p["v"], p["beta"], p["g"], 1.0, p["initial_state"], final, reverse)
-    torch.library.opcheck(custom_ops.chunk_hdla_op, args)
-
-
 @pytest.mark.parametrize("h0", [True, False])
 def test_opcheck_fused_recurrent_hdla(h0):
     p = _float_leaves(hdla_problem(2, 3, 2, 8, 4, h0=h0))
@@ -72,11 +65,6 @@ def test_opcheck_backward_ops():
     o, state, x = OPS.chunk_generalized(*args)
     torch.library.opcheck(custom_ops.chunk_generalized_backward_op,
                           (torch.randn_like(o), torch.randn_like(state), *args[:6], p["initial_state"], x, state, 0.5, False))
-    h = {n: None if x is None else x.float() for n, x in hdla_problem(1, 18, 2, 8, 8, h0=False).items()}
-    args = (h["q"], h["k"], h["v"], h["beta"], h["g"], 1.0, None, False, True)
-    o, state, x = OPS.chunk_hdla(*args)
-    torch.library.opcheck(custom_ops.chunk_hdla_backward_op,
-                          (torch.randn_like(o), None, *args[:5], None, x, state, 1.0, True))
 
 
 def test_unrequested_final_state_is_none_and_gradients_flow_without_it():
@@ -182,17 +170,6 @@ def test_compiled_small_hdla_tiny_equals_eager():
     torch.manual_seed(0)
     model = timm.create_model("hdla_tiny", img_size=32, depth=1, num_classes=5).eval()  # eval: no drop path
     _assert_compiled_equals_eager(model, torch.randn(2, 3, 32, 32), rtol=1e-4, atol=1e-5)
-
-
-def test_compiled_op_raises_on_positive_log_decay():
-    """g <= 0 is checked inside the op, so a compiled graph refuses g > 0 too (a ValueError naming g)."""
-    torch._dynamo.reset()
-    p = {n: x.float() for n, x in hdla_problem(1, 8, 1, 8, 8).items()}
-    compiled = torch.compile(lambda **kw: chunk_hdla(**kw)[0], fullgraph=True)
-    compiled(**p)
-    p["g"][0, 3, 0, 1] = 0.5
-    with pytest.raises(ValueError, match="g is a log-decay and must be <= 0"):
-        compiled(**p)
 
 
 ONE_COPY_SCRIPT = """

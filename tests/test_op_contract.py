@@ -1,5 +1,6 @@
 """The ops' contract at its edges, on CPU tensors (the Triton kernels get the same cases under
-TRITON_INTERPRET=1 in test_chunk_interpret.py / test_fused_recurrent*.py):
+TRITON_INTERPRET=1 in test_chunk_interpret.py / test_fused_recurrent*.py; chunk_hdla's are in
+tests/ops/test_chunk_hdla.py on every backend):
 
 * g = -inf (lambda = 0) is the exact reset, with finite outputs and gradients (dL/dg = 0 there);
 * g > 0 is outside the domain and refused for CPU tensors;
@@ -9,8 +10,7 @@ TRITON_INTERPRET=1 in test_chunk_interpret.py / test_fused_recurrent*.py):
 import pytest
 import torch
 
-from hdla_vision.kernels import (chunk_generalized, chunk_hdla, fused_recurrent_generalized, fused_recurrent_hdla,
-                                 hdla_decay_factors, naive_generalized, naive_hdla)
+from hdla_vision.kernels import chunk_generalized, fused_recurrent_generalized, fused_recurrent_hdla
 from hdla_vision.kernels.utils import LOG_ZERO_FP32, LOG_ZERO_FP64
 from tests.oracle import compare_with_loop, generalized_problem, hdla_problem, rel_err
 
@@ -37,21 +37,6 @@ def test_floors_underflow_to_exactly_zero():
     assert torch.exp(torch.tensor(LOG_ZERO_FP64, dtype=F64)) == 0
 
 
-def test_naive_loops_reset_and_stay_finite():
-    """The two float64 references (Householder products; generalized loop on HDLA's factors) agree
-    at resets, with finite gradients and dL/dg = 0 at g = -inf."""
-    p = {n: x.requires_grad_() for n, x in hdla_problem(1, 12, 2, 6, 5, resets=0.3).items()}
-    o1, s1 = naive_hdla(**p, output_final_state=True)
-    a, b = hdla_decay_factors(p["k"], p["beta"], p["g"])
-    o2, s2 = naive_generalized(p["q"], p["k"].unsqueeze(3), p["v"].unsqueeze(3), a, b, p["g"],
-                               initial_state=p["initial_state"], output_final_state=True)
-    assert rel_err(o1, o2) < 1e-12 and rel_err(s1, s2) < 1e-12
-    (o1.square().sum() + s1.square().sum() + o2.sum()).backward()
-    assert all(torch.isfinite(x.grad).all() for x in p.values())
-    reset = torch.isinf(p["g"])
-    assert reset.any() and (p["g"].grad[reset] == 0).all()
-
-
 @pytest.mark.parametrize("r_ab,reverse", [(0, False), (2, True), (3, False)])
 @pytest.mark.parametrize("dtype", [F64, F32])
 def test_generalized_reset_is_the_exact_limit(r_ab, reverse, dtype):
@@ -74,26 +59,22 @@ def test_fused_generalized_reset_is_the_exact_limit(r_ab, per_head_g, dtype):
     assert all(err < tol for err in errors.values()), errors
 
 
-@pytest.mark.parametrize("op", [chunk_hdla, fused], ids=["chunk_hdla", "fused_recurrent_hdla"])
+@pytest.mark.parametrize("op", [fused], ids=["fused_recurrent_hdla"])
 @pytest.mark.parametrize("dtype", [F64, F32])
 def test_hdla_reset_is_the_exact_limit(op, dtype):
     inputs = hdla_problem(2, 29, 2, 8, 8, resets=0.15)
-    errors = compare_with_loop(op, "hdla", inputs, reverse=op is chunk_hdla, dtype=dtype)
+    errors = compare_with_loop(op, "hdla", inputs, reverse=False, dtype=dtype)
     tol = 1e-10 if dtype == F64 else 1e-4
     assert all(err < tol for err in errors.values()), errors
 
 
-@pytest.mark.parametrize("kind", ["gla", "hdla"])
+@pytest.mark.parametrize("kind", ["gla"])
 def test_full_reset_forgets_everything_before_it(kind):
-    """With lambda = 0 in every channel at token t, GLA's and HDLA's transitions are 0: the outputs
-    from t on equal the op run on the suffix from a zero state, and the earlier inputs get no gradient."""
+    """With lambda = 0 in every channel at token t, GLA's transitions are 0: the outputs from t on
+    equal the op run on the suffix from a zero state, and the earlier inputs get no gradient."""
     t = 21
-    if kind == "gla":
-        p = generalized_problem(1, 40, 2, 8, 8, 1, 0)
-        op = chunk_generalized
-    else:
-        p = hdla_problem(1, 40, 2, 8, 8)
-        op = chunk_hdla
+    p = generalized_problem(1, 40, 2, 8, 8, 1, 0)
+    op = chunk_generalized
     p = {n: x.float() for n, x in p.items()}
     p["g"][:, t] = float("-inf")
     p["q"].requires_grad_()
@@ -106,14 +87,14 @@ def test_full_reset_forgets_everything_before_it(kind):
     assert p["v"].grad[:, :t].abs().max() == 0 and p["v"].grad[:, t:].abs().max() > 0
 
 
-@pytest.mark.parametrize("op", ["generalized", "hdla", "fused"])
+@pytest.mark.parametrize("op", ["generalized", "fused"])
 def test_gradient_at_minus_inf_is_zero_and_all_finite(op):
     if op == "generalized":
         p = generalized_problem(1, 33, 2, 8, 8, 1, 2, resets=0.2)
         fn = chunk_generalized
     else:
-        p = hdla_problem(1, 33 if op == "hdla" else 5, 2, 8, 8, resets=0.2)
-        fn = chunk_hdla if op == "hdla" else fused_recurrent_hdla
+        p = hdla_problem(1, 5, 2, 8, 8, resets=0.2)
+        fn = fused_recurrent_hdla
     p = {n: x.float().requires_grad_() for n, x in p.items()}
     o, s = fn(**p) if op == "fused" else fn(**p, output_final_state=True)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()
@@ -126,14 +107,14 @@ def test_gradient_at_minus_inf_is_zero_and_all_finite(op):
 
 
 # ----------------------------------------------------------------------------- g > 0
-@pytest.mark.parametrize("op", ["generalized", "hdla", "fused"])
+@pytest.mark.parametrize("op", ["generalized", "fused"])
 def test_positive_log_decay_is_refused_on_cpu(op):
     if op == "generalized":
         p = {n: x.float() for n, x in generalized_problem(1, 5, 1, 8, 8, 1, 2).items()}
         fn = chunk_generalized
     else:
         p = {n: x.float() for n, x in hdla_problem(1, 5, 1, 8, 8).items()}
-        fn = chunk_hdla if op == "hdla" else fused_recurrent_hdla
+        fn = fused_recurrent_hdla
     fn(**p)  # g <= 0 (zeros included) is fine
     p["g"][0, 3, 0, 2] = 1e-3
     with pytest.raises(ValueError, match=r"g is a log-decay and must be <= 0"):
@@ -155,8 +136,6 @@ ACCEPTED = [  # (op, dtypes): the rule's allowed mixes
     ("generalized", dict(q=BF16, g=F32)),
     ("generalized", dict(q=F16, g=F32, initial_state=F32)),
     ("generalized", dict(q=F64, g=F32)),
-    ("hdla", dict(q=BF16, g=F32, beta=F32)),
-    ("hdla", dict(q=BF16, beta=F32)),
     ("fused", dict(q=BF16, g=F32, beta=F32, initial_state=F32)),
     ("fused_generalized", dict(q=BF16, g=F32, initial_state=F32)),
     ("fused_generalized", dict(q=F16, g=F16)),
@@ -168,13 +147,11 @@ REFUSED = [  # (op, dtypes, message)
     ("generalized", dict(q=BF16, b=F16), "b has dtype torch.float16; expected q's dtype torch.bfloat16"),
     ("generalized", dict(q=BF16, g=F16), "g has dtype torch.float16; expected q's dtype torch.bfloat16 or torch.float32"),
     ("generalized", dict(q=F32, g=F64), "g has dtype torch.float64; expected torch.float32"),
-    ("hdla", dict(q=BF16, k=F32), "k has dtype torch.float32; expected q's dtype torch.bfloat16"),
-    ("hdla", dict(q=F32, beta=F64), "beta has dtype torch.float64; expected torch.float32"),
     ("fused", dict(q=BF16, v=F32), "v has dtype torch.float32; expected q's dtype torch.bfloat16"),
     ("fused_generalized", dict(q=BF16, a=F32), "a has dtype torch.float32; expected q's dtype torch.bfloat16"),
     ("fused_generalized", dict(q=F32, g=F64), "g has dtype torch.float64; expected torch.float32"),
 ]
-OPS = {"generalized": (chunk_generalized, _generalized), "hdla": (chunk_hdla, _hdla),
+OPS = {"generalized": (chunk_generalized, _generalized),
        "fused": (fused_recurrent_hdla, _hdla), "fused_generalized": (fused_recurrent_generalized, _generalized)}
 
 
