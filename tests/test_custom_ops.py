@@ -1,7 +1,6 @@
-"""The chunk ops (and fused_recurrent_hdla) as torch.library custom ops (kernels/custom_ops.py), on CPU tensors:
+"""The ops as torch.library custom ops (kernels/custom_ops.py) inside models, on CPU tensors (each op's
+own opcheck is in tests/ops/):
 
-* ``torch.library.opcheck`` (schema, autograd registration, fake implementations, AOT dispatch) on
-  the forward and backward ops;
 * ``torch.compile(fullgraph=True)`` of the HDLA mixer, a seed mixer and a small hdla_tiny equals
   eager, forward and gradients;
 * the ops are single opaque nodes: no graph break, one node per scan in the forward and in the
@@ -15,26 +14,9 @@ from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 
 import hdla_vision  # noqa: F401  registers the timm models
-from hdla_vision.kernels import custom_ops
 from hdla_vision.layers import create_mixer
-from tests.oracle import hdla_problem
 
 OPS = torch.ops.hdla_vision
-
-
-def _float_leaves(problem):
-    return {n: None if x is None else x.float().requires_grad_() for n, x in problem.items()}
-
-
-@pytest.mark.parametrize("h0", [True, False])
-def test_opcheck_fused_recurrent_hdla(h0):
-    p = _float_leaves(hdla_problem(2, 3, 2, 8, 4, h0=h0))
-    args = (p["q"], p["k"], p["v"], p["beta"], p["g"], 0.5, p["initial_state"])
-    torch.library.opcheck(custom_ops.fused_recurrent_hdla_op, args)
-    o, state = custom_ops.fused_recurrent_hdla_op(*args)
-    detached = [None if t is None else t.detach() for t in args[:5]]
-    torch.library.opcheck(custom_ops.fused_recurrent_hdla_backward_op,
-                          (torch.randn_like(o), torch.randn_like(state), *detached, 0.5, args[6].detach() if h0 else None))
 
 
 # ----------------------------------------------------------------------------- graphs
