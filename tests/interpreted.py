@@ -2,8 +2,9 @@
 ``TRITON_INTERPRET=1`` from the repository root (so ``tests`` imports), with the default kernel family.
 :func:`run_interpreted` runs a script or module, :func:`run_interpreted_json` a worker that prints its
 results as JSON, :func:`run_interpreted_checks` a checks module (a pytest file without the ``test_``
-prefix, so never collected on its own) and reports each check's outcome, :func:`run_interpreted_tests`
-the ``backend="interpreter"`` items of the op tests (tests/ops/, tests/conftest.py), all in one process.
+prefix, so never collected on its own) and reports each check's outcome, :class:`InterpretedTests`
+the ``backend="interpreter"`` items of the op tests (tests/ops/, tests/conftest.py), all in one
+process in the background.
 
 Triton decides at decoration time, i.e. when a kernel module is first imported, whether a kernel is
 interpreted; setting the variable inside the main pytest process would leave the kernels imported
@@ -16,20 +17,27 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# The interpreter subprocess of run_interpreted_tests writes its outcomes to the file this names.
+# The subprocess of InterpretedTests writes its outcomes to the file this names.
 OUTCOMES_ENV = "HDLA_VISION_TEST_OUTCOMES"
 
 
-def run_interpreted(args, timeout=1800, env=None):
-    """``python *args`` under the interpreter (e.g. ``["-c", SCRIPT]`` or ``["-m", "tests.worker"]``),
-    with the variables ``env`` added: the finished ``subprocess.CompletedProcess`` with its text output."""
-    env = dict(os.environ, **(env or {}), TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+def interpreter_env(extra=None):
+    """This process's environment with ``TRITON_INTERPRET=1``, the repository root importable, the
+    default kernel family and the variables ``extra``."""
+    env = dict(os.environ, **(extra or {}), TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     env.pop("HDLA_VISION_KERNELS", None)
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return env
+
+
+def run_interpreted(args, timeout=1800):
+    """``python *args`` under the interpreter (e.g. ``["-c", SCRIPT]`` or ``["-m", "tests.worker"]``):
+    the finished ``subprocess.CompletedProcess`` with its text output."""
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=interpreter_env(), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -62,7 +70,7 @@ def outcomes_of(outcomes, function):
 
 
 class OutcomeRecorder:
-    """A pytest plugin for the interpreter subprocess of :func:`run_interpreted_tests` (tests/conftest.py
+    """A pytest plugin for the interpreter subprocess of :class:`InterpretedTests` (tests/conftest.py
     registers it there): every item's outcome, ``[passed | skipped | failed, text]`` (the failure's
     text or the skip's reason), written as JSON ``{node id: [outcome, text]}`` to ``path`` at the end."""
 
@@ -91,27 +99,47 @@ class OutcomeRecorder:
             json.dump(self.outcomes, f)
 
 
-def run_interpreted_tests(node_ids, timeout=2400):
-    """Run the pytest items ``node_ids`` (relative to the repository root) in ONE pytest subprocess
-    under the interpreter: ``{node id: (passed | skipped | failed, text)}``. An item that left no
-    outcome (the subprocess crashed, ran past ``timeout`` or did not find it) is failed with the tail
-    of the subprocess's output."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "outcomes.json")
-        args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *node_ids]
-        try:
-            proc = run_interpreted(args, timeout, env={OUTCOMES_ENV: path})
-            tail = f"exit status {proc.returncode}\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
-        except subprocess.TimeoutExpired as err:
-            tail = f"ran past {timeout} s\n{_text(err.stdout)[-6000:]}{_text(err.stderr)[-2000:]}"
-        recorded = {}
-        if os.path.exists(path):
-            with open(path) as f:
-                recorded = json.load(f)
-    missing = ("failed", f"no outcome from the interpreter subprocess ({tail})")
-    return {node_id: tuple(recorded.get(node_id, missing)) for node_id in node_ids}
+class InterpretedTests:
+    """The pytest items ``node_ids`` (relative to the repository root) run in ONE pytest subprocess
+    under the interpreter, started at construction and left running in the background (the main
+    pytest process goes on with its other tests meanwhile); :meth:`outcomes` waits for it."""
 
+    def __init__(self, node_ids, timeout=2400):
+        self.node_ids, self.timeout = list(node_ids), timeout
+        self._tmp = tempfile.TemporaryDirectory()
+        self._outcomes_path = os.path.join(self._tmp.name, "outcomes.json")
+        self._log = open(os.path.join(self._tmp.name, "output.txt"), "w+")
+        self._started = time.monotonic()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *self.node_ids], cwd=ROOT,
+            env=interpreter_env({OUTCOMES_ENV: self._outcomes_path}), stdout=self._log, stderr=subprocess.STDOUT)
+        self._result = None
 
-def _text(output) -> str:
-    """A TimeoutExpired's captured output (bytes, str or None) as text."""
-    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+    def outcomes(self):
+        """``{node id: (passed | skipped | failed, text)}``, once the subprocess has ended. An item
+        that left no outcome (the subprocess crashed, ran past ``timeout`` or did not find it) is
+        failed with the tail of the subprocess's output."""
+        if self._result is None:
+            try:
+                self._proc.wait(timeout=max(1.0, self.timeout - (time.monotonic() - self._started)))
+                status = f"exit status {self._proc.returncode}"
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+                status = f"ran past {self.timeout} s"
+            self._log.seek(0)
+            missing = ("failed", f"no outcome from the interpreter subprocess ({status}):\n{self._log.read()[-8000:]}")
+            recorded = {}
+            if os.path.exists(self._outcomes_path):
+                with open(self._outcomes_path) as f:
+                    recorded = json.load(f)
+            self._result = {node_id: tuple(recorded.get(node_id, missing)) for node_id in self.node_ids}
+        return self._result
+
+    def stop(self):
+        """End the subprocess if it still runs (the session ended before it), and remove its files."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+        self._tmp.cleanup()
