@@ -9,6 +9,7 @@ import torch
 
 from hdla_vision.kernels import chunk_generalized, custom_ops, naive_generalized
 from hdla_vision.kernels.utils import LOG_ZERO_FP32, LOG_ZERO_FP64, triton_supports_ranks
+from tests.ops.compiled import assert_compiled_equals_eager
 from tests.backends import CUDA_TOL, backend_cases, backends, dtypes_id, on_backend
 from tests.oracle import LoopCase, case_name, compare_with_loop, generalized_problem, rel_err
 
@@ -361,3 +362,12 @@ def test_opcheck_backward_op(backend):
     torch.library.opcheck(custom_ops.chunk_generalized_backward_op,
                           (torch.randn_like(o), torch.randn_like(state), *args[:6], p["initial_state"], x, state, 0.5,
                            False))
+
+
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
+@pytest.mark.parametrize("per_head_g", [False, True])
+def test_compiled_equals_eager(backend, per_head_g):
+    """The op under torch.compile(fullgraph=True): output, state and every gradient as in eager."""
+    p = generalized_problem(1, 37, 2, 8, 8, 2, 2, per_head_g=per_head_g)
+    p = on_backend({n: x.float() for n, x in p.items()}, backend)
+    assert_compiled_equals_eager(lambda **kw: chunk_generalized(**kw, scale=0.5, output_final_state=True), p)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hdla_vision.kernels import chunk_hdla, custom_ops, hdla_decay_factors, naive_generalized, naive_hdla
+from tests.ops.compiled import assert_compiled_equals_eager
 from tests.backends import CUDA_TOL, backend_cases, backends, dtypes_id, on_backend
 from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, rel_err
 
@@ -243,3 +244,11 @@ def test_opcheck_backward_op(backend):
     o, state, x = torch.ops.hdla_vision.chunk_hdla(*args)
     torch.library.opcheck(custom_ops.chunk_hdla_backward_op,
                           (torch.randn_like(o), None, *args[:5], None, x, state, 1.0, True))
+
+
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_compiled_equals_eager(backend, reverse):
+    """The op under torch.compile(fullgraph=True): output, state and every gradient as in eager."""
+    p = on_backend({n: x.float() for n, x in hdla_problem(1, 37, 2, 8, 8).items()}, backend)
+    assert_compiled_equals_eager(lambda **kw: chunk_hdla(**kw, scale=0.5, output_final_state=True, reverse=reverse), p)

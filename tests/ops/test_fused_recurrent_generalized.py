@@ -10,6 +10,7 @@ import torch
 from hdla_vision.kernels import chunk_generalized, custom_ops, fused_recurrent_generalized, naive_generalized
 from hdla_vision.kernels.generalized import fused_recurrent
 from hdla_vision.kernels.generalized.fused_recurrent import torch_fused_recurrent_generalized
+from tests.ops.compiled import assert_compiled_equals_eager
 from tests.backends import CUDA_TOL, backend_cases, backends, dtypes_id, on_backend
 from tests.oracle import LoopCase, case_name, compare_with_loop, generalized_problem, rel_err
 
@@ -274,3 +275,10 @@ def test_opcheck(backend, h0):
     torch.library.opcheck(custom_ops.fused_recurrent_generalized_backward_op,
                           (torch.randn_like(o), torch.randn_like(state), *detached, 0.5,
                            p["initial_state"].detach() if h0 else None))
+
+
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
+def test_compiled_equals_eager(backend):
+    """The op under torch.compile(fullgraph=True): output, state and every gradient as in eager."""
+    p = on_backend(fp32_inputs(generalized_problem(2, 3, 2, 8, 4, 2, 1, per_head_g=True)), backend)
+    assert_compiled_equals_eager(lambda **kw: fused_recurrent_generalized(**kw, scale=0.5, output_final_state=True), p)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from hdla_vision.kernels import chunk_hdla, custom_ops, fused_recurrent_hdla, naive_hdla
 from hdla_vision.kernels.hdla.fused_recurrent import torch_fused_recurrent_hdla
+from tests.ops.compiled import assert_compiled_equals_eager
 from tests.backends import CUDA_TOL, backend_cases, backends, device_of, dtypes_id, on_backend
 from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, rel_err
 
@@ -225,3 +226,10 @@ def test_opcheck(backend, h0):
     detached = [None if t is None else t.detach() for t in args[:5]]
     torch.library.opcheck(custom_ops.fused_recurrent_hdla_backward_op,
                           (torch.randn_like(o), torch.randn_like(state), *detached, 0.5, args[6].detach() if h0 else None))
+
+
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
+def test_compiled_equals_eager(backend):
+    """The op under torch.compile(fullgraph=True): output, state and every gradient as in eager."""
+    p = on_backend({n: x.float() for n, x in hdla_problem(2, 3, 2, 8, 4).items()}, backend)
+    assert_compiled_equals_eager(lambda **kw: fused_recurrent_hdla(**kw, scale=0.5), p)
