@@ -5,7 +5,7 @@ import os
 import pytest
 
 from tests.backends import BACKENDS, MARKS
-from tests.interpreted import OUTCOMES_ENV, InterpretedTests, OutcomeRecorder
+from tests.interpreted import OUTCOMES_ENV, OutcomeRecorder, run_interpreted_tests
 
 _TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
 INTERPRETING = _TRITON_INTERPRET_AT_START == "1"  # this process runs the kernels under the interpreter
@@ -45,7 +45,7 @@ def backend(request):
     """Where an op test runs the op: ``"torch"``, ``"interpreter"`` or ``"cuda"`` (tests/backends.py).
     "cuda" skips without CUDA. In the main process (``TRITON_INTERPRET`` unset) an "interpreter"
     item does not run its body: :func:`pytest_pyfunc_call` reports its outcome in the one interpreter
-    subprocess (started in the background when the run begins; these items run last); inside that
+    subprocess, which runs every selected "interpreter" item when the first is reached; inside that
     subprocess only the "interpreter" items run, the others skip."""
     name = request.param
     if INTERPRETING and name != "interpreter":
@@ -70,25 +70,17 @@ def reported_from_subprocess(item) -> bool:
     return not INTERPRETING and backend_of(item) == "interpreter"
 
 
-_INTERPRETED = pytest.StashKey[InterpretedTests]()
+_INTERPRETER_OUTCOMES = pytest.StashKey[dict]()
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session, config, items):
-    """The "interpreter" items go last (in their order), so the main process runs every other test
-    while the interpreter subprocess works on them."""
-    items[:] = sorted(items, key=reported_from_subprocess)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtestloop(session):
-    """Start the ONE interpreter subprocess (tests/interpreted.py) on the selected "interpreter" items,
-    in the background, before the first test runs."""
-    if session.config.option.collectonly or session.testsfailed:
-        return
-    node_ids = [item.nodeid for item in session.items if reported_from_subprocess(item)]
-    if node_ids:
-        session.config.stash[_INTERPRETED] = InterpretedTests(node_ids)
+def interpreter_outcomes(session) -> dict:
+    """``{node id: (outcome, text)}`` of every selected "interpreter" item, run when the first of them
+    is reached, all in ONE pytest subprocess under ``TRITON_INTERPRET=1`` (tests/interpreted.py)."""
+    stash = session.config.stash
+    if _INTERPRETER_OUTCOMES not in stash:
+        stash[_INTERPRETER_OUTCOMES] = run_interpreted_tests(
+            [item.nodeid for item in session.items if reported_from_subprocess(item)])
+    return stash[_INTERPRETER_OUTCOMES]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -97,19 +89,12 @@ def pytest_pyfunc_call(pyfuncitem):
     subprocess (with that failure's text) instead of running its body here."""
     if not reported_from_subprocess(pyfuncitem):
         return None
-    outcome, text = pyfuncitem.config.stash[_INTERPRETED].outcomes()[pyfuncitem.nodeid]
+    outcome, text = interpreter_outcomes(pyfuncitem.session)[pyfuncitem.nodeid]
     if outcome == "skipped":
         pytest.skip(f"in the interpreter subprocess: {text}")
     if outcome != "passed":
         pytest.fail(f"in the interpreter subprocess (TRITON_INTERPRET=1):\n{text}", pytrace=False)
     return True
-
-
-def pytest_sessionfinish(session):
-    """The interpreter subprocess ends with the session (it may still run after a -x stop)."""
-    interpreted = session.config.stash.get(_INTERPRETED, None)
-    if interpreted is not None:
-        interpreted.stop()
 
 
 def pytest_configure(config):

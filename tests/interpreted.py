@@ -2,9 +2,8 @@
 ``TRITON_INTERPRET=1`` from the repository root (so ``tests`` imports), with the default kernel family.
 :func:`run_interpreted` runs a script or module, :func:`run_interpreted_json` a worker that prints its
 results as JSON, :func:`run_interpreted_checks` a checks module (a pytest file without the ``test_``
-prefix, so never collected on its own) and reports each check's outcome, :class:`InterpretedTests`
-the ``backend="interpreter"`` items of the op tests (tests/ops/, tests/conftest.py), all in one
-process in the background.
+prefix, so never collected on its own) and reports each check's outcome, :func:`run_interpreted_tests`
+the ``backend="interpreter"`` items of the op tests (tests/ops/, tests/conftest.py), all in one process.
 
 Triton decides at decoration time, i.e. when a kernel module is first imported, whether a kernel is
 interpreted; setting the variable inside the main pytest process would leave the kernels imported
@@ -17,12 +16,11 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# The subprocess of InterpretedTests writes its outcomes to the file this names.
+# The subprocess of run_interpreted_tests writes its outcomes to the file this names.
 OUTCOMES_ENV = "HDLA_VISION_TEST_OUTCOMES"
 
 
@@ -70,7 +68,7 @@ def outcomes_of(outcomes, function):
 
 
 class OutcomeRecorder:
-    """A pytest plugin for the interpreter subprocess of :class:`InterpretedTests` (tests/conftest.py
+    """A pytest plugin for the interpreter subprocess of :func:`run_interpreted_tests` (tests/conftest.py
     registers it there): every item's outcome, ``[passed | skipped | failed, text]`` (the failure's
     text or the skip's reason), written as JSON ``{node id: [outcome, text]}`` to ``path`` at the end."""
 
@@ -99,47 +97,24 @@ class OutcomeRecorder:
             json.dump(self.outcomes, f)
 
 
-class InterpretedTests:
-    """The pytest items ``node_ids`` (relative to the repository root) run in ONE pytest subprocess
-    under the interpreter, started at construction and left running in the background (the main
-    pytest process goes on with its other tests meanwhile); :meth:`outcomes` waits for it."""
-
-    def __init__(self, node_ids, timeout=2400):
-        self.node_ids, self.timeout = list(node_ids), timeout
-        self._tmp = tempfile.TemporaryDirectory()
-        self._outcomes_path = os.path.join(self._tmp.name, "outcomes.json")
-        self._log = open(os.path.join(self._tmp.name, "output.txt"), "w+")
-        self._started = time.monotonic()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *self.node_ids], cwd=ROOT,
-            env=interpreter_env({OUTCOMES_ENV: self._outcomes_path}), stdout=self._log, stderr=subprocess.STDOUT)
-        self._result = None
-
-    def outcomes(self):
-        """``{node id: (passed | skipped | failed, text)}``, once the subprocess has ended. An item
-        that left no outcome (the subprocess crashed, ran past ``timeout`` or did not find it) is
-        failed with the tail of the subprocess's output."""
-        if self._result is None:
-            try:
-                self._proc.wait(timeout=max(1.0, self.timeout - (time.monotonic() - self._started)))
-                status = f"exit status {self._proc.returncode}"
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-                status = f"ran past {self.timeout} s"
-            self._log.seek(0)
-            missing = ("failed", f"no outcome from the interpreter subprocess ({status}):\n{self._log.read()[-8000:]}")
-            recorded = {}
-            if os.path.exists(self._outcomes_path):
-                with open(self._outcomes_path) as f:
-                    recorded = json.load(f)
-            self._result = {node_id: tuple(recorded.get(node_id, missing)) for node_id in self.node_ids}
-        return self._result
-
-    def stop(self):
-        """End the subprocess if it still runs (the session ended before it), and remove its files."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-        self._log.close()
-        self._tmp.cleanup()
+def run_interpreted_tests(node_ids, timeout=2400):
+    """Run the pytest items ``node_ids`` (relative to the repository root) in ONE pytest subprocess
+    under the interpreter: ``{node id: (passed | skipped | failed, text)}``. An item that left no
+    outcome (the subprocess crashed, ran past ``timeout`` or did not find it) is failed with the tail
+    of the subprocess's output."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "outcomes.json")
+        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *node_ids]
+        try:
+            proc = subprocess.run(args, cwd=ROOT, env=interpreter_env({OUTCOMES_ENV: path}), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=timeout)
+            status, output = f"exit status {proc.returncode}", proc.stdout
+        except subprocess.TimeoutExpired as err:
+            status, output = f"ran past {timeout} s", err.stdout or ""
+            output = output.decode(errors="replace") if isinstance(output, bytes) else output
+        recorded = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                recorded = json.load(f)
+    missing = ("failed", f"no outcome from the interpreter subprocess ({status}):\n{output[-8000:]}")
+    return {node_id: tuple(recorded.get(node_id, missing)) for node_id in node_ids}
