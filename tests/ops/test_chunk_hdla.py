@@ -86,7 +86,7 @@ CUDA_CASES = [  # realistic shapes; bf16, and fp32 with TF32 tensor-core product
 ]
 
 
-@pytest.mark.parametrize("backend,case", backend_cases(case_name, torch=CPU_CASES + INTERPRETER_CASES,
+@pytest.mark.parametrize("backend,case", backend_cases(case_name, torch=CPU_CASES,
                                                        interpreter=INTERPRETER_CASES, cuda=CUDA_CASES),
                          indirect=["backend"])
 def test_matches_float64_loop(backend, case):
@@ -120,31 +120,26 @@ def test_bf16_inputs_return_bf16(backend):
 
 
 # ----------------------------------------------------------------------------- g = -inf, g > 0
-def _seq_len_heads(backend):
-    """The contract checks' T and H: (40, 2), on the interpreter (20, 1) (its cost grows with T * H)."""
-    return (20, 1) if backend == "interpreter" else (40, 2)
-
-
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
 def test_full_reset_forgets_everything_before_it(backend):
     """With lambda = 0 in every channel at token t the transition is 0: the outputs from t on equal
     the op run on the suffix from a zero state, and the earlier inputs get no gradient."""
-    seq_len, heads = _seq_len_heads(backend)
-    t = seq_len // 2 + 1
-    p = on_backend({n: x.float() for n, x in hdla_problem(1, seq_len, heads, 8, 8).items()}, backend)
+    t = 21
+    p = on_backend({n: x.float() for n, x in hdla_problem(1, 40, 2, 8, 8).items()}, backend)
     p["g"][:, t] = float("-inf")
     p["q"].requires_grad_()
     p["v"].requires_grad_()
     o, _ = chunk_hdla(**p)
     suffix = {n: (x[:, t:] if n != "initial_state" else None) for n, x in p.items()}
     o_suffix, _ = chunk_hdla(**suffix)
-    assert rel_err(o[:, t:], o_suffix) < 1e-5
+    assert rel_err(o[:, t:], o_suffix) < (CUDA_TOL if backend == "cuda" else 1e-5)  # other chunk boundaries
     o[:, t:].square().sum().backward()
     assert p["v"].grad[:, :t].abs().max() == 0 and p["v"].grad[:, t:].abs().max() > 0
 
 
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
 def test_gradient_at_minus_inf_is_zero_and_all_finite(backend):
-    seq_len, heads = _seq_len_heads(backend)
-    p = on_backend({n: x.float() for n, x in hdla_problem(1, seq_len - 7, heads, 8, 8, resets=0.2).items()}, backend)
+    p = on_backend({n: x.float() for n, x in hdla_problem(1, 33, 2, 8, 8, resets=0.2).items()}, backend)
     p = {n: x.requires_grad_() for n, x in p.items()}
     o, s = chunk_hdla(**p, output_final_state=True)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()

@@ -50,7 +50,11 @@ def triton_launches(monkeypatch):
 STEP_TOL = {"torch": 1e-5, "interpreter": 1e-4, "cuda": 1e-4}  # relative, fp32 against the float64 loop
 
 
-STEPS = [(case, h0, resets) for case in CASES for h0 in (True, False) for resets in (False, True) if case[6] or not resets]
+def steps(with_resets):
+    """(case, h0, resets): every case with and without an initial state, with resets where r_ab > 0
+    and, unless ``with_resets`` only, without them."""
+    return [(case, h0, resets) for case in CASES for h0 in (True, False)
+            for resets in ((bool(case[6]),) if with_resets else (False, True)) if case[6] or not resets]
 
 
 def step_id(step):
@@ -58,10 +62,13 @@ def step_id(step):
     return f"{case_id(case)}{'' if h0 else '_no_h0'}{'_resets' if resets else ''}"
 
 
-@pytest.mark.parametrize("case,h0,resets", STEPS, ids=[step_id(step) for step in STEPS])
-def test_step_matches_float64_loop(backend, case, h0, resets, triton_launches):
+# the interpreter runs each case once, with the resets where the rank allows them (its cost)
+@pytest.mark.parametrize("backend,step", backend_cases(step_id, torch=steps(False), interpreter=steps(True),
+                                                       cuda=steps(False)), indirect=["backend"])
+def test_step_matches_float64_loop(backend, step, triton_launches):
     """Output and new state (fp32) of one call; with ``resets`` g = -inf on the first token in a
     quarter of the channels (a per-head g: in every channel), and the Triton kernel ran where it should."""
+    case, h0, resets = step
     B, T, H, K, V, r_kv, r_ab, per_head_g = case
     p = generalized_problem(B, T, H, K, V, r_kv, r_ab, h0=h0, per_head_g=per_head_g, seed=K + r_ab)
     if resets:
@@ -114,6 +121,7 @@ def test_steps_chained_equal_one_multi_token_call(backend, case):
     torch.testing.assert_close(state, s_all, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
 def test_steps_from_chunk_final_state_equal_chunk_over_whole_sequence(backend):
     """Prefill with the chunk op, then decode token by token: same outputs and final state."""
     p = on_backend(fp32_inputs(generalized_problem(2, 37, 2, 16, 16, 1, 2, seed=5)), backend)
@@ -192,7 +200,7 @@ RANKS = [(0, False), (2, True), (3, False)]  # (r_ab, per_head_g)
 
 @pytest.mark.parametrize("backend,case", backend_cases(
     case_name, torch=[_resets(*rank, dtype=F64, tol=1e-10) for rank in RANKS] + [_resets(*rank) for rank in RANKS],
-    interpreter=[_resets(*rank) for rank in RANKS], cuda=[_resets(*rank, tol=CUDA_TOL) for rank in RANKS]),
+    cuda=[_resets(*rank, tol=CUDA_TOL) for rank in RANKS]),
     indirect=["backend"])
 def test_reset_is_the_exact_limit(backend, case):
     """Against the float64 loop at resets (g = -inf on 20% of tokens and channels): output, state and
@@ -263,6 +271,7 @@ def test_positive_log_decay_is_refused_on_cpu(backend, match, kwargs):
 
 
 # ----------------------------------------------------------------------------- the custom op
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
 @pytest.mark.parametrize("h0", [True, False])
 def test_opcheck(backend, h0):
     """opcheck of the op and of its backward op (no initial state: a per-head g)."""

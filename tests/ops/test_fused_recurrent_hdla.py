@@ -111,6 +111,7 @@ def test_bf16_inputs_give_bf16_output(backend, shape):
     assert (o.double() - o_ref).abs().max() < 0.1 * o_ref.abs().max()
 
 
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
 def test_steps_from_chunk_final_state_equal_chunk_over_whole_sequence(backend):
     """Prefill with the chunk op, then decode token by token: same outputs and final state."""
     (q, k, v, beta, g), _ = hdla_inputs(2, 37, 2, 16, 16, seed=1, device=device_of(backend))
@@ -148,7 +149,7 @@ RESETS = dict(batch=2, seq_len=29, heads=2, dk=8, dv=8, resets=0.15)
 
 @pytest.mark.parametrize("backend,case", backend_cases(
     case_name, torch=[LoopCase("resets_f64", RESETS, dtype=F64, tol=1e-10), LoopCase("resets_f32", RESETS)],
-    interpreter=[LoopCase("resets_f32", RESETS)], cuda=[LoopCase("resets_f32", RESETS, tol=CUDA_TOL)]),
+    cuda=[LoopCase("resets_f32", RESETS, tol=CUDA_TOL)]),
     indirect=["backend"])
 def test_reset_is_the_exact_limit(backend, case):
     """Against the float64 loop at resets (g = -inf on 15% of tokens and channels): output, state and
@@ -215,6 +216,7 @@ def test_input_checks_name_the_argument(backend):
 
 
 # ----------------------------------------------------------------------------- the custom op
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
 @pytest.mark.parametrize("h0", [True, False])
 def test_opcheck(backend, h0):
     """opcheck of the op and of its backward op."""
