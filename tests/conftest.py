@@ -1,9 +1,14 @@
-"""Guards and fixtures shared by the test modules."""
+"""Guards and fixtures shared by the test modules, and the ``backend`` parameter of the op tests
+(tests/ops/, tests/backends.py)."""
 import os
 
 import pytest
 
+from tests.backends import BACKENDS, MARKS
+from tests.interpreted import OUTCOMES_ENV, OutcomeRecorder, run_interpreted_tests
+
 _TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
+INTERPRETING = _TRITON_INTERPRET_AT_START == "1"  # this process runs the kernels under the interpreter
 
 
 def pytest_collection_finish(session):
@@ -32,3 +37,68 @@ def fresh_accelerate_state():
     reset_accelerate_state()
     yield
     reset_accelerate_state()
+
+
+# ----------------------------------------------------------------------------- the backend parameter
+@pytest.fixture(params=[pytest.param(name, marks=MARKS[name], id=name) for name in BACKENDS])
+def backend(request):
+    """Where an op test runs the op: ``"torch"``, ``"interpreter"`` or ``"cuda"`` (tests/backends.py).
+    "cuda" skips without CUDA. In the main process (``TRITON_INTERPRET`` unset) an "interpreter"
+    item does not run its body: :func:`pytest_pyfunc_call` reports its outcome in the one interpreter
+    subprocess, which runs every selected "interpreter" item when the first is reached; inside that
+    subprocess only the "interpreter" items run, the others skip."""
+    name = request.param
+    if INTERPRETING and name != "interpreter":
+        pytest.skip(f"the backend {name!r} does not run under TRITON_INTERPRET=1 (only 'interpreter' does)")
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA")
+    return name
+
+
+def backend_of(item) -> str | None:
+    """The ``backend`` parameter of a test item (None for a test without one)."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("backend") if callspec is not None else None
+
+
+def reported_from_subprocess(item) -> bool:
+    """Whether the item is an "interpreter" item of the main process (its outcome comes from the
+    interpreter subprocess)."""
+    return not INTERPRETING and backend_of(item) == "interpreter"
+
+
+_INTERPRETER_OUTCOMES = pytest.StashKey[dict]()
+
+
+def interpreter_outcomes(session) -> dict:
+    """``{node id: (outcome, text)}`` of every selected "interpreter" item, run when the first of them
+    is reached, all in ONE pytest subprocess under ``TRITON_INTERPRET=1`` (tests/interpreted.py)."""
+    stash = session.config.stash
+    if _INTERPRETER_OUTCOMES not in stash:
+        stash[_INTERPRETER_OUTCOMES] = run_interpreted_tests(
+            [item.nodeid for item in session.items if reported_from_subprocess(item)])
+    return stash[_INTERPRETER_OUTCOMES]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """An "interpreter" item of the main process passes, skips or fails as it did in the interpreter
+    subprocess (with that failure's text) instead of running its body here."""
+    if not reported_from_subprocess(pyfuncitem):
+        return None
+    outcome, text = interpreter_outcomes(pyfuncitem.session)[pyfuncitem.nodeid]
+    if outcome == "skipped":
+        pytest.skip(f"in the interpreter subprocess: {text}")
+    if outcome != "passed":
+        pytest.fail(f"in the interpreter subprocess (TRITON_INTERPRET=1):\n{text}", pytrace=False)
+    return True
+
+
+def pytest_configure(config):
+    """Inside the interpreter subprocess: record every item's outcome (tests/interpreted.py)."""
+    path = os.environ.pop(OUTCOMES_ENV, None)
+    if path:
+        config.pluginmanager.register(OutcomeRecorder(path), "interpreter-outcomes")

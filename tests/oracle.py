@@ -1,8 +1,19 @@
 """Shared helpers for kernel tests: random problems and their float64 references."""
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
-from hdla_vision.kernels import naive_generalized, naive_hdla
+from hdla_vision.kernels import (
+    chunk_loglinear_generalized,
+    chunk_loglinear_hdla,
+    fused_recurrent_loglinear_generalized,
+    fused_recurrent_loglinear_hdla,
+    naive_generalized,
+    naive_hdla,
+    naive_loglinear_generalized,
+    naive_loglinear_hdla,
+)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -104,3 +115,97 @@ def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.f
     for n, g in zip(empty, grads[len(names):]):
         errors[f"d{n}"] = 0.0 if g is not None and g.shape == leaves[n].shape else float("inf")
     return errors
+
+
+class LoopCase(NamedTuple):
+    """One comparison of an op with the float64 loop (:func:`compare_with_loop`): ``problem`` holds
+    the arguments of :func:`hdla_problem` / :func:`generalized_problem`, ``op`` the op's keywords
+    (scale, reverse); the op runs in ``dtype`` and every relative error must be below ``tol``."""
+    name: str
+    problem: dict
+    op: dict = {}
+    dtype: torch.dtype = torch.float32
+    tol: float = 1e-4
+
+
+def case_name(case: LoopCase) -> str:
+    """A LoopCase's test id."""
+    return case.name
+
+
+# ----------------------------------------------------------------------------- log-linear (kernels/README.md §7)
+LOGLINEAR_OPS = {  # kind: (chunk op, float64 loop, decoding step)
+    "hdla": (chunk_loglinear_hdla, naive_loglinear_hdla, fused_recurrent_loglinear_hdla),
+    "generalized": (chunk_loglinear_generalized, naive_loglinear_generalized, fused_recurrent_loglinear_generalized),
+}
+LOGLINEAR_GRAD_NAMES = {"hdla": ("q", "k", "v", "beta", "g", "level_scales", "initial_state"),
+                        "generalized": ("q", "k", "v", "a", "b", "g", "level_scales", "initial_state")}
+UNBOUNDED = 64  # more levels than any test sequence has: every bucket gets its own weight
+
+
+def loglinear_problem(kind, seq_len, num_levels, batch=2, heads=2, dk=8, dv=4, r_kv=1, r_ab=1, g_min=-3.0,
+                      h0=False, scalar_decay=False, resets=0.0, seed=0):
+    """Random float64 inputs of the log-linear op of ``kind`` ("hdla" or "generalized"): the linear
+    op's (:func:`hdla_problem`, :func:`generalized_problem`), level weights softplus(N(0, 1))
+    ``[B, T, H, L]`` and, with ``h0``, a random cache ``[B, H, L, K, V]`` (every level filled, also
+    those a Fenwick cache would keep empty); ``resets``: a fraction of g = -inf."""
+    if kind == "hdla":
+        p = hdla_problem(batch, seq_len, heads, dk, dv, g_min=g_min, h0=False, seed=seed, resets=resets)
+    else:
+        p = generalized_problem(batch, seq_len, heads, dk, dv, r_kv, r_ab, g_min=g_min, h0=False, seed=seed,
+                                resets=resets)
+    if scalar_decay:
+        p["g"] = p["g"][..., :1].expand_as(p["g"]).contiguous()
+    gen = torch.Generator().manual_seed(seed + 100)
+    p["level_scales"] = F.softplus(torch.randn(batch, seq_len, heads, num_levels, generator=gen, dtype=torch.float64))
+    p["initial_state"] = (torch.randn(batch, heads, num_levels, dk, dv, generator=gen, dtype=torch.float64)
+                          if h0 else None)
+    return p
+
+
+def compare_with_definition(kind, inputs, dtype=torch.float32, **kwargs):
+    """Relative errors of the log-linear chunk op run in ``dtype`` against the float64 loop, on the
+    inputs' device: the output, the final levels and every gradient (random cotangents on both outputs)."""
+    chunk, loop, _ = LOGLINEAR_OPS[kind]
+    names = [n for n in LOGLINEAR_GRAD_NAMES[kind] if inputs[n] is not None and inputs[n].numel() > 0]
+    empty = [n for n in LOGLINEAR_GRAD_NAMES[kind] if inputs[n] is not None and inputs[n].numel() == 0]
+
+    def run(fn, cast):
+        leaves = {n: None if x is None else cast(x).requires_grad_(n in names + empty) for n, x in inputs.items()}
+        return leaves, *fn(**leaves, output_final_state=True, **kwargs)
+
+    ref_leaves, ref_o, ref_s = run(loop, lambda x: x.clone())
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(ref_o.shape, generator=gen, dtype=torch.float64).to(ref_o.device)
+    ds = torch.randn(ref_s.shape, generator=gen, dtype=torch.float64).to(ref_o.device)
+    ref_grads = torch.autograd.grad((ref_o * do).sum() + (ref_s * ds).sum(), [ref_leaves[n] for n in names])
+    leaves, o, s = run(chunk, lambda x: x.detach().to(dtype))
+    assert o.dtype == dtype and s.dtype == dtype
+    grads = torch.autograd.grad((o.double() * do).sum() + (s.double() * ds).sum(),
+                                [leaves[n] for n in names + empty], allow_unused=True)
+    errors = {"o": rel_err(o, ref_o), "final_state": rel_err(s, ref_s)}
+    errors.update({f"d{n}": rel_err(g, r) for n, g, r in zip(names, grads, ref_grads)})
+    for n, g in zip(empty, grads[len(names):]):  # a, b at r_ab = 0 get (empty) gradients of their shape
+        errors[f"d{n}"] = 0.0 if g is not None and g.shape == leaves[n].shape else float("inf")
+    return errors
+
+
+def loglinear_tokens(p, start, stop):
+    """The inputs of tokens ``start:stop`` (the cache as it is, absent inputs left out)."""
+    return {n: (x[:, start:stop] if n != "initial_state" else x) for n, x in p.items() if x is not None}
+
+
+def bad_loglinear_problem(kind, **over):
+    """A good fp32 log-linear problem of ``kind`` ([B, T, H, L, K, V] = [2, 6, 2, 3, 8, 4]) with the arguments ``over``."""
+    p = {n: None if x is None else x.float() for n, x in loglinear_problem(kind, 6, 3).items()}
+    p.update(over)
+    return p
+
+
+LOGLINEAR_GENERALIZED_BAD_INPUT = [  # (overrides of bad_loglinear_problem, message): refused by the
+    # generalized chunk op and decoding step alike
+    (dict(level_scales=torch.rand(2, 6, 3, 3)), "level_scales must have shape [B, T, H, L]"),
+    (dict(offset=True), "offset must be an int"),
+    (dict(initial_state=torch.zeros(2, 2, 4, 8, 4)), "initial_state must have shape [B, H, L, K, V]"),
+    (dict(a=torch.randn(2, 6, 2, 1, 7)), "a must have shape [B, T, H, r_ab, K]"),
+]

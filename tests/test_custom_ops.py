@@ -1,7 +1,6 @@
-"""The chunk ops (and fused_recurrent_hdla) as torch.library custom ops (kernels/custom_ops.py), on CPU tensors:
+"""The ops as torch.library custom ops (kernels/custom_ops.py) inside models, on CPU tensors (each op's
+own opcheck is in tests/ops/):
 
-* ``torch.library.opcheck`` (schema, autograd registration, fake implementations, AOT dispatch) on
-  the forward and backward ops;
 * ``torch.compile(fullgraph=True)`` of the HDLA mixer, a seed mixer and a small hdla_tiny equals
   eager, forward and gradients;
 * the ops are single opaque nodes: no graph break, one node per scan in the forward and in the
@@ -15,77 +14,9 @@ from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 
 import hdla_vision  # noqa: F401  registers the timm models
-from hdla_vision.kernels import chunk_generalized, chunk_hdla, custom_ops
 from hdla_vision.layers import create_mixer
-from tests.oracle import generalized_problem, hdla_problem
 
 OPS = torch.ops.hdla_vision
-
-
-def _float_leaves(problem):
-    return {n: None if x is None else x.float().requires_grad_() for n, x in problem.items()}
-
-
-GENERALIZED_OPCHECK = [  # (problem kwargs, output_final_state, reverse)
-    (dict(batch=1, seq_len=20, heads=2, dk=8, dv=4, r_kv=1, r_ab=2), True, False),
-    (dict(batch=1, seq_len=17, heads=1, dk=8, dv=8, r_kv=2, r_ab=0, h0=False), False, True),
-    (dict(batch=2, seq_len=9, heads=1, dk=4, dv=4, r_kv=1, r_ab=3, per_head_g=True), True, True),
-]
-
-
-@pytest.mark.parametrize("problem,final,reverse", GENERALIZED_OPCHECK)
-def test_opcheck_chunk_generalized(problem, final, reverse):
-    p = _float_leaves(generalized_problem(**problem))
-    args = (p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 0.5, p["initial_state"], final, reverse)
-    torch.library.opcheck(custom_ops.chunk_generalized_op, args)
-    o, state, x = custom_ops.chunk_generalized_op(*args)
-    expected = (problem["batch"], problem["heads"], problem["dk"], problem["dv"]) if final else (0,)
-    assert tuple(state.shape) == expected and tuple(o.shape) == tuple(p["q"].shape[:3]) + (problem["dv"],)
-    grads = OPS.chunk_generalized_backward(torch.randn_like(o), state.detach() if final else None,
-                                           *(t.detach() if t is not None else None for t in args[:6]),
-                                           None if p["initial_state"] is None else p["initial_state"].detach(),
-                                           x, state.detach(), 0.5, reverse)
-    assert [tuple(t.shape) for t in grads[:6]] == [tuple(t.shape) for t in args[:6]]
-
-
-@pytest.mark.parametrize("final,reverse,h0", [(True, False, True), (False, True, False)])
-def test_opcheck_chunk_hdla(final, reverse, h0):
-    p = _float_leaves(hdla_problem(1, 20, 2, 8, 8, h0=h0))
-    args = (p["q"], p["k"], p["v"], p["beta"], p["g"], 1.0, p["initial_state"], final, reverse)
-    torch.library.opcheck(custom_ops.chunk_hdla_op, args)
-
-
-@pytest.mark.parametrize("h0", [True, False])
-def test_opcheck_fused_recurrent_hdla(h0):
-    p = _float_leaves(hdla_problem(2, 3, 2, 8, 4, h0=h0))
-    args = (p["q"], p["k"], p["v"], p["beta"], p["g"], 0.5, p["initial_state"])
-    torch.library.opcheck(custom_ops.fused_recurrent_hdla_op, args)
-    o, state = custom_ops.fused_recurrent_hdla_op(*args)
-    detached = [None if t is None else t.detach() for t in args[:5]]
-    torch.library.opcheck(custom_ops.fused_recurrent_hdla_backward_op,
-                          (torch.randn_like(o), torch.randn_like(state), *detached, 0.5, args[6].detach() if h0 else None))
-
-
-def test_opcheck_backward_ops():
-    p = {n: x.float() for n, x in generalized_problem(1, 18, 2, 8, 4, 1, 2).items()}
-    args = (p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 0.5, p["initial_state"], True, False)
-    o, state, x = OPS.chunk_generalized(*args)
-    torch.library.opcheck(custom_ops.chunk_generalized_backward_op,
-                          (torch.randn_like(o), torch.randn_like(state), *args[:6], p["initial_state"], x, state, 0.5, False))
-    h = {n: None if x is None else x.float() for n, x in hdla_problem(1, 18, 2, 8, 8, h0=False).items()}
-    args = (h["q"], h["k"], h["v"], h["beta"], h["g"], 1.0, None, False, True)
-    o, state, x = OPS.chunk_hdla(*args)
-    torch.library.opcheck(custom_ops.chunk_hdla_backward_op,
-                          (torch.randn_like(o), None, *args[:5], None, x, state, 1.0, True))
-
-
-def test_unrequested_final_state_is_none_and_gradients_flow_without_it():
-    """The op always returns a state tensor (empty when not requested); the public op returns None."""
-    p = _float_leaves(generalized_problem(1, 20, 1, 8, 8, 1, 2))
-    o, final = chunk_generalized(**p)
-    assert final is None
-    o.sum().backward()
-    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in p.values())
 
 
 # ----------------------------------------------------------------------------- graphs
@@ -182,17 +113,6 @@ def test_compiled_small_hdla_tiny_equals_eager():
     torch.manual_seed(0)
     model = timm.create_model("hdla_tiny", img_size=32, depth=1, num_classes=5).eval()  # eval: no drop path
     _assert_compiled_equals_eager(model, torch.randn(2, 3, 32, 32), rtol=1e-4, atol=1e-5)
-
-
-def test_compiled_op_raises_on_positive_log_decay():
-    """g <= 0 is checked inside the op, so a compiled graph refuses g > 0 too (a ValueError naming g)."""
-    torch._dynamo.reset()
-    p = {n: x.float() for n, x in hdla_problem(1, 8, 1, 8, 8).items()}
-    compiled = torch.compile(lambda **kw: chunk_hdla(**kw)[0], fullgraph=True)
-    compiled(**p)
-    p["g"][0, 3, 0, 1] = 0.5
-    with pytest.raises(ValueError, match="g is a log-decay and must be <= 0"):
-        compiled(**p)
 
 
 ONE_COPY_SCRIPT = """

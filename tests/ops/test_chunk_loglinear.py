@@ -1,0 +1,194 @@
+"""chunk_loglinear_hdla and chunk_loglinear_generalized (kernels/loglinear, kernels/README.md §7)
+against the float64 loops written from the definition: the output, the final levels and every
+gradient; the special cases that are the linear op; splitting a sequence; bad input raising
+ValueError before any launch. They run the linear chunk ops, so their values are checked on the
+"torch" and "cuda" backends (tests/backends.py); under the interpreter a single small case costs
+4-8 s (O(log T) chunk-op calls), so there only the input checks run (the chunk ops themselves are
+checked there in test_chunk_hdla.py / test_chunk_generalized.py). The bucket grid
+(kernels/loglinear/levels.py) is checked first. The decoding steps are test_fused_recurrent_loglinear.py."""
+import pytest
+import torch
+
+from hdla_vision.kernels import chunk_generalized, chunk_hdla, chunk_loglinear_generalized, chunk_loglinear_hdla
+from hdla_vision.kernels.loglinear.levels import initial_level, merge_target, token_level
+from tests.backends import CUDA_TOL, backend_cases, backends, on_backend
+from tests.oracle import (LOGLINEAR_GENERALIZED_BAD_INPUT, LOGLINEAR_OPS, UNBOUNDED, LoopCase, bad_loglinear_problem,
+                          case_name, compare_with_definition, loglinear_problem, loglinear_tokens, rel_err)
+
+
+# ----------------------------------------------------------------------------- the bucket grid
+def test_level_table_matches_the_papers_mask_for_t8():
+    """Log-linear paper eq. 4's matrix for T = 8 (the level of every s <= t)."""
+    expected = [[0], [1, 0], [2, 2, 0], [2, 2, 1, 0], [3, 3, 3, 3, 0], [3, 3, 3, 3, 1, 0], [3, 3, 3, 3, 2, 2, 0],
+                [3, 3, 3, 3, 2, 2, 1, 0]]
+    assert [[token_level(t, s, UNBOUNDED) for s in range(t + 1)] for t in range(8)] == expected
+
+
+def test_levels_are_the_greedy_fenwick_partition():
+    """The paper's footnote-7 partition: peel the lowest power of two off the prefix [0, t) again
+    and again; the bucket peeled off at r, [r - 2^lssb(r), r), is level lssb(r) + 1, of 2^(level-1)
+    tokens, and the levels of [0, t) are then exactly the set bits of t (bit_length(t) + 1 levels
+    with level 0)."""
+    for t in range(1, 130):
+        rest, levels_seen = t, []
+        while rest:
+            size = rest & -rest
+            level = size.bit_length()
+            assert {token_level(t, s, UNBOUNDED) for s in range(rest - size, rest)} == {level}, (t, rest)
+            assert size == 2 ** (level - 1)
+            levels_seen.append(level)
+            rest -= size
+        assert levels_seen == [b + 1 for b in range(t.bit_length()) if t >> b & 1], t
+
+
+def test_level_cap_and_the_cache_level():
+    assert token_level(100, 3, 4) == 3 and token_level(5, 4, 4) == 1
+    assert merge_target(0, 5) == 4 and merge_target(12, 9) == 3 and merge_target(64, 4) == 3
+    for offset in (1, 5, 8, 13):
+        for t in range(offset, offset + 40):  # a level's tokens stay together: the cache level is theirs
+            for s in range(offset):
+                own = token_level(offset - 1, s, UNBOUNDED)
+                assert initial_level(t, offset, own, UNBOUNDED) == token_level(t, s, UNBOUNDED)
+    assert initial_level(7, 0, 1, 5) == 4  # a cache at position 0: everything on the top level
+
+
+# ----------------------------------------------------------------------------- against the definition
+def _case(kind, name, seq_len, num_levels, offset=0, reverse=False, scale=None, **problem):
+    problem = dict(kind=kind, seq_len=seq_len, num_levels=num_levels, **problem)
+    op = dict(offset=offset, reverse=reverse, **({} if scale is None else dict(scale=scale)))
+    return LoopCase(f"{kind}_{name}", problem, op)
+
+
+HDLA_CASES = [
+    _case("hdla", "T1_L3", 1, 3, scale=0.5),
+    _case("hdla", "T7_unbounded", 7, UNBOUNDED, scale=0.5),
+    _case("hdla", "T33_L4_rev", 33, 4, reverse=True, scale=0.5),
+    _case("hdla", "T64_unbounded_gates-20", 64, UNBOUNDED, g_min=-20.0, scale=0.5),
+    _case("hdla", "T33_L5_offset11_h0", 33, 5, offset=11, h0=True, scale=0.5),
+    _case("hdla", "T15_L3_h0", 15, 3, h0=True, g_min=-1.0, scale=0.5),
+    _case("hdla", "T17_L6_offset1000_h0", 17, 6, offset=1000, h0=True, scale=0.5),
+]
+GENERALIZED_CASES = [
+    _case("generalized", "T33_unbounded_rab0", 33, UNBOUNDED, r_ab=0),  # GLA-like: rank 0, vector decay
+    _case("generalized", "T7_L3_rab0_rev", 7, 3, r_ab=0, reverse=True),
+    _case("generalized", "T64_L5_rab1_scalar", 64, 5, scalar_decay=True),  # Gated-DeltaNet-like
+    _case("generalized", "T33_L4_rab1_scalar_offset6_h0", 33, 4, scalar_decay=True, offset=6, h0=True),
+    _case("generalized", "T17_L6_rkv2_rab3_offset3_h0", 17, 6, r_kv=2, r_ab=3, offset=3, h0=True),
+]
+RESET_CASES = [  # g = -inf (a full reset of a channel) inside the blocks and before a cache is read
+    _case(kind, "T29_L4_resets_offset3_h0", 29, 4, offset=3, h0=True, resets=0.2, seed=3)
+    for kind in ("hdla", "generalized")
+]
+def _on_cuda(cases):
+    """The cases on CUDA: fp32 with the kernels' TF32 products (CUDA_TOL)."""
+    return [case._replace(tol=CUDA_TOL) for case in cases]
+
+
+@pytest.mark.parametrize("backend,case", backend_cases(
+    case_name, torch=HDLA_CASES + GENERALIZED_CASES + RESET_CASES, cuda=_on_cuda(HDLA_CASES + GENERALIZED_CASES + RESET_CASES)),
+    indirect=["backend"])
+def test_chunk_matches_definition(backend, case):
+    """Output, final levels and every gradient (level_scales and the cache included), fp32."""
+    kind = case.problem["kind"]
+    inputs = on_backend(loglinear_problem(**case.problem), backend)
+    assert torch.isinf(inputs["g"]).any() == (case.problem.get("resets", 0) > 0)
+    errors = compare_with_definition(kind, inputs, dtype=case.dtype, **case.op)
+    assert max(errors.values()) < case.tol, errors  # NaN fails too
+
+
+@pytest.mark.parametrize("backend", backends("torch"), indirect=True)
+@pytest.mark.parametrize("kind", ["hdla", "generalized"])
+def test_float64_is_exact(backend, kind):
+    p = loglinear_problem(kind, 21, 4, h0=True)
+    errors = compare_with_definition(kind, p, dtype=torch.float64, offset=9)
+    assert max(errors.values()) < 1e-11, errors
+
+
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
+def test_bf16_inputs_return_bf16(backend):
+    p = loglinear_problem("hdla", 20, 4, h0=True)
+    p = {n: x.bfloat16() for n, x in p.items()}
+    p["level_scales"] = p["level_scales"].float()  # weights may stay fp32 under bf16, like the gates
+    o, s = chunk_loglinear_hdla(**on_backend(p, backend), output_final_state=True, offset=3)
+    assert o.dtype == s.dtype == torch.bfloat16 and torch.isfinite(o.float()).all()
+
+
+# ----------------------------------------------------------------------------- special cases: the linear op
+@pytest.mark.parametrize("backend", backends("torch"), indirect=True)
+def test_one_level_is_the_linear_op_times_lambda(backend):
+    """L = 1: every bucket is read with lambda_t, so o_t = lambda_t * HDLA's o_t; the single level
+    is HDLA's state, also continuing from one (float64)."""
+    p = loglinear_problem("hdla", 37, 1, h0=True)
+    lam = p.pop("level_scales")
+    cache = p.pop("initial_state")
+    o_lin, s_lin = chunk_hdla(**p, initial_state=cache[:, :, 0], output_final_state=True)
+    o, s = chunk_loglinear_hdla(**p, level_scales=lam, initial_state=cache, output_final_state=True, offset=5)
+    assert rel_err(o, lam * o_lin) < 1e-12 and rel_err(s[:, :, 0], s_lin) < 1e-12
+
+
+@pytest.mark.parametrize("backend", backends("torch"), indirect=True)
+@pytest.mark.parametrize("num_levels", [2, 7])
+def test_constant_weights_give_the_linear_op(backend, num_levels):
+    """lambda = c on every level: c times the linear op, and the levels sum to its state (float64)."""
+    p = loglinear_problem("generalized", 45, num_levels, r_kv=2, r_ab=2)
+    p.pop("initial_state")
+    p["level_scales"] = torch.full_like(p.pop("level_scales"), 0.7)
+    o_lin, s_lin = chunk_generalized(**{n: p[n] for n in "qkvabg"}, output_final_state=True)
+    o, s = chunk_loglinear_generalized(**p, output_final_state=True)
+    assert rel_err(o, 0.7 * o_lin) < 1e-12 and rel_err(s.sum(2), s_lin) < 1e-12
+
+
+# ----------------------------------------------------------------------------- splitting a sequence
+@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
+@pytest.mark.parametrize("kind", ["hdla", "generalized"])
+@pytest.mark.parametrize("offset", [0, 13])
+def test_splitting_and_continuing_equals_one_call(backend, kind, offset):
+    chunk = LOGLINEAR_OPS[kind][0]
+    p = {n: None if x is None else x.float() for n, x in loglinear_problem(kind, 40, 5, h0=offset > 0).items()}
+    p = on_backend(p, backend)
+    o_all, s_all = chunk(**p, output_final_state=True, offset=offset)
+    tol = CUDA_TOL if backend == "cuda" else 1e-5
+    for split in (1, 8, 19, 32):
+        head = dict(loglinear_tokens(p, 0, split))
+        o1, s1 = chunk(**head, output_final_state=True, offset=offset)
+        tail = dict(loglinear_tokens(p, split, None), initial_state=s1)
+        o2, s2 = chunk(**tail, output_final_state=True, offset=offset + split)
+        assert rel_err(torch.cat([o1, o2], 1), o_all) < tol and rel_err(s2, s_all) < tol, split
+
+
+# ----------------------------------------------------------------------------- bad input
+HDLA_BAD_INPUT = [  # (overrides of bad_loglinear_problem, message)
+    (dict(level_scales=torch.rand(2, 6, 2)), "level_scales must have shape [B, T, H, L]"),
+    (dict(level_scales=torch.rand(2, 5, 2, 3)), "level_scales must have shape [B, T, H, L] = [2, 6, 2, 3]"),
+    (dict(level_scales=torch.rand(2, 6, 2, 0)), "level_scales must have L >= 1"),
+    (dict(level_scales=torch.rand(2, 6, 2, 3, dtype=torch.float64)), "level_scales has dtype torch.float64"),
+    (dict(level_scales="x"), "level_scales must have shape [B, T, H, L]"),
+    (dict(offset=-1), "offset must be >= 0"),
+    (dict(offset=2.0), "offset must be an int"),
+    (dict(initial_state=torch.zeros(2, 2, 8, 4)), "initial_state must have shape [B, H, L, K, V] = [2, 2, 3, 8, 4]"),
+    (dict(initial_state=torch.zeros(2, 2, 3, 8, 4), reverse=True), "initial_state with reverse=True"),
+    (dict(offset=4, reverse=True), "offset = 4 with reverse=True"),
+    (dict(k=torch.randn(2, 6, 2, 9)), "k must have shape [B, T, H, K]"),
+]
+
+
+@pytest.mark.parametrize("over,needle", HDLA_BAD_INPUT)
+def test_bad_input_hdla(backend, over, needle):
+    with pytest.raises(ValueError) as info:
+        chunk_loglinear_hdla(**on_backend(bad_loglinear_problem("hdla", **over), backend))
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("backend", backends("torch", "interpreter"), indirect=True)
+def test_positive_log_decay_is_refused_on_cpu(backend):
+    """g > 0 is outside the domain: refused for CPU tensors (unchecked on CUDA: a host sync)."""
+    with pytest.raises(ValueError) as info:
+        chunk_loglinear_hdla(**on_backend(bad_loglinear_problem("hdla", g=torch.ones(2, 6, 2, 8)), backend))
+    assert "g is a log-decay" in str(info.value)
+
+
+@pytest.mark.parametrize("over,needle", LOGLINEAR_GENERALIZED_BAD_INPUT)
+def test_bad_input_generalized(backend, over, needle):
+    with pytest.raises(ValueError) as info:
+        chunk_loglinear_generalized(**on_backend(bad_loglinear_problem("generalized", **over), backend))
+    assert needle in str(info.value)
