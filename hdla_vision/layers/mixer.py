@@ -55,6 +55,7 @@ with ``level(t, s) = min(bit_length(t XOR s), num_levels - 1)`` on absolute posi
   its original position in ``log2 P`` bits, and complementing both positions keeps
   ``t XOR s``. The backward level-0 weight is 0, so the token's own write is counted once (by
   the forward scan) and nothing is subtracted: ``y_t = y^fwd_t + y^bwd_t``.
+The log-linear ops run the public linear ops once per level whatever :func:`set_chunk_backend` says.
 """
 from typing import NamedTuple, Optional, Protocol, Sequence, Tuple
 
@@ -68,7 +69,8 @@ DIRECTIONS = (("fwd",), ("fwd", "bwd"))
 GATE_ACTIVATIONS = ("silu", "sigmoid", "identity")
 # A causal forward of at most this many new tokens on top of a cached state uses the decoding op.
 RECURRENT_MAX_TOKENS = 4
-# Log-linear levels by default: every bucket up to 2^14 tokens apart has its own weight.
+# Log-linear levels by default: levels 0..14 have their own weights, level 15 collects the rest
+# (the pairs in different aligned blocks of 2^14 positions).
 DEFAULT_NUM_LEVELS = 16
 # "auto": the public ops (Triton on CUDA, the PyTorch chunk form on the CPU); "torch": the vectorised
 # PyTorch chunk form called directly on any device (differentiable by autograd, traced by dynamo).
@@ -150,8 +152,9 @@ class LinearAttentionMixer(nn.Module):
         norm_eps: epsilon of the per-head RMS norm and of the q/k L2 norms.
         log_linear: lift the mixer onto the log-linear ops (module docstring); None: the class's
             ``log_linear_default`` (True for the registered ``loglinear_<name>`` mixers, which refuse False).
-        num_levels: log-linear levels L (>= 2), the width of each direction's lambda head; tokens
-            ``2^(L-2)`` or more positions apart share the top level's weight.
+        num_levels: log-linear levels L (>= 2), the width of each direction's lambda head; the
+            buckets from level L - 1 up share the top weight (every pair ``2^(L-2)`` or more positions
+            apart is among them).
         device, dtype: where and in which dtype the parameters are created (timm's factory arguments).
         **options: the mixer's own arguments (see each mixer); unknown ones raise ValueError.
 
