@@ -205,6 +205,8 @@ def bad_loglinear_problem(kind, **over):
 LOGLINEAR_GENERALIZED_BAD_INPUT = [  # (overrides of bad_loglinear_problem, message): refused by the
     # generalized chunk op and decoding step alike
     (dict(level_scales=torch.rand(2, 6, 3, 3)), "level_scales must have shape [B, T, H, L]"),
+    (dict(level_scales=torch.rand(2, 6, 2, 3, dtype=torch.float64)), "level_scales has dtype torch.float64"),
+    (dict(level_scales=torch.ones(2, 6, 2, 3, dtype=torch.long)), "level_scales has dtype torch.int64"),
     (dict(offset=True), "offset must be an int"),
     (dict(initial_state=torch.zeros(2, 2, 4, 8, 4)), "initial_state must have shape [B, H, L, K, V]"),
     (dict(a=torch.randn(2, 6, 2, 1, 7)), "a must have shape [B, T, H, r_ab, K]"),

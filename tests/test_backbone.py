@@ -20,7 +20,8 @@ from hdla_vision.backbones.hdla import class_token_index, insert_class_token, sp
 MODELS = ["hdla_tiny", "hdla_small", "hdla_base"]
 WIDTHS = {"hdla_tiny": (192, 3), "hdla_small": (384, 6), "hdla_base": (768, 12)}
 SMALL = dict(img_size=32, depth=2)  # 2 x 2 patches, 2 blocks
-TINY = sorted(name for name in timm.list_models(module=["hdla", "seed"]) if name.endswith("_tiny"))
+TINY = sorted(name for name in timm.list_models(module=["hdla", "seed", "loglinear"]) if name.endswith("_tiny"))
+LINEAR_TINY = [name for name in TINY if not name.startswith("loglinear_")]  # the checkpoint layouts predate the others
 
 
 def small_model(name, **kwargs):
@@ -468,6 +469,37 @@ def test_checkpoint_filter_fn():
     headless.load_state_dict(out, strict=True)
 
 
+@pytest.mark.parametrize("linear,loglinear", [("hdla_tiny", "loglinear_hdla_tiny"), ("gdn_tiny", "loglinear_gdn_tiny")])
+def test_linear_checkpoint_loads_into_its_loglinear_model(linear, loglinear, tmp_path):
+    """A linear model's checkpoint in its log-linear model: a non-strict load misses exactly the lambda
+    heads ``blocks.{i}.attn.directions.{0,1}.levels.{proj.weight,level_gain}`` (nothing unexpected);
+    ``pretrained=True`` with the file (checkpoint_filter_fn) loads strictly, keeping the model's own
+    lambda heads. With ``W_lambda = 0`` every weight is softplus(0) = ln 2, and the mixers' output
+    RMS norm divides that constant out: the log-linear model gives the linear model's logits (with
+    the norms' eps 0 in both models: eps is not scale-free where a head's output is small)."""
+    source = small_model(linear, num_classes=10).eval()
+    target = small_model(loglinear, num_classes=10).eval()
+    missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
+    heads = {f"blocks.{i}.attn.directions.{d}.levels.{name}" for i in range(2) for d in range(2)
+             for name in ("proj.weight", "level_gain")}
+    assert set(missing) == heads and not unexpected
+    path = tmp_path / "linear.pth"
+    torch.save(source.state_dict(), path)
+    overlay = dict(file=str(path), num_classes=10, input_size=(3, 32, 32))
+    converted = timm.create_model(loglinear, pretrained=True, pretrained_cfg_overlay=overlay, **SMALL,
+                                  num_classes=10).eval()
+    torch.testing.assert_close(converted.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)
+    assert all(torch.equal(p, torch.ones_like(p)) for n, p in converted.named_parameters() if n.endswith("level_gain"))
+    with torch.no_grad():
+        for block in converted.blocks:
+            for gates in block.attn.directions:
+                gates["levels"].proj.weight.zero_()
+        for block in (*converted.blocks, *source.blocks):
+            block.attn.norm_eps = 0.0
+        x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+        torch.testing.assert_close(converted(x), source(x), rtol=1e-4, atol=1e-4)
+
+
 # ------------------------------------------------------------------- CPU vs CUDA
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -534,7 +566,7 @@ def _v1_cases():
     return kwargs, load_file(str(V1_CHECKPOINTS))
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", LINEAR_TINY)
 def test_second_layout_checkpoint_loads_with_the_same_logits(name, tmp_path):
     """tests/data/backbone_layout_v1.safetensors holds, for every tiny name, a state dict (bf16 values)
     and its logits on one input, written by the backbone before one mixer class served the vision and

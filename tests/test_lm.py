@@ -1,7 +1,7 @@
 """The HDLA causal LM: config round trip, save/load, cached greedy decoding, padding and packing."""
 import pytest
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache
 
 from hdla_vision.layers import HDLAMixer, create_mixer, list_mixers
 from hdla_vision.lm import HDLACache, HDLAConfig, HDLAForCausalLM, HDLAModel
@@ -262,6 +262,57 @@ def test_training_step_reduces_loss():
         losses.append(loss.item())
     assert losses[-1] < losses[0]
     assert all(p.grad is not None for n, p in model.named_parameters() if "decay" in n or "beta" in n)
+
+
+# ------------------------------------------------------------------------- log-linear mixers
+LOG_LINEAR = ["loglinear_hdla", "loglinear_gated_deltanet"]
+
+
+@pytest.mark.parametrize("mixer", LOG_LINEAR)
+def test_loglinear_cached_decoding_equals_the_full_forward(mixer):
+    """HDLAConfig(mixer="loglinear_..."): the cache holds the Fenwick levels [B, H, L, K, V] and the
+    absolute position (HDLACache's token count). Prefill, 1-token steps (the decoding step), a
+    6-token continuation (the chunk op from the cache at its offset) and more steps give the full
+    forward's logits; with 4 levels the 19 tokens share the top level. Greedy generate() equals
+    greedy decoding by full forwards."""
+    model = tiny_model(mixer=mixer, short_conv_size=4, mixer_kwargs={"num_levels": 4})
+    ids = torch.randint(0, 64, (2, 19), generator=torch.Generator().manual_seed(9))
+    full = model(ids, use_cache=False).logits
+    out = model(ids[:, :7], use_cache=True)
+    cache, logits = out.past_key_values, [out.logits]
+    for start, stop in ((7, 8), (8, 9), (9, 15), (15, 16), (16, 19)):
+        logits.append(model(ids[:, start:stop], past_key_values=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(logits, 1), full, rtol=1e-4, atol=1e-4)
+    assert cache.get_seq_length() == 19
+    assert cache.layers[0].recurrent_states[0].shape == (2, 2, 4, 16, 16)
+    prompt = ids[:, :5]
+    generated = model.generate(prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(generated, greedy_by_full_forward(model, prompt, 6))
+
+
+def test_loglinear_refuses_what_would_shift_the_bucket_grid():
+    """Left padding (and any padding with a cache) would move a row off its absolute positions, and a
+    cache that does not count tokens cannot give them: ValueErrors naming the argument. Right padding
+    without a cache is exact."""
+    model = tiny_model(mixer="loglinear_hdla")
+    gen = torch.Generator().manual_seed(10)
+    a, b = torch.randint(1, 64, (1, 7), generator=gen), torch.randint(1, 64, (1, 4), generator=gen)
+    left = torch.cat([a, torch.cat([torch.zeros(1, 3, dtype=torch.long), b], 1)])
+    left_mask = torch.ones_like(left)
+    left_mask[1, :3] = 0
+    with pytest.raises(ValueError, match=r"attention_mask: .*left padding"):
+        model(left, attention_mask=left_mask, use_cache=False)
+    with pytest.raises(ValueError, match=r"attention_mask: .*left padding"):
+        model.generate(left, attention_mask=left_mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    right = torch.cat([a, torch.cat([b, torch.zeros(1, 3, dtype=torch.long)], 1)])
+    right_mask = torch.ones_like(right)
+    right_mask[1, 4:] = 0
+    with pytest.raises(ValueError, match="attention_mask: .*padding with a cache"):
+        model(right, attention_mask=right_mask, use_cache=True)
+    logits = model(right, attention_mask=right_mask, use_cache=False).logits
+    torch.testing.assert_close(logits[1, :4], model(b, use_cache=False).logits[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="past_key_values: .*HDLACache"):
+        model(a, past_key_values=DynamicCache(config=model.config), use_cache=True)
 
 
 INTERPRET_SCRIPT = """

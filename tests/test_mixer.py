@@ -64,11 +64,23 @@ def test_registered_by_name():
         (dict(dim=32, num_heads=2, directions=("bwd",)), "directions"),
         (dict(dim=32, num_heads=2, short_conv_size=4), "short_conv_size"),  # causal conv, bidirectional mixer
         (dict(dim=32, num_heads=2, gate_act="relu"), "gate_act"),
+        (dict(dim=32, num_heads=2, log_linear=1), "log_linear must be a bool"),
+        (dict(dim=32, num_heads=2, log_linear=True, num_levels=1), "num_levels must be an int >= 2"),
+        (dict(dim=32, num_heads=2, log_linear=True, num_levels=4.0), "num_levels must be an int >= 2"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         HDLAMixer(**dict(dict(directions=BIDIRECTIONAL), **kwargs))
+
+
+def test_loglinear_names_are_log_linear_only():
+    """``loglinear_hdla`` is HDLAMixer with ``log_linear=True``; asked for False it names the linear mixer."""
+    mixer = create_mixer("loglinear_hdla", dim=16, num_heads=2, directions=BIDIRECTIONAL)
+    assert isinstance(mixer, HDLAMixer) and mixer.log_linear and mixer.mixer_name == "loglinear_hdla"
+    assert not create_mixer("hdla", dim=16, num_heads=2, directions=BIDIRECTIONAL).log_linear
+    with pytest.raises(ValueError, match="log_linear=False: .* use 'hdla'"):
+        create_mixer("loglinear_hdla", dim=16, num_heads=2, directions=BIDIRECTIONAL, log_linear=False)
 
 
 def test_bad_input_shape_raises():

@@ -1,10 +1,11 @@
-"""Seed mixers in their bidirectional (vision) use: each timm name builds, runs forward and backward on
-CPU at a tiny size; the bidirectional sum is the forward scan plus the reversed scan minus one own write."""
+"""Seed mixers in their bidirectional (vision) use: each timm name (the log-linear ones too) builds, runs
+forward and backward on CPU at a tiny size; the bidirectional sum is the forward scan plus the reversed scan minus one own write."""
 import pytest
 import timm
 import torch
 
 import hdla_vision  # noqa: F401  registers the timm models
+from hdla_vision.backbones.loglinear import LOG_LINEAR_MODELS
 from hdla_vision.backbones.seed import SEED_MODELS
 from hdla_vision.layers import GeneralizedMixer, create_mixer, list_mixers
 from hdla_vision.kernels import chunk_generalized
@@ -12,11 +13,14 @@ from hdla_vision.kernels import chunk_generalized
 BIDIRECTIONAL = ("fwd", "bwd")
 
 
-@pytest.mark.parametrize("name", list(SEED_MODELS))
+TINY_MODELS = dict(SEED_MODELS, **LOG_LINEAR_MODELS)
+
+
+@pytest.mark.parametrize("name", list(TINY_MODELS))
 def test_timm_name_forward_backward(name):
     torch.manual_seed(0)
     model = timm.create_model(name, img_size=32, depth=2, num_classes=5)
-    mixer_name, options = SEED_MODELS[name]
+    mixer_name, options = TINY_MODELS[name]
     assert model.blocks[0].attn.mixer_name == mixer_name
     assert model.blocks[0].attn.directions_used == BIDIRECTIONAL
     assert all(getattr(model.blocks[0].attn, option) == value for option, value in options.items())

@@ -13,12 +13,13 @@ form of the kernels, and the suite's 224 px forward, backward and forward_interm
   ``test_model_forward_intermediates`` (the same code paths as tests/test_backbone.py's
   forward/backward, grad-checkpointing and forward_intermediates tests, there at 32-64 px) and
   ``test_prune_intermediate_layers_contract``, which timm itself leaves out of its CI as slow.
-- the nine seed ``*_tiny`` models share that backbone; what depends on their mixer classes
+- the nine seed ``*_tiny`` models and the two log-linear ones (``loglinear_hdla_tiny``,
+  ``loglinear_gdn_tiny``) share that backbone; what depends on their mixer classes
   (``device`` / ``dtype`` reaching every gate module, meta-device forward, FX leaves) is checked
   for each of them at a small size by tests/test_backbone.py (the suite's meta-device config test
   alone takes 12-17 s per model here).
 ``HDLA_FULL_TIMM_SUITE=1 python -m pytest tests/test_timm_models.py`` runs all eight tests the
-suite selects for each of the ten tiny names (about an hour on 2 cores).
+suite selects for each of the twelve tiny names (about an hour on 2 cores).
 """
 import os
 import re
@@ -30,9 +31,9 @@ import pytest
 import timm
 
 import hdla_vision  # noqa: F401  registers the models
-from tools.timm_suite import IndexUnreachable, SuiteFetchError, add_after_list, patch_suite, suite_dir
+from tools.timm_suite import OUR_MODULES, IndexUnreachable, SuiteFetchError, add_after_list, patch_suite, suite_dir
 
-TINY = sorted(name for name in timm.list_models(module=["hdla", "seed"]) if name.endswith("_tiny"))
+TINY = sorted(name for name in timm.list_models(module=list(OUR_MODULES)) if name.endswith("_tiny"))
 FULL = os.environ.get("HDLA_FULL_TIMM_SUITE") == "1"
 SLOW_IN_CI = "test_prune_intermediate_layers_contract"
 
@@ -68,9 +69,9 @@ def test_patch_lists_our_models():
               "EXCLUDE_JIT_FILTERS = [\n    'hiera_*',\n]\nX = 1\n")
     namespace = {"list_models": lambda module: [f"{m}_tiny" for m in module]}
     exec(patch_suite(source).replace("import hdla_vision", "pass  #"), namespace)
-    assert namespace["FEAT_INTER_FILTERS"] == ["vit", "hdla", "seed"]
-    assert namespace["NON_STD_FILTERS"] == ["vit_*", "hdla_tiny", "seed_tiny"]
-    assert namespace["EXCLUDE_JIT_FILTERS"] == ["hiera_*", "hdla_tiny", "seed_tiny"]
+    assert namespace["FEAT_INTER_FILTERS"] == ["vit", "hdla", "seed", "loglinear"]
+    assert namespace["NON_STD_FILTERS"] == ["vit_*", "hdla_tiny", "seed_tiny", "loglinear_tiny"]
+    assert namespace["EXCLUDE_JIT_FILTERS"] == ["hiera_*", "hdla_tiny", "seed_tiny", "loglinear_tiny"]
 
 
 def test_patch_fails_loudly_without_its_anchors():
@@ -81,7 +82,8 @@ def test_patch_fails_loudly_without_its_anchors():
 
 
 def test_tiny_names_listed():
-    assert "hdla_tiny" in TINY and len(TINY) == 10, TINY
+    assert "hdla_tiny" in TINY and len(TINY) == 12, TINY
+    assert {"loglinear_hdla_tiny", "loglinear_gdn_tiny"} <= set(TINY)
 
 
 CI_TESTS = {

@@ -28,7 +28,7 @@ import timm
 
 from hdla_vision.training.quickstart import default_cache_dir
 
-OUR_MODULES = ("hdla", "seed")  # timm's module names of our registered models
+OUR_MODULES = ("hdla", "seed", "loglinear")  # timm's module names of our registered models
 IMPORT_ANCHOR = "from timm.models import get_notrace_modules, get_notrace_functions\n"
 OUR_NAMES = "HDLA_VISION_MODELS"
 REGISTER_OURS = (

@@ -207,6 +207,7 @@ def rename_v0_keys(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tenso
     return {rename(key): value for key, value in state_dict.items()}
 
 
+_LAMBDA_HEAD = re.compile(r"^blocks\.\d+\.attn\.directions\.\d+\.levels\.")
 _V1_HDLA_DECAY = re.compile(r"^(blocks\.\d+\.attn)\.decay_(fwd|bwd)\.(.+)$")
 _V1_HDLA_BETA = re.compile(r"^(blocks\.\d+\.attn)\.beta\.(weight|bias)$")
 
@@ -237,7 +238,9 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: HDLAVisionT
     """Adapt a checkpoint to ``model``: old key names are renamed (:func:`rename_v0_keys`,
     :func:`convert_v1_hdla_gates`); timm's ViT filter resamples the position embedding to the model's
     grid and the patch kernel to its patch size; a classifier whose shape differs from the model's
-    (another number of classes) is dropped and the model keeps its own freshly initialised head."""
+    (another number of classes) is dropped and the model keeps its own freshly initialised head; a
+    linear model's checkpoint in a log-linear model lacks the lambda heads
+    (``blocks.{i}.attn.directions.{d}.levels.*``), which keep the model's initial values."""
     state_dict = state_dict.get("model", state_dict)
     state_dict = state_dict.get("state_dict", state_dict)
     state_dict = convert_v1_hdla_gates(rename_v0_keys(state_dict))
@@ -249,9 +252,13 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: HDLAVisionT
             _logger.info(f"checkpoint {key} {tuple(value.shape)} does not fit the model's head; dropped")
             continue
         out[key] = value
+    lambda_heads = [key for key in model_state if _LAMBDA_HEAD.match(key) and key not in out]
+    if lambda_heads:
+        _logger.info(f"checkpoint has no log-linear lambda heads ({len(lambda_heads)} tensors, e.g. {lambda_heads[0]}); "
+                     "the model keeps their initial values")
     for key, value in model_state.items():
-        if key.startswith("head.") and key not in out:
-            out[key] = value  # keep the model's own head so the load stays strict for every other key
+        if (key.startswith("head.") or key in lambda_heads) and key not in out:
+            out[key] = value  # keep the model's own values so the load stays strict for every other key
     return out
 
 

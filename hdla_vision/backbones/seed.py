@@ -42,7 +42,13 @@ default_cfgs = generate_default_cfgs({name: _cfg() for name in SEED_MODELS})
 
 
 def _create_seed(variant: str, pretrained: bool, kwargs: Dict[str, Any]) -> HDLAVisionTransformer:
-    mixer, fixed = SEED_MODELS[variant]
+    return create_tiny(variant, *SEED_MODELS[variant], pretrained, kwargs)
+
+
+def create_tiny(variant: str, mixer: str, fixed: Dict[str, Any], pretrained: bool,
+                kwargs: Dict[str, Any]) -> HDLAVisionTransformer:
+    """The tiny layout with the token mixer ``mixer`` and the mixer options ``fixed`` (which kwargs may
+    not change)."""
     if "mixer" in kwargs:
         raise ValueError(f"{variant} fixes mixer={mixer!r}; use hdla_tiny(mixer=...) for another mixer")
     mixer_kwargs = dict(kwargs.pop("mixer_kwargs", None) or {})

@@ -200,3 +200,27 @@ class HeadInHeadMask(GateModule):
             return sm.head_in_head_mask(at_least_fp32(self.logits))
         r = self.groups
         return sm.head_in_head_mask(at_least_fp32(self.proj(x)).view(*x.shape[:2], self.num_heads, r, r))
+
+
+class LevelScales(GateModule):
+    """The per-level weights of log-linear attention (log-linear paper §3; kernels/README.md §7):
+    ``lambda_t^(l) = softplus(L_{h,l} (x_t W_lambda)_{h,l})``, ``x [B, N, C] -> [B, N, H, num_levels]``
+    in fp32 (float64 inputs stay float64).
+
+    ``W_lambda`` (``proj``) has no bias and ``L`` (``level_gain``, ``[H, num_levels]``) starts at
+    ones, as the authors' layer: with the generic small init of ``proj`` every weight starts near
+    ``softplus(0) = ln 2``, the same on every level (a scaled linear mixer)."""
+
+    def __init__(self, dim: int, num_heads: int, num_levels: int, device=None, dtype=None):
+        super().__init__()
+        check_rank("num_levels", num_levels)
+        self.num_heads, self.num_levels = num_heads, num_levels
+        self.proj = nn.Linear(dim, num_heads * num_levels, bias=False, device=device, dtype=dtype)
+        self.level_gain = nn.Parameter(torch.ones(num_heads, num_levels, device=device, dtype=dtype))
+
+    def initial_values(self):
+        return {"level_gain": torch.ones(self.level_gain.shape)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = at_least_fp32(self.proj(x)).view(*x.shape[:2], self.num_heads, self.num_levels)
+        return F.softplus(at_least_fp32(self.level_gain) * logits)

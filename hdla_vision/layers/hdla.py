@@ -28,7 +28,8 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from hdla_vision.kernels import chunk_hdla, fused_recurrent_hdla, hdla_decay_factors, torch_chunk_generalized
+from hdla_vision.kernels import (chunk_hdla, chunk_loglinear_hdla, fused_recurrent_hdla, fused_recurrent_loglinear_hdla,
+                                 hdla_decay_factors, torch_chunk_generalized)
 
 from .gates import BetaGate, LowRankProjection, VectorLogDecay, check_rank
 from .mixer import LinearAttentionMixer, chunk_backend
@@ -87,6 +88,17 @@ class HDLAMixer(LinearAttentionMixer):
             return torch_chunk_generalized(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, None, init,
                                            output_final_state, reverse)
         return chunk_hdla(q, k, v, beta, g, initial_state=init, output_final_state=output_final_state, reverse=reverse)
+
+    def loglinear_scan(self, q, feats, level_scales, offset=0, initial_state=None, output_final_state=False,
+                       recurrent=False):
+        k, v, beta, g = feats
+        beta = beta.contiguous()
+        if recurrent:
+            return fused_recurrent_loglinear_hdla(q, k, v, beta, g, level_scales, initial_state=initial_state,
+                                                  offset=offset)
+        init = None if initial_state is None else initial_state.to(q.dtype)
+        return chunk_loglinear_hdla(q, k, v, beta, g, level_scales, initial_state=init,
+                                    output_final_state=output_final_state, offset=offset)
 
     def own_write(self, q, feats):
         return (q * feats.k).sum(-1, keepdim=True) * feats.v

@@ -34,6 +34,28 @@ inputs, so its window never reaches pad tokens' features either.
 
 The cache (``("fwd",)`` only) is any object with the :class:`MixerCache` methods; the language
 model adapts transformers' cache layers to it (``hdla_vision.lm.cache.LayerCache``).
+
+Log-linear attention (``log_linear=True``, or the registered ``loglinear_<name>`` mixers; log-linear
+paper, kernels/README.md §7). Every mixer lifts onto the log-linear ops with its own transitions:
+the state splits into ``num_levels`` Fenwick buckets by the age of what they hold, each read with
+its own weight ``lambda_t^(l) = softplus(L_{h,l} (x_t W_lambda)_{h,l})`` (a
+:class:`~hdla_vision.layers.gates.LevelScales` module in each direction's gates, ``levels``)::
+
+    y_t = scale * sum_l lambda_t^(l) S_t^(l)^T q_t,   S_t^(l) = sum_{s: level(t, s) = l} Phi(t, s) K_s V_s^T
+
+with ``level(t, s) = min(bit_length(t XOR s), num_levels - 1)`` on absolute positions.
+
+- Causal: positions continue the cache (``offset = cache.position()``, the tokens it has absorbed),
+  whose state is the levels ``[B, H, num_levels, K, V]``; up to ``RECURRENT_MAX_TOKENS`` tokens
+  decode with the log-linear decoding step. Padding shifts the grid of the padded rows, so a mask
+  with padding before a token (left padding) is refused, and so is any padding with a cache.
+- Bidirectional: both directions use one absolute grid. The backward scan of tokens ``N-1 .. 0``
+  runs as a forward scan of the flipped sequence at offset ``P - N`` (``P`` the power of two
+  ``>= N``): flipped token ``i`` (original ``N-1-i``) sits at ``P-1-(N-1-i)``, the complement of
+  its original position in ``log2 P`` bits, and complementing both positions keeps
+  ``t XOR s``. The backward level-0 weight is 0, so the token's own write is counted once (by
+  the forward scan) and nothing is subtracted: ``y_t = y^fwd_t + y^bwd_t``.
+The log-linear ops run the public linear ops once per level whatever :func:`set_chunk_backend` says.
 """
 from typing import NamedTuple, Optional, Protocol, Sequence, Tuple
 
@@ -41,12 +63,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .gates import GateModule
+from .gates import GateModule, LevelScales
 
 DIRECTIONS = (("fwd",), ("fwd", "bwd"))
 GATE_ACTIVATIONS = ("silu", "sigmoid", "identity")
 # A causal forward of at most this many new tokens on top of a cached state uses the decoding op.
 RECURRENT_MAX_TOKENS = 4
+# Log-linear levels by default: levels 0..14 have their own weights, level 15 collects the rest
+# (the pairs in different aligned blocks of 2^14 positions).
+DEFAULT_NUM_LEVELS = 16
 # "auto": the public ops (Triton on CUDA, the PyTorch chunk form on the CPU); "torch": the vectorised
 # PyTorch chunk form called directly on any device (differentiable by autograd, traced by dynamo).
 CHUNK_BACKENDS = ("auto", "torch")
@@ -78,11 +103,29 @@ class MixerCache(Protocol):
         """``seq [B, C, T]`` -> ``[B, C, width + T]``: the cached last ``width`` conv inputs (zeros for a
         fresh sequence) before ``seq``; keeps the last ``width`` columns for the next forward."""
 
+    def position(self) -> int:
+        """The number of tokens the cache has absorbed before this forward (the absolute position of
+        the forward's first token); read by the log-linear mixers only. The cache's owner advances it
+        once every layer has run."""
+
 
 def mask_time(t: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Zero ``t [B, T, ...]`` where ``attention_mask [B, T]`` is 0 (a select, so no 0 * inf)."""
     keep = attention_mask.bool().reshape(*attention_mask.shape, *([1] * (t.dim() - 2)))
     return torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def check_loglinear_padding(attention_mask: torch.Tensor, cache) -> None:
+    """Padding moves a row's tokens off their absolute positions on the log-linear bucket grid (the
+    ops take one offset for the batch): refuse padding before a token (left padding, holes), and any
+    padding with a cache (its next tokens would continue every row at the padded length)."""
+    keep = attention_mask.bool()
+    if bool((~keep[:, :-1] & keep[:, 1:]).any()):
+        raise ValueError("attention_mask: a log-linear mixer takes no padding before a token (left padding): it "
+                         "would shift the row's bucket grid; pad on the right, or run the rows separately")
+    if cache is not None and not bool(keep.all()):
+        raise ValueError("attention_mask: a log-linear mixer takes no padding with a cache (one absolute position "
+                         "for the batch); run unpadded rows of equal length, or use no cache")
 
 
 def check_positive_int(name: str, value) -> None:
@@ -107,15 +150,22 @@ class LinearAttentionMixer(nn.Module):
         short_conv_size: width of a depthwise causal conv on the q/k/v projections (0: none; causal only).
         gate_act: activation of the output gate, one of ``GATE_ACTIVATIONS``.
         norm_eps: epsilon of the per-head RMS norm and of the q/k L2 norms.
+        log_linear: lift the mixer onto the log-linear ops (module docstring); None: the class's
+            ``log_linear_default`` (True for the registered ``loglinear_<name>`` mixers, which refuse False).
+        num_levels: log-linear levels L (>= 2), the width of each direction's lambda head; the
+            buckets from level L - 1 up share the top weight (every pair ``2^(L-2)`` or more positions
+            apart is among them).
         device, dtype: where and in which dtype the parameters are created (timm's factory arguments).
         **options: the mixer's own arguments (see each mixer); unknown ones raise ValueError.
 
     Subclasses set ``mixer_name``, ``qkv_activation`` ("silu" or "identity"), ``normalize_q``,
     ``scale`` (None: 1), and implement :meth:`make_gates` (one direction's gate modules),
-    :meth:`features` (one direction's recurrence inputs), :meth:`scan` and :meth:`own_write`.
+    :meth:`features` (one direction's recurrence inputs), :meth:`scan`, :meth:`loglinear_scan` and
+    :meth:`own_write`.
     """
 
     mixer_name = "base"
+    log_linear_default = False
     qkv_activation = "silu"
     normalize_q = False
     scale: Optional[float] = None
@@ -134,6 +184,8 @@ class LinearAttentionMixer(nn.Module):
         short_conv_size: int = 0,
         gate_act: str = "silu",
         norm_eps: float = 1e-5,
+        log_linear: Optional[bool] = None,
+        num_levels: int = DEFAULT_NUM_LEVELS,
         device=None,
         dtype=None,
         **options,
@@ -151,6 +203,7 @@ class LinearAttentionMixer(nn.Module):
         self.head_dim = dim // num_heads if head_dim is None else head_dim
         self.head_dim_v = self.head_dim if head_dim_v is None else head_dim_v
         self.short_conv_size, self.gate_act, self.norm_eps = short_conv_size, gate_act, norm_eps
+        self.log_linear, self.num_levels = self._check_log_linear(log_linear, num_levels)
         self.factory_kwargs = dd = dict(device=device, dtype=dtype)
         self.num_keys = 1  # key/value pairs per token (n_h of Gated DeltaProduct)
         self.configure(**options)
@@ -160,7 +213,7 @@ class LinearAttentionMixer(nn.Module):
         if short_conv_size:
             width = sum(self.qkv_sizes)
             self.conv = nn.Conv1d(width, width, short_conv_size, groups=width, bias=False, **dd)
-        self.directions = nn.ModuleList([self.make_gates() for _ in self.directions_used])
+        self.directions = nn.ModuleList([self.direction_gates() for _ in self.directions_used])
         self.build_output(proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
         self.init_weights()
@@ -185,6 +238,19 @@ class LinearAttentionMixer(nn.Module):
                              f"got {directions!r}")
         return directions
 
+    def _check_log_linear(self, log_linear, num_levels) -> Tuple[bool, int]:
+        if log_linear is None:
+            log_linear = self.log_linear_default
+        if not isinstance(log_linear, bool):
+            raise ValueError(f"log_linear must be a bool, got {log_linear!r}")
+        if self.log_linear_default and not log_linear:
+            raise ValueError(f"log_linear=False: the {self.mixer_name!r} mixer is log-linear; "
+                             f"use {self.mixer_name.removeprefix('loglinear_')!r} for the linear one")
+        if not isinstance(num_levels, int) or isinstance(num_levels, bool) or num_levels < 2:
+            raise ValueError(f"num_levels must be an int >= 2 (level 0, the token itself, and older buckets), "
+                             f"got {num_levels!r}")
+        return log_linear, num_levels
+
     @property
     def bidirectional(self) -> bool:
         return len(self.directions_used) == 2
@@ -199,6 +265,13 @@ class LinearAttentionMixer(nn.Module):
         """The gate modules of one scan direction, created with ``**self.factory_kwargs``."""
         raise NotImplementedError
 
+    def direction_gates(self) -> nn.ModuleDict:
+        """:meth:`make_gates`, plus the lambda head ``levels`` when log-linear."""
+        gates = self.make_gates()
+        if self.log_linear:
+            gates["levels"] = LevelScales(self.dim, self.num_heads, self.num_levels, **self.factory_kwargs)
+        return gates
+
     def features(self, x: torch.Tensor, q, k, v, gates: nn.ModuleDict) -> NamedTuple:
         """One direction's recurrence inputs (a NamedTuple of ``[B, N, H, ...]`` tensors) from x, the
         activated q ``[B, N, H, K]``, k ``[B, N, H, n, K]``, v ``[B, N, H, n, V]`` and its gates."""
@@ -209,6 +282,14 @@ class LinearAttentionMixer(nn.Module):
              recurrent: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Run the recurrence: ``(y [B, N, H, V], final state [B, H, K, V] or None)``. ``recurrent``:
         the decoding op on ``initial_state`` (kept in fp32) instead of the chunk op."""
+        raise NotImplementedError
+
+    def loglinear_scan(self, q: torch.Tensor, feats: NamedTuple, level_scales: torch.Tensor, offset: int = 0,
+                       initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
+                       recurrent: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The log-linear recurrence, forward only, at absolute positions ``offset + i``:
+        ``(y [B, N, H, V], final levels [B, H, L, K, V] or None)``; ``level_scales [B, N, H, L]``.
+        ``recurrent``: the decoding step on ``initial_state`` (kept in fp32) instead of the chunk op."""
         raise NotImplementedError
 
     def own_write(self, q: torch.Tensor, feats: NamedTuple) -> torch.Tensor:
@@ -281,6 +362,8 @@ class LinearAttentionMixer(nn.Module):
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(x.shape[:2]):
             raise ValueError(f"attention_mask must have shape [B, T] = {list(x.shape[:2])}, "
                              f"got {list(attention_mask.shape)}")
+        if self.log_linear and attention_mask is not None:
+            check_loglinear_padding(attention_mask, cache)
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 cache: Optional[MixerCache] = None) -> torch.Tensor:
@@ -298,9 +381,23 @@ class LinearAttentionMixer(nn.Module):
         q, k, v = self.projections(x)
         fwd = self.features(x, q, k, v, self.directions[0])
         bwd = self.features(x, q, k, v, self.directions[1])
+        if self.log_linear:
+            return self.loglinear_mix(x, q, fwd, bwd)
         y_fwd, _ = self.scan(q, fwd, reverse=False)
         y_bwd, _ = self.scan(q, bwd, reverse=True)
         return y_fwd + y_bwd - self.own_write(q, bwd)
+
+    def loglinear_mix(self, x: torch.Tensor, q: torch.Tensor, fwd: NamedTuple, bwd: NamedTuple) -> torch.Tensor:
+        """Both log-linear scans on one absolute grid (module docstring): ``y [B, N, H, V]``."""
+        seq_len = x.shape[1]
+        span = 1 << (seq_len - 1).bit_length()  # P, the power of two >= N
+        scales_fwd = self.directions[0]["levels"](x)
+        scales_bwd = self.directions[1]["levels"](x)
+        scales_bwd = torch.cat([torch.zeros_like(scales_bwd[..., :1]), scales_bwd[..., 1:]], dim=-1)  # own write once
+        y_fwd, _ = self.loglinear_scan(q, fwd, scales_fwd)
+        flipped = type(bwd)(*(t.flip(1) for t in bwd))
+        y_bwd, _ = self.loglinear_scan(q.flip(1), flipped, scales_bwd.flip(1), offset=span - seq_len)
+        return y_fwd + y_bwd.flip(1)
 
     def causal_mix(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
                    cache: Optional[MixerCache]) -> torch.Tensor:
@@ -312,12 +409,18 @@ class LinearAttentionMixer(nn.Module):
         if attention_mask is not None:
             feats = type(feats)(*(mask_time(t, attention_mask) for t in feats))
         recurrent = state is not None and x.shape[1] <= RECURRENT_MAX_TOKENS
-        y, final_state = self.scan(q, feats, initial_state=state, output_final_state=cache is not None,
-                                   recurrent=recurrent)
+        if self.log_linear:
+            offset = 0 if cache is None else cache.position()
+            y, final_state = self.loglinear_scan(q, feats, self.directions[0]["levels"](x), offset, state,
+                                                 output_final_state=cache is not None, recurrent=recurrent)
+        else:
+            y, final_state = self.scan(q, feats, initial_state=state, output_final_state=cache is not None,
+                                       recurrent=recurrent)
         if cache is not None:
             cache.set_recurrent_state(final_state.float())
         return y
 
     def extra_repr(self) -> str:
+        levels = f", num_levels={self.num_levels}" if self.log_linear else ""
         return (f"{self.mixer_name!r}, dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"head_dim_v={self.head_dim_v}, directions={self.directions_used}")
+                f"head_dim_v={self.head_dim_v}, directions={self.directions_used}{levels}")

@@ -30,7 +30,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from hdla_vision.kernels import chunk_generalized, fused_recurrent_generalized, torch_chunk_generalized
+from hdla_vision.kernels import (chunk_generalized, chunk_loglinear_generalized, fused_recurrent_generalized,
+                                 fused_recurrent_loglinear_generalized, torch_chunk_generalized)
 
 from . import seed_mixers as sm
 from .gates import (BetaGate, HeadInHeadMask, RWKV7Gates, ScalarLogDecay, VectorLogDecay, at_least_fp32,
@@ -66,6 +67,17 @@ class GeneralizedMixer(LinearAttentionMixer):
         op = torch_chunk_generalized if chunk_backend() == "torch" else chunk_generalized
         return op(q, k, v, a, b, g, scale=self.scale, initial_state=init, output_final_state=output_final_state,
                   reverse=reverse)
+
+    def loglinear_scan(self, q, feats, level_scales, offset=0, initial_state=None, output_final_state=False,
+                       recurrent=False):
+        k, v, a, b = self.kernel_inputs(q, feats)
+        g = feats.g.contiguous()
+        if recurrent:
+            return fused_recurrent_loglinear_generalized(q, k, v, a, b, g, level_scales, self.scale, initial_state,
+                                                         offset=offset)
+        init = None if initial_state is None else initial_state.to(q.dtype)
+        return chunk_loglinear_generalized(q, k, v, a, b, g, level_scales, scale=self.scale, initial_state=init,
+                                           output_final_state=output_final_state, offset=offset)
 
     def own_write(self, q, feats):
         k, v, _, _ = self.kernel_inputs(q, feats)

@@ -4,7 +4,9 @@
 ``DynamicCache(config=...)`` (what ``generate`` builds) holds one ``LinearAttentionLayer`` per
 layer: a recurrent state ``[B, H, K, V]`` (fp32) and, with a short conv, the last
 ``short_conv_size - 1`` conv inputs ``[B, C, short_conv_size - 1]``. Memory is constant in the
-number of generated tokens.
+number of generated tokens. A log-linear mixer (``mixer="loglinear_<name>"``) keeps its Fenwick
+levels ``[B, H, L, K, V]`` there instead (L = ``num_levels``; kernels/README.md §7) and reads the
+absolute position of its next token from :class:`HDLACache`'s token count.
 """
 from typing import Optional
 
@@ -61,6 +63,15 @@ class LayerCache:
 
     def set_recurrent_state(self, state: torch.Tensor) -> None:
         write_recurrent_state(self.cache, self.layer_idx, state)
+
+    def position(self) -> int:
+        """The tokens the cache has absorbed before this forward (log-linear mixers: the absolute
+        position of the forward's first token); only an :class:`HDLACache` counts them."""
+        if not isinstance(self.cache, HDLACache):
+            raise ValueError(f"past_key_values: a log-linear mixer needs an HDLACache (it counts the tokens, the "
+                             f"positions of the bucket grid), got {type(self.cache).__name__}; build it with "
+                             "HDLACache(config=model.config)")
+        return self.cache.seen_tokens
 
     def conv_input(self, seq: torch.Tensor, width: int) -> torch.Tensor:
         """``seq [B, C, T]`` after the cached last ``width`` conv inputs (zeros for a fresh sequence):

@@ -37,7 +37,10 @@ class HDLAConfig(PreTrainedConfig):
 
     Fields (all keyword arguments):
         vocab_size, hidden_size, num_hidden_layers: embedding size and depth.
-        mixer: mixer name (``"hdla"``, ``"gated_deltanet"``, ``"gated_deltaproduct"``, ...).
+        mixer: mixer name (``"hdla"``, ``"gated_deltanet"``, ``"gated_deltaproduct"``, ...; the
+            log-linear ``"loglinear_hdla"``, ``"loglinear_gated_deltanet"``, ...: the cache then holds
+            each layer's Fenwick levels ``[B, H, num_levels, K, V]``, and padding before a token is
+            refused, see :mod:`hdla_vision.layers.mixer`).
         mixer_kwargs: the mixer's own keyword arguments (e.g. ``{"num_householder": 2}``;
             ``{"beta_range": 2.0}`` gives Gated DeltaNet beta in (0, 2), negative eigenvalues allowed
             as fla's ``allow_neg_eigval``; Gated DeltaProduct has (0, 2) by default, its paper's range).

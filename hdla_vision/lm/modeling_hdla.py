@@ -11,7 +11,10 @@ Variable-length batches:
   * ``attention_mask`` (left or right padding, 1 = token, 0 = pad): pad tokens become identity
     steps of every layer's recurrence (see :mod:`hdla_vision.layers.mixer`), so no state flows
     between a sequence and its padding and a left-padded prompt decodes exactly like the
-    unpadded one. Masks must be contiguous runs of ones (padding on one side only).
+    unpadded one. Masks must be contiguous runs of ones (padding on one side only). Log-linear
+    mixers place tokens on an absolute bucket grid and refuse left padding, and any padding with a
+    cache (a ValueError naming ``attention_mask``); their cache must be an :class:`HDLACache`, whose
+    token count gives the positions.
   * ``cu_seqlens`` (packed ``input_ids [1, total]`` with FlashAttention-style boundaries
     ``[0, l_1, l_1 + l_2, ..., total]``): the kernels take no ``cu_seqlens``, so the packed
     sequences are split into a right-padded batch inside the model (one sequence per row),

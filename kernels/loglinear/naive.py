@@ -19,7 +19,10 @@ from .levels import initial_level, token_level
 
 def generalized_transition(state: torch.Tensor, g_t: torch.Tensor, a_t: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     """``(Diag(exp g_t) - A_t B_t^T) X`` for a stack of states ``X`` ``[B, H, N, K, V]``;
-    ``g_t`` ``[B, H, K]``, ``a_t, b_t`` ``[B, H, r_ab, K]``."""
+    ``g_t`` ``[B, H, K]`` (or ``[B, H]``, one decay per head, as the generalized op takes it),
+    ``a_t, b_t`` ``[B, H, r_ab, K]``."""
+    if g_t.dim() == 2:
+        g_t = g_t.unsqueeze(-1)
     read = torch.einsum("bhrk,bhnkv->bhnrv", b_t, state)
     return g_t.exp()[:, :, None, :, None] * state - torch.einsum("bhrk,bhnrv->bhnkv", a_t, read)
 

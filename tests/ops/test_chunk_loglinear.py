@@ -187,7 +187,13 @@ def test_positive_log_decay_is_refused_on_cpu(backend):
     assert "g is a log-decay" in str(info.value)
 
 
-@pytest.mark.parametrize("over,needle", LOGLINEAR_GENERALIZED_BAD_INPUT)
+REVERSE_BAD_INPUT = [  # a reversed scan has no cache to continue (the decoding step has no reverse)
+    (dict(initial_state=torch.zeros(2, 2, 3, 8, 4), reverse=True), "initial_state with reverse=True"),
+    (dict(offset=4, reverse=True), "offset = 4 with reverse=True"),
+]
+
+
+@pytest.mark.parametrize("over,needle", LOGLINEAR_GENERALIZED_BAD_INPUT + REVERSE_BAD_INPUT)
 def test_bad_input_generalized(backend, over, needle):
     with pytest.raises(ValueError) as info:
         chunk_loglinear_generalized(**on_backend(bad_loglinear_problem("generalized", **over), backend))

@@ -52,3 +52,19 @@ def test_bad_input_generalized(backend, over, needle):
     with pytest.raises(ValueError) as info:
         fused_recurrent_loglinear_generalized(**on_backend(bad_loglinear_problem("generalized", **over), backend))
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("backend", TORCH_AND_CUDA, indirect=True)
+def test_decay_per_head_equals_the_decay_broadcast_over_k(backend):
+    """g ``[B, T, H]`` (one decay per head, as the generalized ops take it; the scalar-gated mixers pass
+    it so) gives the decoding step and the float64 loop the results of g broadcast to ``[B, T, H, K]``."""
+    _, loop, step = LOGLINEAR_OPS["generalized"]
+    p = loglinear_problem("generalized", 9, 3, h0=True)
+    per_head = dict(p, g=p["g"][..., 0].contiguous())
+    broadcast = dict(p, g=per_head["g"].unsqueeze(-1).expand_as(p["g"]).contiguous())
+    o_ref, s_ref = loop(**broadcast, output_final_state=True, offset=5)
+    o_loop, s_loop = loop(**per_head, output_final_state=True, offset=5)
+    assert rel_err(o_loop, o_ref) < 1e-12 and rel_err(s_loop, s_ref) < 1e-12
+    fp32 = on_backend({n: x.float() for n, x in per_head.items()}, backend)
+    o_step, s_step = step(**fp32, offset=5)
+    assert rel_err(o_step.cpu(), o_ref) < _tol(backend) and rel_err(s_step.cpu(), s_ref) < _tol(backend)
