@@ -120,7 +120,8 @@ def mamba2_inputs(batch, seq_len, heads, dk, dv, dtype, device, seed=0):
 def fla_loglinear(q, k, v, g, level_scales):
     from fla.ops.log_linear_attn import chunk_log_linear_attn
 
-    return chunk_log_linear_attn(q, k, v, g, level_scales, scale=1.0)[0]
+    # fla's kernel multiplies the level weights into q's dtype tiles: it takes them in q's dtype
+    return chunk_log_linear_attn(q, k, v, g, level_scales.to(q.dtype), scale=1.0)[0]
 
 
 def fla_linear(q, k, v, g, level_scales):
