@@ -19,7 +19,7 @@ import torch
 from .custom_ops import chunk_generalized_op, chunk_hdla_op
 from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
-from .utils import check_generalized_inputs, check_hdla_inputs, use_triton  # noqa: F401 (use_triton: imported from here by callers)
+from .utils import check_generalized_inputs, check_hdla_inputs, per_batch_slice, use_triton  # noqa: F401 (use_triton: imported from here by callers)
 
 
 def _scale(scale: Optional[float]) -> float:
@@ -95,7 +95,10 @@ def chunk_generalized(
     if exporting_to_onnx():
         o, state = exportable_generalized(q, k, v, a, b, g, _scale(scale), initial_state, reverse)
         return o, _final(state, q, output_final_state)
-    o, state, _ = chunk_generalized_op(q, k, v, a, b, g, _scale(scale), initial_state, output_final_state, reverse)
+    def op(q, k, v, a, b, g, initial_state):
+        return chunk_generalized_op(q, k, v, a, b, g, _scale(scale), initial_state, output_final_state, reverse)[:2]
+
+    o, state = per_batch_slice(op, dict(q=q, k=k, v=v, a=a, b=b, g=g, initial_state=initial_state), q.shape[2])
     return o, _final(state, q, output_final_state)
 
 
@@ -125,5 +128,8 @@ def chunk_hdla(
     if exporting_to_onnx():
         o, state = exportable_hdla(q, k, v, beta, g, _scale(scale), initial_state, reverse)
         return o, _final(state, q, output_final_state)
-    o, state, _ = chunk_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse)
+    def op(q, k, v, beta, g, initial_state):
+        return chunk_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse)[:2]
+
+    o, state = per_batch_slice(op, dict(q=q, k=k, v=v, beta=beta, g=g, initial_state=initial_state), q.shape[2])
     return o, _final(state, q, output_final_state)

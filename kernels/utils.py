@@ -196,3 +196,30 @@ def check_hdla_inputs(q, k, v, beta, g, initial_state, scale) -> None:
     check_tensor("g", g, (batch, seq_len, heads, dk), q, "[B, T, H, K]")
     check_tensor("beta", beta, (batch, seq_len, heads), q, "[B, T, H]")
     check_dtypes(q, dict(k=k, v=v), dict(beta=beta, g=g))
+
+
+# CUDA caps a launch grid's second and third axes at 65535 programs, and the kernels put B*H there.
+MAX_GRID_BATCH_HEADS = 65535
+
+
+def batch_slices(batch: int, heads: int, limit: Optional[int] = None) -> Tuple[slice, ...]:
+    """Slices of the batch axis with at most ``limit`` (default ``MAX_GRID_BATCH_HEADS``) batch-head
+    pairs each: one slice unless ``batch * heads`` exceeds it (the log-linear ops fold every bucket
+    block into the batch, so they reach it at ordinary sizes)."""
+    limit = MAX_GRID_BATCH_HEADS if limit is None else limit
+    if heads > limit:
+        raise ValueError(f"heads must be at most {limit} (a kernel grid axis), got {heads}")
+    per = max(1, limit // heads)
+    return tuple(slice(start, min(start + per, batch)) for start in range(0, batch, per))
+
+
+def per_batch_slice(op, tensors: dict, heads: int):
+    """``op(**tensors)`` run on each slice of :func:`batch_slices` and its outputs concatenated along
+    the batch axis. ``tensors`` are batch-first (None stays None); ``op`` returns a tuple whose
+    entries are batch-first tensors or None."""
+    batch = next(x for x in tensors.values() if x is not None).shape[0]
+    slices = batch_slices(batch, heads)
+    if len(slices) == 1:
+        return op(**tensors)
+    parts = [op(**{n: None if x is None else x[s] for n, x in tensors.items()}) for s in slices]
+    return tuple(None if outs[0] is None else torch.cat(outs) for outs in zip(*parts))

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import check_generalized_inputs
+from ..utils import check_generalized_inputs, per_batch_slice
 from .naive import _decay as _decay_rows  # exp(g_t) shaped [B, H, K, 1] or [B, H, 1, 1]
 
 
@@ -188,6 +188,8 @@ def fused_recurrent_generalized(
         raise ValueError(f"output_final_state must be a bool, got {type(output_final_state).__name__}")
     from ..custom_ops import fused_recurrent_generalized_op  # noqa: PLC0415 (custom_ops loads this module lazily)
 
-    o, state = fused_recurrent_generalized_op(q, k, v, a, b, g, 1.0 if scale is None else float(scale),
-                                              initial_state)
+    def op(q, k, v, a, b, g, initial_state):
+        return fused_recurrent_generalized_op(q, k, v, a, b, g, 1.0 if scale is None else float(scale), initial_state)
+
+    o, state = per_batch_slice(op, dict(q=q, k=k, v=v, a=a, b=b, g=g, initial_state=initial_state), q.shape[2])
     return o, (state if output_final_state else None)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import check_hdla_inputs
+from ..utils import check_hdla_inputs, per_batch_slice
 
 
 def torch_fused_recurrent_hdla(
@@ -154,4 +154,7 @@ def fused_recurrent_hdla(
     check_hdla_inputs(q, k, v, beta, g, initial_state, scale)
     from ..custom_ops import fused_recurrent_hdla_op  # noqa: PLC0415 (custom_ops loads this module lazily)
 
-    return fused_recurrent_hdla_op(q, k, v, beta, g, 1.0 if scale is None else float(scale), initial_state)
+    def op(q, k, v, beta, g, initial_state):
+        return fused_recurrent_hdla_op(q, k, v, beta, g, 1.0 if scale is None else float(scale), initial_state)
+
+    return per_batch_slice(op, dict(q=q, k=k, v=v, beta=beta, g=g, initial_state=initial_state), q.shape[2])
