@@ -6,7 +6,7 @@ The README marks each generated table with a pair of comments naming its source:
     ...generated, never edited by hand...
     <!-- end table -->
 
-The source picks the renderer by its file-name prefix (``kernels``, ``fla_seed``, ``models``);
+The source picks the renderer by its file-name prefix (``kernels``, ``fla_seed``, ``models``, ``loglinear``);
 ``index`` is the list of every result JSON with its device, date and commit. Every table starts
 with the line naming its file, device, date and commit, so a number is never shown without the
 run it came from.
@@ -98,6 +98,23 @@ def render_models(name: str) -> str:
     return f"{provenance(name, result)}, {result.get('autocast', '')} autocast\n\n{table}\n\n{ratios}\n"
 
 
+def render_loglinear(name: str) -> str:
+    """Log-linear against linear: ours per shape, the log-linear paper's Mamba-2 benchmark, and the
+    bf16 checks (``benchmarks.loglinear``)."""
+    result = load(name)
+    ours = markdown(["shape", "B, T, H, D", "linear f+b ms", "log-linear f+b ms", "log-linear / linear"],
+                    [[shape, ", ".join(map(str, r["bthd"])), ms(r["linear"]["fwd_bwd"]), ms(r["loglinear"]["fwd_bwd"]),
+                      f"{r['ratio_fwd_bwd']:.2f}"] for shape, r in result.get("ours", {}).items()])
+    paper = result.get("fla_paper", {})
+    ops = list(next(iter(paper.values()), {}))
+    fla = markdown(["T"] + [f"{op} f+b ms" for op in ops],
+                   [[seq.lstrip("T")] + [ms(row[op].get("fwd_bwd")) if "fwd_bwd" in row[op] else "failed"
+                                         for op in ops] for seq, row in paper.items()])
+    checks = markdown(["check", "largest relative error (output, gradients)"],
+                      [[case, f"{max(errs.values()):.1e}"] for case, errs in result.get("check", {}).items()])
+    return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{ours}\n\n{fla}\n\n{checks}\n"
+
+
 def render_index(_: str) -> str:
     """Every result JSON with its device, date and commit."""
     rows = []
@@ -111,6 +128,7 @@ def render_index(_: str) -> str:
 
 RENDERERS: dict[str, Callable[[str], str]] = {
     "index": render_index, "kernels": render_kernels, "fla_seed": render_fla_seed, "models": render_models,
+    "loglinear": render_loglinear,
 }
 
 

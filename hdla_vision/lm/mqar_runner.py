@@ -451,6 +451,10 @@ def run_id(proto: dict) -> str:
 
 
 def git_commit() -> str:
+    """``$COMMIT`` (the device scripts set it: a device copy of the tree may sit inside another
+    checkout, whose HEAD git would report), else git's short HEAD, else ``"unknown"``."""
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
                              cwd=Path(__file__).resolve().parent)
