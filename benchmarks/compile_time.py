@@ -6,6 +6,9 @@ eager mode. ``--inline`` swaps the mixer's op for the PyTorch chunk form called 
 CPU path was before the ops became custom ops): dynamo then traces the chunk loop into the graph.
 
     python -m benchmarks.compile_time --depth 2 --img-size 32 --backend inductor
+
+The result (provenance, the times in seconds, the settings) is printed and written to
+``compile_time.json`` in ``--out`` (default ``$OUT``, else the current directory).
 """
 import argparse
 import json
@@ -14,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from tools.provenance import provenance
 
 
 def measure(args) -> dict:
@@ -61,6 +66,7 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--inline", action="store_true", help="trace the PyTorch chunk form instead of the op")
     parser.add_argument("--backward", action="store_true", help="time forward + backward (else forward only)")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of compile_time.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -72,8 +78,22 @@ def main():
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(proc.stderr[-4000:])
-    result = dict(json.loads(proc.stdout.strip().splitlines()[-1]), **{k: v for k, v in vars(args).items() if k != "child"})
+    settings = {k: v for k, v in vars(args).items() if k not in ("child", "out")}
+    result = {**provenance(device_name(args.device)), **json.loads(proc.stdout.strip().splitlines()[-1]),
+              "settings": settings}
     print(json.dumps(result))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "compile_time.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def device_name(device: str) -> str:
+    """The GPU's name for ``--device cuda``, else ``device`` itself."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return device
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ bf16-rounded inputs (relative error < 5e-3). JSON goes to ``--out`` (default ``$
 """
 import argparse
 import concurrent.futures
-import datetime
 import json
 import os
 import subprocess
@@ -29,6 +28,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+
+from tools.provenance import provenance
 
 SHAPES = {"vision": (128, 196, 3, 64), "hires": (8, 4096, 3, 64), "lm": (4, 4096, 16, 128),
           "long": (2, 16384, 3, 64)}
@@ -293,10 +294,7 @@ def main():
     if args.case:
         print(json.dumps(parity_case(*args.case, per_head=args.per_head, g_min=args.g_min, reverse=args.reverse)))
         return
-    meta = dict(device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                date=datetime.datetime.now().isoformat(timespec="seconds"),
-                commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                      text=True).stdout.strip() or os.environ.get("COMMIT", "?"))
+    meta = provenance(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     if args.part == "aot":
         rows = aot_compile(args.mixers.split(","), args.cases.split(","), getattr(torch, args.dtype))
         costs = {m: stage_costs(m, *AOT_CASES["lm"]) for m in AOT_MIXERS}

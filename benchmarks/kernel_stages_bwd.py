@@ -14,7 +14,6 @@ dtypes: the kernels' run time does not depend on their values, and the backward 
 (the forward's kernels: ``benchmarks.kernel_stages``). Variants: HDLA, and r_ab = 1 with vector decay.
 """
 import argparse
-import datetime
 import json
 import os
 
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 import triton
 
 from kernels.generalized import bwd
+from tools.provenance import provenance
 
 SHAPES = {"vision": (128, 196, 3, 64), "hires": (8, 4096, 3, 64), "lm": (4, 4096, 16, 128),
           "2048px": (2, 16384, 3, 64)}
@@ -201,7 +201,7 @@ def main():
         kinds = "hdla,kda,gla,gdn,gdp" if args.kinds == "hdla,rab1" else args.kinds
         aot_report(kinds.split(","), args.shapes.split(","), not args.no_head_dims, getattr(torch, args.dtype))
         return
-    results = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), runs=[])
+    results = dict(provenance(torch.cuda.get_device_name()), runs=[])
     for name in args.shapes.split(","):
         for kind in args.kinds.split(","):
             for chunk in (int(c) for c in args.chunks.split(",")):

@@ -127,3 +127,23 @@ def test_benchmark_provenance_names_device_date_and_commit(monkeypatch):
     monkeypatch.delenv("COMMIT")
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     assert provenance("cpu")["commit"] == (head.stdout.strip() or "unknown")
+
+
+def test_mqar_runner_records_the_commit_as_the_benchmarks_do(monkeypatch):
+    """hdla_vision/lm may not import tools/, so the MQAR runner keeps its own copy of the rule."""
+    from hdla_vision.lm.mqar_runner import git_commit
+    from tools.provenance import current_commit
+
+    monkeypatch.setenv("COMMIT", "abc1234")
+    assert git_commit() == current_commit() == "abc1234"
+    monkeypatch.delenv("COMMIT")
+    assert git_commit() == current_commit()
+
+
+def test_every_benchmark_that_writes_a_json_starts_it_with_provenance():
+    from tools.benchmark_tables import ROOT
+
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        source = path.read_text()
+        if "json.dump(" in source:
+            assert "from tools.provenance import provenance" in source and "provenance(" in source, path.name
