@@ -98,8 +98,10 @@ def test_benchmark_readme_is_what_the_committed_jsons_give():
     committed = benchmark_tables.README.read_text()
     assert benchmark_tables.regenerate(committed) == committed, "run python -m tools.benchmark_tables"
     assert benchmark_tables.main(["--check"]) == 0
-    for name in sorted(p.name for p in benchmark_tables.RESULTS.glob("*.json")):
-        if name.startswith(("kernels", "fla_seed", "models", "loglinear")):
+    for path in sorted(benchmark_tables.RESULTS.rglob("*.json")):
+        name = path.relative_to(benchmark_tables.RESULTS).as_posix()
+        if name.startswith(("kernels", "fla_seed", "models", "loglinear", "train_throughput", "kernel_stages_aot",
+                            "aot/")):
             assert f"<!-- table: {name} -->" in committed, name
 
 
@@ -113,6 +115,18 @@ def test_benchmark_tables_replace_edited_numbers_and_refuse_unknown_sources():
         benchmark_tables.regenerate("<!-- table: mystery.json -->\n<!-- end table -->\n")
     with pytest.raises(ValueError, match="no '<!-- table"):
         benchmark_tables.regenerate("no tables here\n")
+
+
+def test_models_table_shows_the_engine_rows_when_a_run_has_them(tmp_path, monkeypatch):
+    from tools import benchmark_tables
+
+    result = json.loads((benchmark_tables.RESULTS / "models_h100.json").read_text())
+    engine = json.loads((benchmark_tables.RESULTS / "train_throughput_h100.json").read_text())["rows"]
+    (tmp_path / "models_x.json").write_text(json.dumps(dict(result, engine=engine)))
+    monkeypatch.setattr(benchmark_tables, "RESULTS", tmp_path)
+    table = benchmark_tables.render("models_x.json")
+    assert "| model (engine step) |" in table and "| hdla_tiny | 224 | 256 | bf16 | 171.141 | 1495.8 | 12.2 |" in table
+    assert table.startswith("`results/models_x.json`: NVIDIA H100 80GB HBM3, 2026-11-22")
 
 
 def test_benchmark_provenance_names_device_date_and_commit(monkeypatch):

@@ -6,7 +6,8 @@ The README marks each generated table with a pair of comments naming its source:
     ...generated, never edited by hand...
     <!-- end table -->
 
-The source picks the renderer by its file-name prefix (``kernels``, ``fla_seed``, ``models``, ``loglinear``);
+The source picks the renderer by its file-name prefix (``kernels``, ``fla_seed``, ``models``, ``loglinear``,
+``train_throughput``, ``kernel_stages_aot``) or folder (``aot/``: ``kernel_stages --part aot``);
 ``index`` is the list of every result JSON with its device, date and commit. Every table starts
 with the line naming its file, device, date and commit, so a number is never shown without the
 run it came from.
@@ -26,7 +27,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "benchmarks" / "README.md"
-BLOCK = re.compile(r"(<!-- table: (?P<source>[\w.\-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.DOTALL)
+BLOCK = re.compile(r"(<!-- table: (?P<source>[\w.\-/]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.DOTALL)
 
 
 def load(name: str) -> dict:
@@ -95,7 +96,21 @@ def render_models(name: str) -> str:
     ratios = markdown(["mode", "px", "speed ratio", "memory ratio"],
                       [[r["mode"], r["resolution"], r["speed_ratio"], r["memory_ratio"]]
                        for r in result.get("ratios", [])])
-    return f"{provenance(name, result)}, {result.get('autocast', '')} autocast\n\n{table}\n\n{ratios}\n"
+    engine = f"\n{engine_table(result['engine'])}\n" if result.get("engine") else ""
+    return f"{provenance(name, result)}, {result.get('autocast', '')} autocast\n\n{table}\n\n{ratios}\n{engine}"
+
+
+def engine_table(rows: list[dict]) -> str:
+    """The training engine's own step per model (``benchmarks.models --engine``)."""
+    return markdown(["model (engine step)", "px", "batch", "precision", "step ms", "img/s", "peak GiB"],
+                    [[r["model"], r["img_size"], r["batch"], r["precision"], ms(r["step_ms"]), f"{r['img_per_s']:.1f}",
+                      f"{r['peak_gib']:.1f}"] for r in rows])
+
+
+def render_train_throughput(name: str) -> str:
+    """The engine step of the script that ``benchmarks.models --engine`` replaced (same rows)."""
+    result = load(name)
+    return f"{provenance(name, result)}\n\n{engine_table(result['rows'])}\n"
 
 
 def render_loglinear(name: str) -> str:
@@ -115,6 +130,25 @@ def render_loglinear(name: str) -> str:
     return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{ours}\n\n{fla}\n\n{checks}\n"
 
 
+def render_kernel_stages_aot(name: str) -> str:
+    """Compiled forward kernels per kernel over every mixer and case, and each mixer's work per stage at
+    the LM shape (``benchmarks.kernel_stages --part aot``: compiled for the H100, nothing launched)."""
+    result = load(name)
+    kernels: dict[str, list[dict]] = {}
+    for row in result["rows"]:
+        kernels.setdefault(row["kernel"], []).append(row)
+    compiled = markdown(["kernel", "compilations", "max registers", "spilling", "max shared KB", "wgmma"],
+                        [[kernel, len(rows), max(r["regs"] for r in rows), sum(r["spill"] > 0 for r in rows),
+                          max(r["smem_kb"] for r in rows), sum(bool(r["wgmma"]) for r in rows)]
+                         for kernel, rows in kernels.items()])
+    costs = result.get("lm_costs", {})
+    stages = list(next(iter(costs.values()), {}))
+    work = markdown(["mixer at lm"] + [f"{stage} GFLOP / MB" for stage in stages],
+                    [[mixer] + [f"{cost[stage]['gflop']:.1f} / {cost[stage]['mb']:.0f}" for stage in stages]
+                     for mixer, cost in costs.items()])
+    return f"{provenance(name, result)}\n\n{compiled}\n\n{work}\n"
+
+
 def render_index(_: str) -> str:
     """Every result JSON with its device, date and commit."""
     rows = []
@@ -128,14 +162,15 @@ def render_index(_: str) -> str:
 
 RENDERERS: dict[str, Callable[[str], str]] = {
     "index": render_index, "kernels": render_kernels, "fla_seed": render_fla_seed, "models": render_models,
-    "loglinear": render_loglinear,
+    "loglinear": render_loglinear, "train_throughput": render_train_throughput,
+    "kernel_stages_aot": render_kernel_stages_aot, "aot": render_kernel_stages_aot,
 }
 
 
 def render(source: str) -> str:
     """The table for a README block's ``source`` (a result file name, or ``index``)."""
     for prefix, renderer in RENDERERS.items():
-        if source == prefix or source.startswith(prefix + "_"):
+        if source == prefix or source.startswith((prefix + "_", prefix + "/")):
             return renderer(source)
     raise ValueError(f"benchmarks/README.md: no table renderer for '{source}' (known: {sorted(RENDERERS)})")
 
