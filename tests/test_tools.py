@@ -161,3 +161,17 @@ def test_every_benchmark_that_writes_a_json_starts_it_with_provenance():
         source = path.read_text()
         if "json.dump(" in source:
             assert "from tools.provenance import provenance" in source and "provenance(" in source, path.name
+
+
+def test_mqar_device_entry_point_is_a_tool():
+    """The MQAR device tooling runs as ``python -m tools.mqar_device`` (tools/mqar_device.sh calls it)."""
+    import subprocess
+    import sys
+
+    from tools.provenance import ROOT
+
+    run = subprocess.run([sys.executable, "-m", "tools.mqar_device", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "{restore,export,collect}" in run.stdout
+    assert "python3 -m tools.mqar_device restore" in (ROOT / "tools" / "mqar_device.sh").read_text()

@@ -16,7 +16,7 @@
 #        MQAR_STATE (.mqar), MQAR_CARRY (.mqar_carry), MQAR_RESULTS (benchmarks/results/mqar_zoology)
 # Back in $OUT: mqar_results.md (the table over every planned cell), progress.txt, mqar_state.tgz
 # (records, DONE markers, logs, the report with its plot), ckpt.tar.NN (checkpoints of unfinished runs).
-# Then here: python -m benchmarks.mqar_device collect <folder the files came back to>
+# Then here: python -m tools.mqar_device collect <folder the files came back to>
 source tools/device_setup.sh
 queues=("${@:-tools/mqar_queue.txt}")
 state=${MQAR_STATE:-.mqar}
@@ -26,7 +26,7 @@ deadline=${DEADLINE_S:-540}
 per_gpu=${RUNS_PER_GPU:-4}
 export MQAR_RUNS_PER_GPU=$per_gpu TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache_mqar}
 mkdir -p "$state/logs" "$carry"
-python3 -m benchmarks.mqar_device restore --state "$state" --results "$results" --carry "$carry"
+python3 -m tools.mqar_device restore --state "$state" --results "$results" --carry "$carry"
 ngpu=$(nvidia-smi -L | wc -l)
 todo=$state/todo.txt
 : > "$todo"
@@ -61,6 +61,6 @@ finished=$([ -d "$results/runs" ] && echo "$results/runs")
 python3 -m benchmarks.mqar_report "$state" $finished --out-dir "$state/report" --queue "${queues[@]}" \
   > "$state/report.log" 2>&1 || tail -5 "$state/report.log"
 cp "$state/report/mqar_results.md" "$OUT/" 2>/dev/null
-python3 -m benchmarks.mqar_device export --state "$state" --out "$OUT" --carry-mib "${CARRY_MIB:-40}" \
+python3 -m tools.mqar_device export --state "$state" --out "$OUT" --carry-mib "${CARRY_MIB:-40}" \
   --queue "${queues[@]}" | head -40
 echo "call ended at ${SECONDS}s"

@@ -20,7 +20,7 @@ One session (the device runner; ``benchmarks/README.md`` has the same steps):
      and ``export``: ``mqar_results.md``, ``progress.txt``, ``mqar_state.tgz`` and ``ckpt.tar.NN``
      come back);
   2. here, with the folder the call's files came back to:
-         python -m benchmarks.mqar_device collect FILES_AT
+         python -m tools.mqar_device collect FILES_AT
      (the records into ``benchmarks/results/mqar_zoology/runs``, the parts into ``.mqar_carry``,
      the report ``benchmarks/results/mqar_zoology/mqar_results.md`` and ``mqar_accuracy.png``);
   3. again from 1 while device time is left, then commit ``benchmarks/results/mqar_zoology``.

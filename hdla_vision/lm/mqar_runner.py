@@ -53,7 +53,7 @@ run cleanly before an epoch that would not finish in time.
     python -m benchmarks.mqar --preset legacy --mixers hdla --lengths 256 --lrs 2.2e-3 --steps 13000
     python -m benchmarks.mqar --tiny                                                 # CPU smoke run
 
-The device runner (``tools/mqar_device.sh`` with ``python -m benchmarks.mqar_device``; see
+The device runner (``tools/mqar_device.sh`` with ``python -m tools.mqar_device``; see
 :mod:`hdla_vision.lm.mqar_device`) fills the table over several device windows. (``benchmarks/mqar.py``
 is the command line; this module, in the package, is what it runs and what the tests import.)
 """
