@@ -7,7 +7,7 @@ AdamW step; inference is a forward under ``torch.inference_mode``. Times are
 (do_bench allocates its own L2-flush buffer) as ``torch.cuda.max_memory_allocated`` during
 the step, model and optimizer state included.
 
-    python -m benchmarks.models                 # table; JSON to $OUT/models.json when OUT is set
+    python -m benchmarks.models                 # table; JSON to --out (default $OUT, else .)/models.json
     python -m benchmarks.models --profile       # also torch.profiler's top kernels, hdla_tiny training
     python -m benchmarks.models --engine        # also the training engine's own step (Accelerate, EMA)
 
@@ -152,6 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rep-ms", type=int, default=400)
     parser.add_argument("--profile", action="store_true", help="print the top kernels of hdla_tiny training")
     parser.add_argument("--profile-res", type=int, default=1024)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for models.json")
     parser.add_argument("--engine", action="store_true", help="also time the training engine's step (224 px, batch 256)")
     args = parser.parse_args(argv)
     if args.batch_sizes is None:
@@ -238,11 +239,9 @@ def main(argv=None) -> int:
     if args.engine:
         result["engine"] = [measure_engine_step(name, 256, 224, 30, 10, "bf16") for name in args.models]
         print(json.dumps(result["engine"], indent=1))
-    out_dir = os.environ.get("OUT")
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "models.json"), "w") as f:
-            json.dump(result, f, indent=2)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "models.json"), "w") as f:
+        json.dump(result, f, indent=2)
     return 0
 
 
