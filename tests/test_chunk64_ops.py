@@ -16,6 +16,9 @@ NAMES = ["test_chunk_generalized_matches_float64_loop[rab0_rkv2_T70]",
          "test_chunk_generalized_matches_float64_loop[rab2_resets_c16]",
          "test_chunk_hdla_matches_float64_loop[hdla_beta02_gates20_T70]",
          "test_chunk_hdla_matches_float64_loop[hdla_rev_noh0_c16]",
+         "test_fp16_matches_float64_loop[hdla_fp16_slow_decay_T77]",
+         "test_fp16_matches_float64_loop[rab1_fp16_rev_T77]",
+         "test_fp16_matches_float64_loop[rab2_fp16_scalar_noh0_T70]",
          "test_opcheck_chunk64",
          "test_compiled_fullgraph_equals_eager"]
 

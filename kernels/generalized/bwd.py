@@ -34,9 +34,13 @@ SUB = 16  # token sub-block of the exact decays
 
 @triton.jit
 def _mm(a, b, LOWP: tl.constexpr):
-    """a @ b, fp32 accumulate: bf16 operands (LOWP) or exact fp32."""
-    if LOWP:
+    """a @ b, fp32 accumulate: operands in the input's 16-bit dtype, bf16 (LOWP 1) or fp16 (LOWP 2),
+    or exact fp32 (LOWP 0). fp16 inputs keep fp16 operands: N, Qeff and dO arrive in fp16 and dS is
+    stored in fp16, so the cast adds no range loss, and bf16 would drop 3 mantissa bits."""
+    if LOWP == 1:
         out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif LOWP == 2:
+        out = tl.dot(a.to(tl.float16), b.to(tl.float16))
     else:
         out = tl.dot(a, b, input_precision="ieee")
     return out
@@ -206,7 +210,7 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     if h.shape[2] != nt:
         raise ValueError(f"h has {h.shape[2]} chunks; the chunk size {c} gives {nt}")
     r_ab = 2 if hdla else a.shape[3]
-    lowp = q.dtype in (torch.bfloat16, torch.float16)
+    lowp = {torch.bfloat16: 1, torch.float16: 2}.get(q.dtype, 0)
     dev = q.device
     q, k, v, g, do = (x.contiguous() for x in (q, k, v, g, do))
     f32 = dict(device=dev, dtype=torch.float32)
