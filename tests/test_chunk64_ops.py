@@ -1,6 +1,6 @@
 """The chunk64 kernel family behind the public ops (``HDLA_VISION_KERNELS=chunk64``): the interpreted
 checks of tests/chunk64_ops_checks.py (outputs, final states, every gradient against the float64 loop,
-opcheck, compile) in one pytest subprocess with ``TRITON_INTERPRET=1``, reported per check; and the
+also with the two-level state scan forced to 2 and 3 groups; opcheck, compile) in one pytest subprocess with ``TRITON_INTERPRET=1``, reported per check; and the
 selector's refusal of an unknown family."""
 import pytest
 
@@ -16,6 +16,10 @@ NAMES = ["test_chunk_generalized_matches_float64_loop[rab0_rkv2_T70]",
          "test_chunk_generalized_matches_float64_loop[rab2_resets_c16]",
          "test_chunk_hdla_matches_float64_loop[hdla_beta02_gates20_T70]",
          "test_chunk_hdla_matches_float64_loop[hdla_rev_noh0_c16]",
+         "test_two_level_state_scan_matches_float64_loop[rab0_mild_g2]",
+         "test_two_level_state_scan_matches_float64_loop[rab1_scalar_rev_noh0_g3]",
+         "test_two_level_state_scan_matches_float64_loop[rab2_mild_rev_g3]",
+         "test_two_level_state_scan_matches_float64_loop[hdla_gates20_g2]",
          "test_fp16_matches_float64_loop[hdla_fp16_slow_decay_T77]",
          "test_fp16_matches_float64_loop[rab1_fp16_rev_T77]",
          "test_fp16_matches_float64_loop[rab2_fp16_scalar_noh0_T70]",
