@@ -232,7 +232,8 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
         or ``[B, T, H]``; h ``[B, H, NT, K, V]`` the states entering each chunk (the forward's);
         prep: the forward's ``chunk_prepare`` dict if the caller kept it (else recomputed).
         stages: a dict that, if given, receives ``b1`` and ``b2``: closures that relaunch each kernel
-            with the same arguments (per-kernel timing, benchmarks/kernel_stages_bwd.py).
+            with the same arguments (per-kernel timing, benchmarks/kernel_stages_bwd.py), and
+            ``b1_groups``, the group count B1 ran with.
         groups: chunk groups of B1's two-level scan (two_level.py; None: its rule
             :func:`two_level.state_pass_groups` or ``$HDLA_VISION_STATE_GROUPS``; 1: one level).
     Returns:
@@ -263,6 +264,8 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
 
     programs = batch * heads * triton.cdiv(dv, cfg1["BV"])
     groups = two_level.state_pass_groups(programs, nt, two_level.device_sm_count(dev), dk, groups)
+    if stages is not None:
+        stages["b1_groups"] = groups
 
     def b1():
         if groups > 1:

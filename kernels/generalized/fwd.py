@@ -942,6 +942,7 @@ def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stag
     n_mat = prep["N"]
     programs = batch * heads * triton.cdiv(dv, bv)
     groups = two_level.state_pass_groups(programs, n_chunks, two_level.device_sm_count(cc.device), dk, groups)
+    prep["f2_groups"] = groups  # what ran, for the stage benchmarks
     if groups > 1:
         lowp = 0 if f32 else (1 if prep["dtype"] == torch.bfloat16 else 2)
         two_level.two_level_chain(n_mat, cc, prep["gamma"], initial_state, h, final, groups, bv,
