@@ -199,14 +199,14 @@ def _variants(d):
     return [(None, None, None), (64, 32, 4), (32, None, None)]
 
 
-def time_state_pass(shapes, groups_list):
+def time_state_pass(shapes, groups_list, kinds=("hdla", "kda_like")):
     """F2 alone (do_bench median) at each group count of the two-level scan (kernels/generalized/
     two_level.py; 'auto': the launcher's rule, recorded as run), with the relative difference of h and
     of the final state from the one-level F2's (bf16 parity on the real forward's N, Cc, gamma)."""
     from hdla_vision.kernels.generalized import fwd
     rows = []
     for name, shape in shapes.items():
-        for kind in ("hdla", "kda_like"):
+        for kind in kinds:
             p = _timing_inputs(kind, shape)
             prep = fwd.chunk_prepare(p["q"], p["k"], p["v"], p.get("a"), p.get("b"), p["g"], 0.125, False,
                                      hdla_beta=p.get("beta"))
@@ -312,6 +312,7 @@ def main():
     parser.add_argument("--groups", default="1,auto",
                         help="--part f2: two-level scan groups to time, comma-separated ints or 'auto'")
     parser.add_argument("--seq-len", type=int, default=150, help="T of a --case")
+    parser.add_argument("--kinds", default="hdla,kda_like", help="--part f2: input kinds")
     parser.add_argument("--case", nargs=4, type=int, metavar=("R_AB", "R_KV", "K", "V"))
     parser.add_argument("--per-head", action="store_true")
     parser.add_argument("--reverse", action="store_true")
@@ -339,7 +340,7 @@ def main():
         name = "kernel_stages_aot.json"
     elif args.part == "f2":
         shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
-        out = dict(meta, rows=time_state_pass(shapes, args.groups.split(",")))
+        out = dict(meta, rows=time_state_pass(shapes, args.groups.split(","), args.kinds.split(",")))
         name = "kernel_stages_f2.json"
     elif args.part == "fwd-parity":
         res = parity_sweep()
