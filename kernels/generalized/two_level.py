@@ -24,8 +24,8 @@ so with the chunks cut into NG groups of GS consecutive steps the chain runs in 
      entering X and stores the X entering each chunk.
 The critical path is 2 GS + NG dependent products instead of NT. gamma (.) X stays an exact fp32
 elementwise term everywhere; a 16-bit N_c multiplies X split as hi + lo in N_c's dtype (as F2), and
-the fp32 composite N_g is split likewise (three 16-bit products: X and N_g to ~2^-16), or is an
-exact fp32 product for fp32 inputs. Every step is the one-level step, so the stored states agree with
+the composite N_g (fp32 in stage 1) is stored as hi + lo in N_c's dtype and multiplies X split likewise
+(three 16-bit products: N_g and X to ~2^-16); fp32 inputs take exact fp32 products throughout. Every step is the one-level step, so the stored states agree with
 the one-level pass to fp32 rounding.
 
 :func:`state_pass_groups` picks NG (1 = the one-level kernels); ``$HDLA_VISION_STATE_GROUPS`` forces
@@ -71,22 +71,12 @@ def _n_times(n_mat, x, F32: tl.constexpr):
 
 
 @triton.jit
-def _fp32_times(n_mat, x, LOWP: tl.constexpr):
-    """n_mat @ x for fp32 n_mat and x: exact fp32 (LOWP 0), else both split as hi + lo in bf16 (LOWP 1)
-    or fp16 (LOWP 2), three 16-bit products (the lo x lo term is below fp32 rounding)."""
-    if LOWP == 0:
-        out = tl.dot(n_mat, x, input_precision="ieee")
-    else:
-        if LOWP == 1:
-            n_hi = n_mat.to(tl.bfloat16)
-            x_hi = x.to(tl.bfloat16)
-        else:
-            n_hi = n_mat.to(tl.float16)
-            x_hi = x.to(tl.float16)
-        n_lo = (n_mat - n_hi.to(tl.float32)).to(n_hi.dtype)
-        x_lo = (x - x_hi.to(tl.float32)).to(x_hi.dtype)
-        out = tl.dot(n_hi, x_hi) + tl.dot(n_hi, x_lo) + tl.dot(n_lo, x_hi)
-    return out
+def _split_times(n_hi, n_lo, x):
+    """(n_hi + n_lo) @ x for a composite N stored as hi + lo in a 16-bit dtype and x fp32 split likewise:
+    three 16-bit products (the lo x lo term is below fp32 rounding), N and x to ~2^-16."""
+    x_hi = x.to(n_hi.dtype)
+    x_lo = (x - x_hi.to(tl.float32)).to(n_hi.dtype)
+    return tl.dot(n_hi, x_hi) + tl.dot(n_hi, x_lo) + tl.dot(n_lo, x_hi)
 
 
 @triton.jit
@@ -156,13 +146,20 @@ def group_compose_kernel(n_ptr, r_ptr, gamma_ptr, ng_ptr, rg_ptr, gg_ptr, NT, GS
             n_cols = _op_n_tile(n_ptr, blk * K * K, rows, cols, K, valid, TRANS)
             x = gam[:, None] * x - _n_times(n_full, x, F32) + n_cols.to(tl.float32) * g_cols[None, :]
             g_cols *= tl.load(gamma_ptr + blk * K + cols, mask=cmask & valid, other=1.0)
-        tl.store(ng_ptr + g_out * K * K + rows[:, None] * K + cols[None, :], x, mask=kmask[:, None] & cmask[None, :])
+        n_off = rows[:, None] * K + cols[None, :]
+        nmask = kmask[:, None] & cmask[None, :]
+        if F32:
+            tl.store(ng_ptr + g_out * K * K + n_off, x, mask=nmask)
+        else:  # hi + lo in N's 16-bit dtype, so that the walk holds no fp32 [K, K] tile
+            n_hi = x.to(ng_ptr.dtype.element_ty)
+            tl.store(ng_ptr + 2 * g_out * K * K + n_off, n_hi, mask=nmask)
+            tl.store(ng_ptr + (2 * g_out + 1) * K * K + n_off, (x - n_hi.to(tl.float32)).to(n_hi.dtype), mask=nmask)
 
 
 @triton.jit
 def group_walk_kernel(ng_ptr, rg_ptr, gg_ptr, x0_ptr, xin_ptr, final_ptr, NG, K, V,
                       BK: tl.constexpr, BV: tl.constexpr, USE_N: tl.constexpr, HAS_X0: tl.constexpr,
-                      LOWP: tl.constexpr):
+                      F32: tl.constexpr):
     """Stage 2 for one (V block, head), serial over groups: stores the X entering each group
     (xin [B*H, NG, K, V] fp32) and the X after the last (final [B*H, K, V] fp32)."""
     i_v = tl.program_id(0)
@@ -182,9 +179,15 @@ def group_walk_kernel(ng_ptr, rg_ptr, gg_ptr, x0_ptr, xin_ptr, final_ptr, NG, K,
         gam = tl.load(gg_ptr + g_out * K + rows, mask=kmask, other=1.0)
         nxt = gam[:, None] * x + tl.load(rg_ptr + g_out * K * V + s_off, mask=smask, other=0.0)
         if USE_N:
-            n_mat = tl.load(ng_ptr + g_out * K * K + rows[:, None] * K + rows[None, :],
-                            mask=kmask[:, None] & kmask[None, :], other=0.0)
-            nxt -= _fp32_times(n_mat, x, LOWP)
+            n_off = rows[:, None] * K + rows[None, :]
+            nmask = kmask[:, None] & kmask[None, :]
+            if F32:
+                nxt -= tl.dot(tl.load(ng_ptr + g_out * K * K + n_off, mask=nmask, other=0.0), x,
+                              input_precision="ieee")
+            else:
+                n_hi = tl.load(ng_ptr + 2 * g_out * K * K + n_off, mask=nmask, other=0.0)
+                n_lo = tl.load(ng_ptr + (2 * g_out + 1) * K * K + n_off, mask=nmask, other=0.0)
+                nxt -= _split_times(n_hi, n_lo, x)
         x = nxt
     tl.store(final_ptr + bh.to(tl.int64) * K * V + s_off, x, mask=smask)
 
@@ -283,7 +286,8 @@ def two_level_chain(n_mat: Optional[torch.Tensor], rhs: torch.Tensor, gamma: tor
     use_n = n_mat is not None
     n_kb = triton.cdiv(dk, bv) if use_n else 0
     f32 = dict(device=rhs.device, dtype=torch.float32)
-    ng = torch.empty(bh * n_groups * dk * dk if use_n else 1, **f32)
+    ng = torch.empty(bh * n_groups * dk * dk * (2 if lowp else 1) if use_n else 1, device=rhs.device,
+                     dtype=n_mat.dtype if use_n and lowp else torch.float32)
     rg = torch.empty(bh * n_groups * dk * dv, **f32)
     gg = torch.empty(bh * n_groups * dk, **f32)
     xin = torch.empty(bh * n_groups * dk * dv, **f32)
@@ -293,6 +297,6 @@ def two_level_chain(n_mat: Optional[torch.Tensor], rhs: torch.Tensor, gamma: tor
     group_compose_kernel[(n_vb + n_kb, n_groups, bh)](n_in, rhs, gamma, ng, rg, gg, n_chunks, steps, n_groups,
                                                       dk, dv, n_vb, **chain)
     group_walk_kernel[(n_vb, bh)](ng, rg, gg, x0 if x0 is not None else rg, xin, final, n_groups, dk, dv,
-                                  HAS_X0=x0 is not None, LOWP=lowp, **tiles)
+                                  HAS_X0=x0 is not None, F32=lowp == 0, **tiles)
     group_expand_kernel[(n_vb, n_groups, bh)](n_in, rhs, gamma, xin, out, n_chunks, steps, n_groups, dk, dv,
                                               **chain)
