@@ -6,7 +6,8 @@ Per batch b, head h and chunk c (scan order, C tokens; t = p or T-1-p when rever
     O_c = Qeff_c S_{c-1} + Mo_c Vbar_c,     S_c = gamma_c (.) S_{c-1} - N_c S_{c-1} + Cc_c
 
 B1 (``_bwd_state_kernel``, grid V/BV x B*H, serial over chunks): the cotangent of the state leaving
-each chunk, dS_{c-1} = gamma (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, stored per chunk, and dh0.
+each chunk, dS_{c-1} = gamma (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, stored per chunk, and dh0. With
+few programs it runs as a two-level scan over groups of chunks (``b1_two_level``, two_level.py).
 
 B2 (``bwd_chunk.chunk_vjp``, no atomics, no walk across chunks): the chunk VJP given S_{c-1} (the
 forward's h) and dS_c, as small launches through per-chunk scratch: the stacks and cumsums, the Gram

@@ -24,6 +24,7 @@ Kernels (grid (NT, B*H) unless said; num_warps from :func:`launch_warps`, a host
     F2  ``chunk_state_kernel``   grid (V/BV, B*H), serial over chunks: one [K x K].[K x BV] product
                                  per chunk on the chain; gamma (.) S exact in fp32; in 16-bit mode N
                                  (16-bit) times S split as hi + lo in N's dtype (two products).
+                                 Few programs: the two-level scan over groups of chunks (two_level.py).
     F3  ``chunk_output_kernel``  grid (NT, V/BV, B*H): O = Qeff h + Mo Vbar.
 Every kernel reads what an earlier launch wrote, except F1ab's own scratch (written and read
 back by one program, across ``tl.debug_barrier``).
