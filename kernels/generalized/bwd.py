@@ -153,10 +153,11 @@ def _bwd_rhs_kernel(qeff_ptr, do_ptr, rhs_ptr, T, H, K, V, NT,
     tl.store(rhs_ptr + blk * K * V + ck[:, None] * V + cv[None, :], rhs, mask=(ck < K)[:, None] & mv)
 
 
-def b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, bv):
+def b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, bv, use_n=True):
     """B1 as a two-level scan (two_level.py) over ``groups`` groups of chunks: Qeff^T dO per chunk in
-    parallel, then the chain dS <- gamma (.) dS - N^T dS + Qeff^T dO from the last chunk to the first.
-    Writes ds ``[B, H, NT, K, V]`` and dh0 ``[B, H, K, V]`` fp32 as the one-level B1 does."""
+    parallel, then the chain dS <- gamma (.) dS - N^T dS + Qeff^T dO from the last chunk to the first
+    (without the N term when not ``use_n``: rank 0). Writes ds ``[B, H, NT, K, V]`` and dh0
+    ``[B, H, K, V]`` fp32 as the one-level B1 does."""
     batch, heads, n_chunks, dk, dv = ds.shape
     c = prep["chunk"]
     rhs = torch.empty(batch, heads, n_chunks, dk, dv, device=ds.device, dtype=torch.float32)
@@ -164,7 +165,7 @@ def b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, bv):
     _bwd_rhs_kernel[(n_chunks, triton.cdiv(dv, bv), batch * heads)](
         prep["Qeff"].contiguous(), do, rhs, do.shape[1], heads, dk, dv, n_chunks,
         C=c, BK=bk, BV=bv, REVERSE=reverse, LOWP=lowp, num_warps=4)
-    two_level.two_level_chain(prep["N"].contiguous(), rhs, prep["gamma"].contiguous(),
+    two_level.two_level_chain(prep["N"].contiguous() if use_n else None, rhs, prep["gamma"].contiguous(),
                               dht.contiguous() if dht is not None else None, ds, dh0, groups, bv,
                               trans=True, reverse=True, lowp=lowp, num_warps=4 if bk <= 64 else 8)
 
@@ -270,7 +271,7 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
 
     def b1():
         if groups > 1:
-            b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, cfg1["BV"])
+            b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, cfg1["BV"], use_n=r_ab > 0)
         else:
             _bwd_state_kernel[(triton.cdiv(dv, cfg1["BV"]), batch * heads)](*b1_args, **b1_meta)
 
