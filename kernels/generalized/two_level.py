@@ -111,8 +111,9 @@ def group_compose_kernel(n_ptr, r_ptr, gamma_ptr, ng_ptr, rg_ptr, gg_ptr, NT, GS
                          BK: tl.constexpr, BV: tl.constexpr, USE_N: tl.constexpr, TRANS: tl.constexpr,
                          REV: tl.constexpr, F32: tl.constexpr):
     """Stage 1 for one (column block, group, head): R_g[:, cols] (column blocks < N_VB; the first also
-    stores gamma_g) or op(N)_g[:, cols] (column blocks >= N_VB; module docstring). Outputs fp32:
-    ng [B*H, NG, K, K] (op(N)_g row-major), rg [B*H, NG, K, V], gg [B*H, NG, K]."""
+    stores gamma_g) or op(N)_g[:, cols] (column blocks >= N_VB; module docstring). Outputs: ng
+    [B*H, NG, K, K] op(N)_g row-major in fp32 (F32), else [B*H, NG, 2, K, K] its hi and lo parts in
+    N's 16-bit dtype; rg [B*H, NG, K, V] and gg [B*H, NG, K] fp32."""
     i_col = tl.program_id(0)
     grp = tl.program_id(1)
     bh = tl.program_id(2)
