@@ -211,3 +211,32 @@ LOGLINEAR_GENERALIZED_BAD_INPUT = [  # (overrides of bad_loglinear_problem, mess
     (dict(initial_state=torch.zeros(2, 2, 4, 8, 4)), "initial_state must have shape [B, H, L, K, V]"),
     (dict(a=torch.randn(2, 6, 2, 1, 7)), "a must have shape [B, T, H, r_ab, K]"),
 ]
+
+
+def assert_reset_gradients_zero_and_finite(run, inputs: dict) -> None:
+    """``run(**inputs) -> (o, state)`` on inputs with some g = -inf (leaves that require grad): the
+    outputs and every gradient are finite, g's gradient is exactly 0 at the resets and a real
+    gradient (non-zero) at most other entries."""
+    o, s = run(**inputs)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    (o.square().sum() + s.square().sum()).backward()
+    for name, x in inputs.items():
+        assert torch.isfinite(x.grad).all(), name
+    reset = torch.isinf(inputs["g"])
+    assert reset.any() and (inputs["g"].grad[reset] == 0).all()
+    assert (inputs["g"].grad[~reset] != 0).float().mean() > 0.5  # the other entries are real gradients
+
+
+def assert_full_reset_forgets(op, problem: dict, t: int, tol: float) -> None:
+    """With g = -inf in every channel at token t, ``op``'s outputs from t on equal ``op`` run on the
+    suffix from a zero state (within ``tol``: the chunk boundaries differ), and the inputs before t
+    get no gradient. ``problem``: fp32 inputs on the backend's device; q and v are made leaves."""
+    problem["g"][:, t] = float("-inf")
+    problem["q"].requires_grad_()
+    problem["v"].requires_grad_()
+    o, _ = op(**problem)
+    suffix = {n: (x[:, t:] if n != "initial_state" else None) for n, x in problem.items()}
+    o_suffix, _ = op(**suffix)
+    assert rel_err(o[:, t:], o_suffix) < tol
+    o[:, t:].square().sum().backward()
+    assert problem["v"].grad[:, :t].abs().max() == 0 and problem["v"].grad[:, t:].abs().max() > 0

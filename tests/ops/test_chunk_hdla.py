@@ -11,7 +11,8 @@ import torch
 from hdla_vision.kernels import chunk_hdla, custom_ops, hdla_decay_factors, naive_generalized, naive_hdla
 from tests.ops.compiled import assert_compiled_equals_eager
 from tests.backends import CUDA_TOL, backend_cases, backends, dtypes_id, on_backend
-from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, rel_err
+from tests.oracle import (LoopCase, assert_full_reset_forgets, assert_reset_gradients_zero_and_finite, case_name,
+                          compare_with_loop, hdla_problem, rel_err)
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 
@@ -124,31 +125,15 @@ def test_bf16_inputs_return_bf16(backend):
 def test_full_reset_forgets_everything_before_it(backend):
     """With lambda = 0 in every channel at token t the transition is 0: the outputs from t on equal
     the op run on the suffix from a zero state, and the earlier inputs get no gradient."""
-    t = 21
     p = on_backend({n: x.float() for n, x in hdla_problem(1, 40, 2, 8, 8).items()}, backend)
-    p["g"][:, t] = float("-inf")
-    p["q"].requires_grad_()
-    p["v"].requires_grad_()
-    o, _ = chunk_hdla(**p)
-    suffix = {n: (x[:, t:] if n != "initial_state" else None) for n, x in p.items()}
-    o_suffix, _ = chunk_hdla(**suffix)
-    assert rel_err(o[:, t:], o_suffix) < (CUDA_TOL if backend == "cuda" else 1e-5)  # other chunk boundaries
-    o[:, t:].square().sum().backward()
-    assert p["v"].grad[:, :t].abs().max() == 0 and p["v"].grad[:, t:].abs().max() > 0
+    assert_full_reset_forgets(chunk_hdla, p, 21, CUDA_TOL if backend == "cuda" else 1e-5)
 
 
 @pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
 def test_gradient_at_minus_inf_is_zero_and_all_finite(backend):
     p = on_backend({n: x.float() for n, x in hdla_problem(1, 33, 2, 8, 8, resets=0.2).items()}, backend)
     p = {n: x.requires_grad_() for n, x in p.items()}
-    o, s = chunk_hdla(**p, output_final_state=True)
-    assert torch.isfinite(o).all() and torch.isfinite(s).all()
-    (o.square().sum() + s.square().sum()).backward()
-    for name, x in p.items():
-        assert torch.isfinite(x.grad).all(), name
-    reset = torch.isinf(p["g"])
-    assert reset.any() and (p["g"].grad[reset] == 0).all()
-    assert (p["g"].grad[~reset] != 0).float().mean() > 0.5  # the other entries are real gradients
+    assert_reset_gradients_zero_and_finite(lambda **x: chunk_hdla(**x, output_final_state=True), p)
 
 
 @pytest.mark.parametrize("backend", backends("torch", "interpreter"), indirect=True)

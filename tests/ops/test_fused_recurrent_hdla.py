@@ -11,7 +11,7 @@ from hdla_vision.kernels import chunk_hdla, custom_ops, fused_recurrent_hdla, na
 from hdla_vision.kernels.hdla.fused_recurrent import torch_fused_recurrent_hdla
 from tests.ops.compiled import assert_compiled_equals_eager
 from tests.backends import CUDA_TOL, backend_cases, backends, device_of, dtypes_id, on_backend
-from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, rel_err
+from tests.oracle import LoopCase, assert_reset_gradients_zero_and_finite, case_name, compare_with_loop, hdla_problem, rel_err
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 STEP_TOL = {"torch": 1e-5, "interpreter": 1e-5, "cuda": 1e-4}  # absolute and relative, against the loop
@@ -163,14 +163,7 @@ def test_reset_is_the_exact_limit(backend, case):
 def test_gradient_at_minus_inf_is_zero_and_all_finite(backend):
     p = on_backend({n: x.float() for n, x in hdla_problem(1, 5, 2, 8, 8, resets=0.2).items()}, backend)
     p = {n: x.requires_grad_() for n, x in p.items()}
-    o, s = fused_recurrent_hdla(**p)
-    assert torch.isfinite(o).all() and torch.isfinite(s).all()
-    (o.square().sum() + s.square().sum()).backward()
-    for name, x in p.items():
-        assert torch.isfinite(x.grad).all(), name
-    reset = torch.isinf(p["g"])
-    assert reset.any() and (p["g"].grad[reset] == 0).all()
-    assert (p["g"].grad[~reset] != 0).float().mean() > 0.5  # the other entries are real gradients
+    assert_reset_gradients_zero_and_finite(fused_recurrent_hdla, p)
 
 
 @pytest.mark.parametrize("backend", backends("torch", "interpreter"), indirect=True)
