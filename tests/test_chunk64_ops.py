@@ -52,15 +52,17 @@ def test_bad_family_raises(monkeypatch):
 
 def test_state_pass_groups_rule(monkeypatch):
     """The two-level scan's group count: one level where programs fill the GPU, off the GPU, at K > 128
-    and where 2 groups would not shorten the chain; else min(2 SMs / programs, sqrt(2 NT)); the
+    and where the groups save fewer steps than their launches cost; else min(4 SMs / programs, sqrt(2 NT))
+    as a power of two; the
     environment variable or an argument forces it (capped at NT); a bad value is a ValueError."""
     from hdla_vision.kernels.generalized import two_level
 
     monkeypatch.delenv(two_level.GROUPS_ENV, raising=False)
     rule = two_level.state_pass_groups
-    assert rule(6, 256, 132) == 22  # 2048 px, B1 (BV 64): sqrt(512) bounds it
-    assert rule(24, 256, 132) == 11  # 2048 px, F2 (BV 16): 2 * 132 // 24
-    assert rule(96, 64, 132) == 1  # 2 groups: NT + 2 steps, no shorter
+    assert rule(6, 256, 132) == 16  # 2048 px, B1 (BV 64): sqrt(512) = 22 bounds it, a power of two
+    assert rule(24, 256, 132) == 16  # 2048 px, F2 (BV 16): 4 * 132 // 24 = 22
+    assert rule(24, 64, 132) == 1  # 8 x 4096 px tokens, B1: 8 groups save 40 steps, less than they cost
+    assert rule(96, 64, 132) == 1 and rule(6, 120, 132) == 1  # 4 groups save 28 steps; 8 groups 82
     assert rule(512, 64, 132) == 1 and rule(6, 256, None) == 1 and rule(6, 256, 132, dk=256) == 1
     assert rule(6, 256, None, groups=5) == 5 and rule(6, 3, None, groups=5) == 3
     monkeypatch.setenv(two_level.GROUPS_ENV, "4")

@@ -243,6 +243,11 @@ def forced_groups() -> Optional[int]:
     return groups
 
 
+# Dependent chunk steps the two extra launches of the two-level scan cost (measured on an H100,
+# tools/device_two_level.sh, 2026-11-24); below this saving the one-level pass is faster.
+TWO_LEVEL_MIN_SAVED_STEPS = 96
+
+
 def state_pass_groups(programs: int, n_chunks: int, n_sm: Optional[int], dk: int = 64,
                       groups: Optional[int] = None) -> int:
     """Groups of chunks for F2 / B1 (1 = the one-level kernels).
@@ -250,8 +255,11 @@ def state_pass_groups(programs: int, n_chunks: int, n_sm: Optional[int], dk: int
     ``groups`` (an argument, e.g. a benchmark's ``--groups``) or ``$HDLA_VISION_STATE_GROUPS`` force a
     number (capped at ``n_chunks``). Otherwise, with ``programs`` = B*H*V/BV one-level programs on
     ``n_sm`` SMs (None: not a GPU, 1 group): NG groups run NG times the programs and a critical path
-    of ~2 NT/NG + NG dependent steps (least at NG = sqrt(2 NT)), so NG = min(2 n_sm / programs,
-    sqrt(2 NT)), used only when NG >= 3 (at 2 the path is NT + 2 steps, no shorter). K > 128: 1.
+    of ~2 NT/NG + NG dependent steps (least at NG = sqrt(2 NT)), so NG = min(4 n_sm / programs,
+    sqrt(2 NT)) rounded down to a power of two, used only when it saves at least
+    ``TWO_LEVEL_MIN_SAVED_STEPS`` steps: the two extra launches cost about that many (H100: one step
+    ~1.1 us, the two-level overhead ~0.1 ms; B1 at (8, 4096, 3, 64), NT = 64, took 0.078 ms on one
+    level and 0.13-0.15 ms on 8-16 groups). K > 128: 1.
     """
     if dk > MAX_TWO_LEVEL_K:
         return 1
@@ -263,8 +271,12 @@ def state_pass_groups(programs: int, n_chunks: int, n_sm: Optional[int], dk: int
         return max(1, min(groups, n_chunks))
     if n_sm is None:
         return 1
-    groups = min((2 * n_sm) // max(programs, 1), math.isqrt(2 * n_chunks))
-    return groups if groups >= 3 else 1
+    groups = min((4 * n_sm) // max(programs, 1), math.isqrt(2 * n_chunks))
+    if groups < 2:
+        return 1
+    groups = 1 << (groups.bit_length() - 1)
+    saved = n_chunks - (2 * triton.cdiv(n_chunks, groups) + groups)
+    return groups if saved >= TWO_LEVEL_MIN_SAVED_STEPS else 1
 
 
 def two_level_chain(n_mat: Optional[torch.Tensor], rhs: torch.Tensor, gamma: torch.Tensor,
