@@ -4,6 +4,7 @@
     python -m benchmarks.kernel_stages --part fwd-parity       # bf16 parity sweep, one process per case
     python -m benchmarks.kernel_stages --case 2 1 64 64        # one parity case: r_ab r_kv K V (r_ab -1: HDLA)
     python -m benchmarks.kernel_stages --part aot              # compile the forward for the H100, no GPU
+    python -m benchmarks.kernel_stages --part f2 --groups 1,auto,8 --shapes long   # F2 one- vs two-level
 
 ``--part aot`` compiles every forward kernel (``tools/aot_check.py``: Triton's pipeline down to an
 sm_90a cubin, nothing launched) for each mixer (HDLA; KDA-like r_ab = 1 vector decay; GLA r_ab = 0;
@@ -80,10 +81,10 @@ def _rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def parity_case(r_ab, r_kv, dk, dv, per_head=False, g_min=None, reverse=False):
+def parity_case(r_ab, r_kv, dk, dv, per_head=False, g_min=None, reverse=False, seq_len=150):
     """bf16 forward against the float64 loop on the same bf16-rounded inputs."""
     dev = _device()
-    p = problem(r_ab, r_kv, dk, dv, per_head=per_head, g_min=g_min, device=dev)
+    p = problem(r_ab, r_kv, dk, dv, seq_len=seq_len, per_head=per_head, g_min=g_min, device=dev)
     p = {n: x.to(torch.bfloat16) if n != "g" else x.float() for n, x in p.items()}
     ref_o, ref_s = _loop({n: x.double() for n, x in p.items()}, reverse)
     o, s, h = _forward(p, reverse)
@@ -198,6 +199,34 @@ def _variants(d):
     return [(None, None, None), (64, 32, 4), (32, None, None)]
 
 
+def time_state_pass(shapes, groups_list, kinds=("hdla", "kda_like")):
+    """F2 alone (do_bench median) at each group count of the two-level scan (kernels/generalized/
+    two_level.py; 'auto': the launcher's rule, recorded as run), with the relative difference of h and
+    of the final state from the one-level F2's (bf16 parity on the real forward's N, Cc, gamma)."""
+    from hdla_vision.kernels.generalized import fwd
+    rows = []
+    for name, shape in shapes.items():
+        for kind in kinds:
+            p = _timing_inputs(kind, shape)
+            prep = fwd.chunk_prepare(p["q"], p["k"], p["v"], p.get("a"), p.get("b"), p["g"], 0.125, False,
+                                     hdla_beta=p.get("beta"))
+            h1, final1 = fwd.chunk_state_pass(prep, None, groups=1)
+            for groups in groups_list:
+                n_groups = None if groups == "auto" else int(groups)
+                try:
+                    h, final = fwd.chunk_state_pass(prep, None, groups=n_groups)
+                    res = dict(groups_run=prep["f2_groups"], h_rel=_rel(h, h1), final_rel=_rel(final, final1),
+                               f2_ms=_bench(lambda: fwd.chunk_state_pass(prep, None, groups=n_groups)))
+                except Exception as exc:  # noqa: BLE001 (a variant that fails is recorded)
+                    res = dict(error=repr(exc)[:300])
+                row = dict(shape=name, B_T_H_D=shape, kind=kind, chunk=prep["chunk"], groups=groups, **res)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            del p
+        torch.cuda.empty_cache()
+    return rows
+
+
 # ----------------------------------------------------------------------------- compile check (no GPU)
 AOT_MIXERS = {"hdla": (HDLA, 1, False), "kda": (1, 1, False), "gla": (0, 1, False), "gdn": (1, 1, True),
               "gdp": (2, 2, True)}  # (r_ab, r_kv, one decay per head)
@@ -279,7 +308,11 @@ def aot_compile(mixers, cases, dtype=torch.bfloat16):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["fwd", "fwd-parity", "aot"], default="fwd")
+    parser.add_argument("--part", choices=["fwd", "fwd-parity", "aot", "f2"], default="fwd")
+    parser.add_argument("--groups", default="1,auto",
+                        help="--part f2: two-level scan groups to time, comma-separated ints or 'auto'")
+    parser.add_argument("--seq-len", type=int, default=150, help="T of a --case")
+    parser.add_argument("--kinds", default="hdla,kda_like", help="--part f2: input kinds")
     parser.add_argument("--case", nargs=4, type=int, metavar=("R_AB", "R_KV", "K", "V"))
     parser.add_argument("--per-head", action="store_true")
     parser.add_argument("--reverse", action="store_true")
@@ -292,7 +325,8 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     if args.case:
-        print(json.dumps(parity_case(*args.case, per_head=args.per_head, g_min=args.g_min, reverse=args.reverse)))
+        print(json.dumps(parity_case(*args.case, per_head=args.per_head, g_min=args.g_min, reverse=args.reverse,
+                                     seq_len=args.seq_len)))
         return
     meta = provenance(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     if args.part == "aot":
@@ -304,6 +338,10 @@ def main():
             print(m, "at lm:", ", ".join(f"{k} {v['gflop']:.1f} GFLOP {v['mb']:.0f} MB" for k, v in cost.items()))
         out = dict(meta, rows=rows, lm_costs=costs)
         name = "kernel_stages_aot.json"
+    elif args.part == "f2":
+        shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
+        out = dict(meta, rows=time_state_pass(shapes, args.groups.split(","), args.kinds.split(",")))
+        name = "kernel_stages_f2.json"
     elif args.part == "fwd-parity":
         res = parity_sweep()
         out = dict(meta, tol=TOL, passed=sum(r["ok"] for r in res), total=len(res), cases=res)

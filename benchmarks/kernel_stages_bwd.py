@@ -2,6 +2,7 @@
 (chunk VJP), separately and together, with ``triton.testing.do_bench`` medians, bf16 inputs.
 
     python -m benchmarks.kernel_stages_bwd [--out results.json] [--shapes vision,hires,lm,2048px] [--profile]
+    python -m benchmarks.kernel_stages_bwd --shapes 2048px --kinds rab1 --groups 1,auto,8,16   # B1 two-level
     python -m benchmarks.kernel_stages_bwd --aot [--kinds hdla,kda] [--no-head-dims]   # no GPU
 
 --aot compiles the kernels for the H100 (tools/aot_check.py) and prints registers, spills, shared
@@ -10,7 +11,8 @@ decay per head) and Gated DeltaProduct (r_ab = r_kv = 2, decay per head), with p
 estimates at the LM shape.
 
 The forward's per-chunk tensors (N, Qeff, gamma, h) are random tensors of the right shapes and
-dtypes: the kernels' run time does not depend on their values, and the backward is timed on its own
+dtypes (gamma in (0, 1], N small, so that long chains stay finite for the two-level parity check):
+the kernels' run time does not depend on their values, and the backward is timed on its own
 (the forward's kernels: ``benchmarks.kernel_stages``). Variants: HDLA, and r_ab = 1 with vector decay.
 """
 import argparse
@@ -46,7 +48,7 @@ def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=to
     do = fill(batch, seq_len, heads, dv, device=dev, dtype=bf)
     prep = dict(N=0.01 * fill(batch, heads, nt, dk, dk, device=dev, dtype=bf),
                 Qeff=fill(batch, heads, nt * chunk, dk, device=dev, dtype=bf),
-                gamma=fill(batch, heads, nt, dk, device=dev).abs(), chunk=chunk)
+                gamma=torch.exp(-0.1 * fill(batch, heads, nt, dk, device=dev).abs()), chunk=chunk)
     h = fill(batch, heads, nt, dk, dv, device=dev, dtype=bf)
     if kind == "hdla":
         k = F.normalize(fill(batch, seq_len, heads, dk, device=dev) + 1e-3, dim=-1).to(bf)
@@ -70,19 +72,35 @@ def default_chunk(kind, dk):
     return rule(r_ab, r_kv, dk)
 
 
-def time_case(kind, shape, chunk, profile=False):
+def _rel(x, ref):
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def time_case(kind, shape, chunk, profile=False, groups=None):
+    """do_bench medians of B1 + B2, B1 and B2 (and B2's launches with ``profile``); ``groups``: B1's
+    two-level groups (None: the launcher's rule). Other than 1 group, also the relative difference of
+    every gradient from the one-level B1's (``two_level_vs_one_level``, bf16 parity)."""
     batch, seq_len, heads, d = shape
     x = _inputs(kind, batch, seq_len, heads, d, chunk)
     timings = {}
     stages = {}
 
-    def full():
+    def full(n_groups=groups):
         return bwd.generalized_backward(x["do"], x["dht"], *x["args"], 0.1, x["h0"], x["h"], False,
-                                        hdla_beta=x["beta"], prep=x["prep"], stages=stages)
+                                        hdla_beta=x["beta"], prep=x["prep"], stages=stages, groups=n_groups)
 
-    full()
+    out = full()
     torch.cuda.synchronize()
+    timings["b1_groups"] = stages.pop("b1_groups")
+    if timings["b1_groups"] > 1:
+        ref = full(1)
+        timings["two_level_vs_one_level"] = {f"d{i}": _rel(o, r) for i, (o, r) in enumerate(zip(out, ref))
+                                             if o is not None}
+        full()
+        stages.pop("b1_groups")
     timings["b1_plus_b2_ms"] = triton.testing.do_bench(full, warmup=50, rep=200)
+    stages.pop("b1_groups")
     for name, fn in stages.items():
         timings[name + "_ms"] = triton.testing.do_bench(fn, warmup=50, rep=200)
     if profile:
@@ -196,6 +214,8 @@ def main():
     parser.add_argument("--no-head-dims", action="store_true", help="with --aot: only the benchmark shapes")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                         help="with --aot: the input dtype compiled")
+    parser.add_argument("--groups", default="1",
+                        help="B1's two-level scan groups to time, comma-separated ints or 'auto' (the rule)")
     args = parser.parse_args()
     if args.aot:
         kinds = "hdla,kda,gla,gdn,gdp" if args.kinds == "hdla,rab1" else args.kinds
@@ -204,12 +224,12 @@ def main():
     results = dict(provenance(torch.cuda.get_device_name()), runs=[])
     for name in args.shapes.split(","):
         for kind in args.kinds.split(","):
-            for chunk in (int(c) for c in args.chunks.split(",")):
+            for chunk, groups in ((int(c), g) for c in args.chunks.split(",") for g in args.groups.split(",")):
                 try:
-                    t = time_case(kind, SHAPES[name], chunk, args.profile)
+                    t = time_case(kind, SHAPES[name], chunk, args.profile, None if groups == "auto" else int(groups))
                 except Exception as exc:  # noqa: BLE001  one failing configuration must not end the sweep
                     t = {"error": f"{type(exc).__name__}: {str(exc)[-400:]}"}
-                run = dict(shape=name, bthd=SHAPES[name], kind=kind, chunk=chunk, **t)
+                run = dict(shape=name, bthd=SHAPES[name], kind=kind, chunk=chunk, groups=groups, **t)
                 results["runs"].append(run)
                 print(json.dumps(run), flush=True)
                 with open(args.out, "w") as f:

@@ -1,7 +1,8 @@
 """The public ops ``chunk_generalized`` / ``chunk_hdla`` on the chunk64 kernel family
 (``HDLA_VISION_KERNELS=chunk64``: kernels/generalized/fwd.py and bwd.py behind kernels/custom_ops.py),
 under ``TRITON_INTERPRET=1`` on CPU in fp32, against the float64 token loops: the output, the final
-state and every gradient (dh0 included) to a relative error < 1e-4, and in fp16 (against the loop on
+state and every gradient (dh0 included) to a relative error < 1e-4 (also with F2 and B1 as the two-level
+scan over 2 or 3 groups of chunks), and in fp16 (against the loop on
 the fp16-rounded inputs) < 5e-3; ``torch.library.opcheck`` of both ops; a compiled (``fullgraph=True``) call equal to eager.
 
 Run by tests/test_chunk64_ops.py in a pytest subprocess started with ``TRITON_INTERPRET=1``: Triton
@@ -81,6 +82,41 @@ def test_chunk_hdla_matches_float64_loop(chunk64, monkeypatch, case):
     p["beta"][..., 1::3] = 2.0
     errors = compare_with_loop(chunk_hdla, "hdla", p, scale=0.7, reverse=reverse)
     _assert_close(errors, ["o", "final_state", "dq", "dk", "dv", "dbeta", "dg"] + (["dinitial_state"] if h0 else []))
+
+
+# The two-level state scan (kernels/generalized/two_level.py) forced to 2 or 3 groups of chunks in F2
+# and B1 (5 chunks of 16 at T = 70: groups of 3 + 2 or 2 + 2 + 1): (kind, r_ab, decay per head,
+# reverse, g_min, initial state, groups). Mild gates (g_min -0.1) carry the state across groups.
+GROUPED = {
+    "rab0_mild_g2": ("generalized", 0, False, False, -0.1, True, 2),
+    "rab1_scalar_rev_noh0_g3": ("generalized", 1, True, True, -0.1, False, 3),
+    "rab2_mild_rev_g3": ("generalized", 2, False, True, -0.1, True, 3),
+    "hdla_gates20_g2": ("hdla", 2, False, False, -20.0, True, 2),
+}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(GROUPED))
+def test_two_level_state_scan_matches_float64_loop(chunk64, monkeypatch, case):
+    from hdla_vision.kernels.generalized import two_level
+
+    kind, r_ab, per_head, reverse, g_min, h0, groups = GROUPED[case]
+    _small_chunk(monkeypatch, chunk64, 16)
+    monkeypatch.setenv(two_level.GROUPS_ENV, str(groups))
+    chains = []  # (groups, reverse) of every two-level launch: F2's and B1's
+    real_chain = two_level.two_level_chain
+    monkeypatch.setattr(two_level, "two_level_chain",
+                        lambda *args, **kw: chains.append((args[6], kw["reverse"])) or real_chain(*args, **kw))
+    if kind == "hdla":
+        p = hdla_problem(1, 70, 1, 8, 6, g_min=g_min, h0=h0)
+        errors = compare_with_loop(chunk_hdla, "hdla", p, scale=0.7, reverse=reverse)
+        names = ["o", "final_state", "dq", "dk", "dv", "dbeta", "dg"]
+    else:
+        p = generalized_problem(1, 70, 1, 8, 6, 1, r_ab, g_min=g_min, h0=h0, per_head_g=per_head)
+        errors = compare_with_loop(chunk_generalized, "generalized", p, scale=0.7, reverse=reverse)
+        names = ["o", "final_state", "dq", "dk", "dv", "da", "db", "dg"]
+    assert chains == [(groups, False), (groups, True)], chains
+    _assert_close(errors, names + (["dinitial_state"] if h0 else []))
 
 
 # fp16 inputs (fp32 accumulation) against the loop on the fp16-rounded inputs: (op kind, problem, op

@@ -26,9 +26,10 @@ OUTCOMES_ENV = "HDLA_VISION_TEST_OUTCOMES"
 
 def interpreter_env(extra=None):
     """This process's environment with ``TRITON_INTERPRET=1``, the repository root importable, the
-    default kernel family and the variables ``extra``."""
+    default kernel family and state-pass groups, and the variables ``extra``."""
     env = dict(os.environ, **(extra or {}), TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     env.pop("HDLA_VISION_KERNELS", None)
+    env.pop("HDLA_VISION_STATE_GROUPS", None)  # the launchers' own rule unless a check forces groups
     return env
 
 

@@ -1,6 +1,6 @@
 """The chunk64 kernel family behind the public ops (``HDLA_VISION_KERNELS=chunk64``): the interpreted
 checks of tests/chunk64_ops_checks.py (outputs, final states, every gradient against the float64 loop,
-opcheck, compile) in one pytest subprocess with ``TRITON_INTERPRET=1``, reported per check; and the
+also with the two-level state scan forced to 2 and 3 groups; opcheck, compile) in one pytest subprocess with ``TRITON_INTERPRET=1``, reported per check; and the
 selector's refusal of an unknown family."""
 import pytest
 
@@ -16,6 +16,10 @@ NAMES = ["test_chunk_generalized_matches_float64_loop[rab0_rkv2_T70]",
          "test_chunk_generalized_matches_float64_loop[rab2_resets_c16]",
          "test_chunk_hdla_matches_float64_loop[hdla_beta02_gates20_T70]",
          "test_chunk_hdla_matches_float64_loop[hdla_rev_noh0_c16]",
+         "test_two_level_state_scan_matches_float64_loop[rab0_mild_g2]",
+         "test_two_level_state_scan_matches_float64_loop[rab1_scalar_rev_noh0_g3]",
+         "test_two_level_state_scan_matches_float64_loop[rab2_mild_rev_g3]",
+         "test_two_level_state_scan_matches_float64_loop[hdla_gates20_g2]",
          "test_fp16_matches_float64_loop[hdla_fp16_slow_decay_T77]",
          "test_fp16_matches_float64_loop[rab1_fp16_rev_T77]",
          "test_fp16_matches_float64_loop[rab2_fp16_scalar_noh0_T70]",
@@ -44,3 +48,25 @@ def test_bad_family_raises(monkeypatch):
     p = hdla_problem(1, 5, 1, 4, 4)
     with pytest.raises(ValueError, match="HDLA_VISION_KERNELS"):
         chunk_hdla(*(p[n].float() for n in ("q", "k", "v", "beta", "g")))
+
+
+def test_state_pass_groups_rule(monkeypatch):
+    """The two-level scan's group count: one level where programs fill the GPU, off the GPU, at K > 128
+    and where the groups save fewer steps than their launches cost; else min(4 SMs / programs, sqrt(2 NT))
+    as a power of two; the
+    environment variable or an argument forces it (capped at NT); a bad value is a ValueError."""
+    from hdla_vision.kernels.generalized import two_level
+
+    monkeypatch.delenv(two_level.GROUPS_ENV, raising=False)
+    rule = two_level.state_pass_groups
+    assert rule(6, 256, 132) == 16  # 2048 px, B1 (BV 64): sqrt(512) = 22 bounds it, a power of two
+    assert rule(24, 256, 132) == 16  # 2048 px, F2 (BV 16): 4 * 132 // 24 = 22
+    assert rule(24, 64, 132) == 1  # 8 x 4096 px tokens, B1: 8 groups save 40 steps, less than they cost
+    assert rule(96, 64, 132) == 1 and rule(6, 120, 132) == 1  # 4 groups save 28 steps; 8 groups 82
+    assert rule(512, 64, 132) == 1 and rule(6, 256, None) == 1 and rule(6, 256, 132, dk=256) == 1
+    assert rule(6, 256, None, groups=5) == 5 and rule(6, 3, None, groups=5) == 3
+    monkeypatch.setenv(two_level.GROUPS_ENV, "4")
+    assert rule(512, 64, 132) == 4 and rule(512, 64, 132, groups=1) == 1
+    monkeypatch.setenv(two_level.GROUPS_ENV, "two")
+    with pytest.raises(ValueError, match=two_level.GROUPS_ENV):
+        rule(6, 256, 132)

@@ -6,7 +6,8 @@ Per batch b, head h and chunk c (scan order, C tokens; t = p or T-1-p when rever
     O_c = Qeff_c S_{c-1} + Mo_c Vbar_c,     S_c = gamma_c (.) S_{c-1} - N_c S_{c-1} + Cc_c
 
 B1 (``_bwd_state_kernel``, grid V/BV x B*H, serial over chunks): the cotangent of the state leaving
-each chunk, dS_{c-1} = gamma (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, stored per chunk, and dh0.
+each chunk, dS_{c-1} = gamma (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, stored per chunk, and dh0. With
+few programs it runs as a two-level scan over groups of chunks (``b1_two_level``, two_level.py).
 
 B2 (``bwd_chunk.chunk_vjp``, no atomics, no walk across chunks): the chunk VJP given S_{c-1} (the
 forward's h) and dS_c, as small launches through per-chunk scratch: the stacks and cumsums, the Gram
@@ -26,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import fwd
+from . import fwd, two_level
 from .bwd_chunk import chunk_vjp
 
 SUB = 16  # token sub-block of the exact decays
@@ -130,6 +131,45 @@ def _bwd_state_kernel(
         tl.store(dh0_ptr + bh64 * K * V + off1, ds1, mask=mk1[:, None] & mv)
 
 
+@triton.jit
+def _bwd_rhs_kernel(qeff_ptr, do_ptr, rhs_ptr, T, H, K, V, NT,
+                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr, LOWP: tl.constexpr):
+    """B1's inhomogeneous term for the two-level scan, per (chunk, V block, head), in parallel:
+    rhs[b, h, c] = Qeff_c^T dO_c (fp32 [K, V]; the same product the one-level B1 forms in its loop)."""
+    c = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    mv = cv[None, :] < V
+    blk = i_bh.to(tl.int64) * NT + c
+    tok, valid = _token_offsets(c, C, T, H, i_b, i_h, REVERSE)
+    do = tl.load(do_ptr + tok[:, None] * V + cv[None, :], mask=valid[:, None] & mv, other=0.0)
+    q_rows = (blk * C + tl.arange(0, C))[:, None] * K
+    qe = tl.load(qeff_ptr + q_rows + ck[None, :], mask=(ck < K)[None, :], other=0.0)
+    rhs = _mm(tl.trans(qe), do, LOWP)
+    tl.store(rhs_ptr + blk * K * V + ck[:, None] * V + cv[None, :], rhs, mask=(ck < K)[:, None] & mv)
+
+
+def b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, bv, use_n=True):
+    """B1 as a two-level scan (two_level.py) over ``groups`` groups of chunks: Qeff^T dO per chunk in
+    parallel, then the chain dS <- gamma (.) dS - N^T dS + Qeff^T dO from the last chunk to the first
+    (without the N term when not ``use_n``: rank 0). Writes ds ``[B, H, NT, K, V]`` and dh0
+    ``[B, H, K, V]`` fp32 as the one-level B1 does."""
+    batch, heads, n_chunks, dk, dv = ds.shape
+    c = prep["chunk"]
+    rhs = torch.empty(batch, heads, n_chunks, dk, dv, device=ds.device, dtype=torch.float32)
+    bk = max(16, triton.next_power_of_2(dk))
+    _bwd_rhs_kernel[(n_chunks, triton.cdiv(dv, bv), batch * heads)](
+        prep["Qeff"].contiguous(), do, rhs, do.shape[1], heads, dk, dv, n_chunks,
+        C=c, BK=bk, BV=bv, REVERSE=reverse, LOWP=lowp, num_warps=4)
+    two_level.two_level_chain(prep["N"].contiguous() if use_n else None, rhs, prep["gamma"].contiguous(),
+                              dht.contiguous() if dht is not None else None, ds, dh0, groups, bv,
+                              trans=True, reverse=True, lowp=lowp, num_warps=4 if bk <= 64 else 8)
+
+
 def b1_config(dk: int, dv: int) -> dict:
     """B1's tiles per head dim: the state's K rows in one block (K <= 128) or two (K = 256), BV columns
     per program, warps. The one place to tune (or autotune) B1 on a device."""
@@ -185,7 +225,7 @@ def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
 
 
 def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, reverse, hdla_beta=None,
-                         prep=None, stages=None):
+                         prep=None, stages=None, groups=None):
     """Gradients of the chunked generalized op by B1 and B2 (module docstring).
 
     Args (kernel_plan.md): do ``[B, T, H, V]``; dht ``[B, H, K, V]`` or None; q ``[B, T, H, K]``;
@@ -194,7 +234,10 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
         or ``[B, T, H]``; h ``[B, H, NT, K, V]`` the states entering each chunk (the forward's);
         prep: the forward's ``chunk_prepare`` dict if the caller kept it (else recomputed).
         stages: a dict that, if given, receives ``b1`` and ``b2``: closures that relaunch each kernel
-            with the same arguments (per-kernel timing, benchmarks/kernel_stages_bwd.py).
+            with the same arguments (per-kernel timing, benchmarks/kernel_stages_bwd.py), and
+            ``b1_groups``, the group count B1 ran with.
+        groups: chunk groups of B1's two-level scan (two_level.py; None: its rule
+            :func:`two_level.state_pass_groups` or ``$HDLA_VISION_STATE_GROUPS``; 1: one level).
     Returns:
         ``(dq, dk, dv, da, db, dg, dh0)`` (HDLA: ``(dq, dk, dv, dbeta, dg, dh0)``), each in its input's
         dtype (dg in g's shape; dh0 fp32, None without an initial state).
@@ -221,8 +264,16 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
                dht.contiguous() if dht is not None else ds, ds, dh0, seq_len, heads, dk, dv, nt)
     b1_meta = dict(C=c, REVERSE=reverse, HAS_DHT=dht is not None, LOWP=lowp, **cfg1)
 
+    programs = batch * heads * triton.cdiv(dv, cfg1["BV"])
+    groups = two_level.state_pass_groups(programs, nt, two_level.device_sm_count(dev), dk, groups)
+    if stages is not None:
+        stages["b1_groups"] = groups
+
     def b1():
-        _bwd_state_kernel[(triton.cdiv(dv, cfg1["BV"]), batch * heads)](*b1_args, **b1_meta)
+        if groups > 1:
+            b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, cfg1["BV"], use_n=r_ab > 0)
+        else:
+            _bwd_state_kernel[(triton.cdiv(dv, cfg1["BV"]), batch * heads)](*b1_args, **b1_meta)
 
     b1()
     b2_runs = []

@@ -24,6 +24,7 @@ Kernels (grid (NT, B*H) unless said; num_warps from :func:`launch_warps`, a host
     F2  ``chunk_state_kernel``   grid (V/BV, B*H), serial over chunks: one [K x K].[K x BV] product
                                  per chunk on the chain; gamma (.) S exact in fp32; in 16-bit mode N
                                  (16-bit) times S split as hi + lo in N's dtype (two products).
+                                 Few programs: the two-level scan over groups of chunks (two_level.py).
     F3  ``chunk_output_kernel``  grid (NT, V/BV, B*H): O = Qeff h + Mo Vbar.
 Every kernel reads what an earlier launch wrote, except F1ab's own scratch (written and read
 back by one program, across ``tl.debug_barrier``).
@@ -71,6 +72,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..utils import LOG_ZERO_FP32
+from . import two_level
 
 LOG_ZERO = tl.constexpr(LOG_ZERO_FP32)
 SUB = tl.constexpr(16)  # tokens per row block (the exact diagonal block and the inverse's diagonal block)
@@ -914,9 +916,10 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps):
                 seq_len=seq_len, dtype=q.dtype)
 
 
-def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stages=None):
+def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stages=None, groups=None):
     """F2. Returns (h [B, H, NT, K, V] the state entering each chunk, in q's dtype (fp32 for fp32 q),
-    final [B, H, K, V] fp32)."""
+    final [B, H, K, V] fp32). ``groups``: chunk groups of the two-level scan (two_level.py; None: its
+    rule :func:`two_level.state_pass_groups`, or ``$HDLA_VISION_STATE_GROUPS``; 1: one level)."""
     cc = prep["Cc"]
     batch, heads, n_chunks, dk, dv = cc.shape
     f32 = prep["dtype"] == torch.float32
@@ -938,6 +941,14 @@ def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stag
                              f"got {tuple(initial_state.shape)}")
         initial_state = initial_state.contiguous()
     n_mat = prep["N"]
+    programs = batch * heads * triton.cdiv(dv, bv)
+    groups = two_level.state_pass_groups(programs, n_chunks, two_level.device_sm_count(cc.device), dk, groups)
+    prep["f2_groups"] = groups  # what ran, for the stage benchmarks
+    if groups > 1:
+        lowp = 0 if f32 else (1 if prep["dtype"] == torch.bfloat16 else 2)
+        two_level.two_level_chain(n_mat, cc, prep["gamma"], initial_state, h, final, groups, bv,
+                                  trans=False, reverse=False, lowp=lowp, num_warps=num_warps)
+        return h, final
     chunk_state_kernel[(triton.cdiv(dv, bv), batch * heads)](
         n_mat if n_mat is not None else cc, cc, prep["gamma"],
         initial_state if initial_state is not None else cc, h, final, n_chunks, dk, dv,
