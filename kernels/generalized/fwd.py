@@ -401,6 +401,16 @@ def _block_reference(gq):
 
 
 @triton.jit
+def _undo_reference(x, gx, ref, SCALAR: tl.constexpr):
+    """Bh or Qh from the x side of the off-diagonal products: x e^{ref} = y e^{G} for vector decay
+    (x = y e^{G - ref}, both factors <= 1), y e^{gx} for scalar decay (x = y)."""
+    if SCALAR:
+        return x * tl.exp(gx)
+    else:
+        return x * tl.exp(ref)
+
+
+@triton.jit
 def _decayed_mm(x, gx, y, gy, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
     """An off-diagonal Gram block ``x y^T``: vector decay has its factors in x and y already; scalar
     decay multiplies by the exact decay matrix e^{gx_t - gy_i} (gx ``[rows, 1]``, gy ``[1, cols]``)."""
@@ -497,7 +507,9 @@ def chunk_intra_kernel(
     (n, m) and Gram; (b) and (c) are separate loops over m so that few tiles are live at once.
     W ``[C RAP, BK]`` and U ``[C RAP, C RKP]`` (token-major stacks, fp32) are stored for F1c; Qeff and
     Mo (q's dtype) are outputs. r_ab = 0: Qeff = Qh, Mo = M_QK. ``n_blocks = C / 16`` and ``n_cols = 16``
-    are runtime loop bounds (rolled loops: fewer registers)."""
+    are runtime loop bounds (rolled loops: fewer registers). Bh_n and Qh_n come from the x sides of
+    (b)'s and (c)'s products and start their accumulators (:func:`_undo_reference`), so the row block
+    is loaded (HDLA: A, B built) once per step, not again after each loop."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
@@ -556,8 +568,9 @@ def chunk_intra_kernel(
                              RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE)
             if RECORD_PATH:
                 tl.store(path_ptr + chunk * (C // SUB) + n, factored.to(tl.int8))
-        # x sides of the off-diagonal products: reference R = G' at the row block's first token
-        ref = _cum(gs_ptr, bh, c, NT, tl.maximum(n0 - 1, 0), cols[None, :], C, BK, SCALAR)  # [1, BK]
+        # x sides of the off-diagonal products: reference R = G' at the row block's first token (0 at the
+        # chunk's first token, so that Bh, Qh = x e^R there too)
+        ref = _cum_excl(gs_ptr, bh, c, NT, n0, cols[None, :], C, BK, SCALAR)  # [1, BK]
         if RAB > 0:
             # (b) W_n = T_nn (Bh_n - L_AB[n, <n] W_<n), U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n)
             q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
@@ -568,7 +581,7 @@ def chunk_intra_kernel(
                 xb = b_n
             else:
                 xb = b_n * tl.exp(gbp - ref)
-            acc_w = tl.zeros([RA, BK], dtype=tl.float32)
+            acc_w = -_undo_reference(xb, gbp, ref, SCALAR)  # L_AB[n, <n] W_<n - Bh_n
             acc_u = tl.zeros([RA, CK], dtype=tl.float32)
             for m in range(n):  # earlier column blocks, one at a time
                 yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
@@ -584,10 +597,6 @@ def chunk_intra_kernel(
                 acc_w += _mm(l_ab, w_m, F32, 0)
                 acc_u += _mm(l_ab, u_m, F32, 0)
             tl.debug_barrier()
-            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
-                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
-                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
             tok_c = rows_a // RAP
             l_d = tl.load(s_ab + rows_a[:, None] * RA + rows_a[None, :],
                           mask=(tok_c[:, None] > tok_c[None, :]) & ((rows_a % RAP) < RAB)[None, :], other=0.0)
@@ -595,7 +604,7 @@ def chunk_intra_kernel(
             in_diag = (ucols >= n * RK)[None, :]
             rhs_u = tl.load(u_row + ucols[None, :], mask=(ucols < (n + 1) * RK)[None, :] & (ucols % RKP < RKV)[None, :]
                             & (~in_diag | (tok_c > 0)[:, None]), other=0.0)
-            w_n = _mm(t_nn, b_n * tl.exp(gbp) - acc_w, F32, 0)
+            w_n = _mm(t_nn, -acc_w, F32, 0)
             u_n = _mm(t_nn, rhs_u - acc_u, F32, 0)
             tl.debug_barrier()  # every thread has read U's row block n before it is overwritten
             tl.store(w_base + (rows_a + n * RA)[:, None] * BK + cols[None, :], w_n)
@@ -609,7 +618,7 @@ def chunk_intra_kernel(
             xq = q_n
         else:
             xq = q_n * tl.exp(gq - ref)
-        acc_q = tl.zeros([SUB, BK], dtype=tl.float32)
+        acc_q = -_undo_reference(xq, gq, ref, SCALAR)  # M_QA[n, <n] W_<n - Qh_n
         acc_mo = tl.zeros([SUB, CK], dtype=tl.float32)
         for m in range(n):
             yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
@@ -624,11 +633,7 @@ def chunk_intra_kernel(
                 acc_mo += _mm(m_qa, tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
                                             mask=(ucols < (m + 1) * RK)[None, :], other=0.0), F32, 0)
         tl.debug_barrier()
-        q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
-                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
-                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
-        qh = q_n * tl.exp(gq) - acc_q
+        qh = -acc_q
         mo = tl.load(s_qk + tq[:, None] * CK + ucols[None, :],
                      mask=((ucols < (n + 1) * RK) & (ucols % RKP < RKV))[None, :], other=0.0) - acc_mo
         if RAB > 0:
