@@ -2,9 +2,10 @@
 
 * each of our ``*_tiny`` timm models (class token in the middle of the scan, so the block's
   insert / split of the class token is traced too) compiles to one graph, and its output and every
-  parameter's gradient equal eager: backend ``"eager"`` (dynamo's capture alone; fullgraph makes a
-  graph break an error), one model through AOTAutograd (``"aot_eager"``), whose backward graph
-  holds the ops' backward nodes; inductor is tests/test_custom_ops.py's;
+  parameter's gradient equal eager (``tools.compile_models.check_model``, which the device script
+  runs on CUDA): backend ``"eager"`` (dynamo's capture alone; fullgraph makes a graph break an
+  error), one model through AOTAutograd (``"aot_eager"``), whose backward graph holds the ops'
+  backward nodes; inductor is tests/test_custom_ops.py's;
 * a dynamic batch stays one graph: the ops' batch slicing (``kernels.utils.batch_slices``) used to
   iterate over the batch size and specialise every compiled graph to one batch (a recompile per size);
 * bad input still raises ValueError naming the argument under compile.
@@ -21,33 +22,11 @@ from torch._dynamo.utils import counters
 
 import hdla_vision  # noqa: F401  registers the timm models
 from hdla_vision.layers import create_mixer
-from tools.timm_suite import OUR_MODULES
+from tools.compile_models import TINY, check_model, passed
 
-TINY = sorted(name for name in timm.list_models(module=list(OUR_MODULES)) if name.endswith("_tiny"))
 SMALL = dict(img_size=16, patch_size=8, embed_dim=32, num_heads=2, depth=1, num_classes=5, class_token=True,
              global_pool="token")
-
-
-def _outputs_and_grads(module, fn, x):
-    """``fn(x)`` and the gradients of x and of every parameter for the loss ``mean(fn(x)^2)``."""
-    module.zero_grad(set_to_none=True)
-    x = x.clone().requires_grad_()
-    y = fn(x)
-    y.square().mean().backward()
-    return y.detach(), x.grad, {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
-
-
-def _assert_one_graph_equal_to_eager(module, x, backend):
-    torch._dynamo.reset()
-    counters.clear()
-    y_ref, dx_ref, grads_ref = _outputs_and_grads(module, module, x)
-    y, dx, grads = _outputs_and_grads(module, torch.compile(module, backend=backend, fullgraph=True), x)
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    torch.testing.assert_close(y, y_ref, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(dx, dx_ref, rtol=1e-6, atol=1e-6)
-    assert grads.keys() == grads_ref.keys() and len(grads) == len(list(module.parameters()))
-    for name in grads:
-        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
+EXACT = 1e-6
 
 
 def _small_model(name):
@@ -61,12 +40,29 @@ def test_every_tiny_model_is_listed():
 
 @pytest.mark.parametrize("name", TINY)
 def test_model_compiles_to_one_graph_equal_to_eager(name):
-    _assert_one_graph_equal_to_eager(_small_model(name), torch.randn(2, 3, 16, 16), backend="eager")
+    row = check_model(_small_model(name), torch.randn(2, 3, 16, 16), backend="eager")
+    assert passed(row, EXACT), row
 
 
 def test_model_through_aot_autograd_equals_eager():
     """AOTAutograd traces the forward and the backward (the ops' backward custom ops) of hdla_tiny."""
-    _assert_one_graph_equal_to_eager(_small_model("hdla_tiny"), torch.randn(2, 3, 16, 16), backend="aot_eager")
+    row = check_model(_small_model("hdla_tiny"), torch.randn(2, 3, 16, 16), backend="aot_eager")
+    assert passed(row, EXACT), row
+
+
+class _DataDependentBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.proj(x.mean((1, 2)))
+        return y if y.sum() > 0 else -y  # a branch on a tensor's value: a graph break
+
+
+def test_the_check_reports_a_graph_break():
+    row = check_model(_DataDependentBranch(), torch.randn(2, 3, 4, 4), backend="eager")
+    assert not passed(row, EXACT) and row["error"].startswith("Unsupported"), row
 
 
 def test_dynamic_batch_is_one_graph():
