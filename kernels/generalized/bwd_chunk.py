@@ -26,10 +26,12 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
     S7 ``_unstack_kernel``  dV from the stack layout back to [B, T, H, r_kv, V].
 
 Products take bf16 (fp16) operands with fp32 accumulation for 16-bit inputs and exact fp32 (ieee) for
-fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs, and so do the factored
-diagonal Gram products for fp16 inputs (factors up to e^30 exceed fp16's range; bf16 holds them).
+fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs, the factored diagonal
+Gram products tf32x3 (:data:`DIAG_PRECISION`, kernels/README.md §8 Numerics: dg needs their precision).
 Scratch is fp32.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -38,17 +40,27 @@ SUB = tl.constexpr(16)  # tokens per block of the exact decays and of the invers
 # The diagonal token blocks' factored product runs where both factors are <= e^DIAG_LIMIT (kernels/README.md
 # §8 Numerics: no fp32 or bf16 overflow below it); the launchers accept any limit in [0, DIAG_LIMIT].
 DIAG_LIMIT = 30.0
+# Operands of the factored diagonal products for 16-bit inputs (a _dot LOWP code): 3 = tf32x3. The
+# diagonal blocks hold the largest entries of every Gram (nearby tokens, decays near 1) and dg is a
+# reverse cumsum of products of them that cancel: with bf16 operands dg was 1e-2 to 2.4e-2 off the
+# float64 loop at mild gates on the H100 (5e-3 allowed), with exact fp32 (the token loop) 1.6e-3.
+# ``$HDLA_VISION_DIAG_PRECISION`` (bf16 / tf32 / tf32x3) overrides it, for the stage benchmarks.
+DIAG_PRECISIONS = {"bf16": 1, "tf32": 0, "tf32x3": 3}
+DIAG_PRECISION = "tf32x3"
 
 
 @triton.jit
 def _dot(x, y, F32: tl.constexpr, LOWP: tl.constexpr):
-    """x @ y, fp32 accumulate: ieee fp32 (F32), else bf16 (LOWP 1), fp16 (LOWP 2) or tf32 (LOWP 0) operands."""
+    """x @ y, fp32 accumulate: ieee fp32 (F32), else bf16 (LOWP 1), fp16 (LOWP 2), tf32 (LOWP 0) or
+    three tf32 products (LOWP 3: hi*hi + hi*lo + lo*hi, fp32 operands to ~2^-21) operands."""
     if F32:
         return tl.dot(x, y, input_precision="ieee")
     elif LOWP == 1:
         return tl.dot(x.to(tl.bfloat16), y.to(tl.bfloat16))
     elif LOWP == 2:
         return tl.dot(x.to(tl.float16), y.to(tl.float16))
+    elif LOWP == 3:
+        return tl.dot(x, y, input_precision="tf32x3")
     else:
         return tl.dot(x, y, input_precision="tf32")
 
@@ -763,6 +775,17 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int) -> dict:
                 warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4, diag_limit=DIAG_LIMIT)
 
 
+def diag_lowp(lowp: int) -> int:
+    """The _dot LOWP code of the factored diagonal products for inputs of LOWP code ``lowp`` (0 = fp32:
+    unused, F32 takes ieee): :data:`DIAG_PRECISION` or ``$HDLA_VISION_DIAG_PRECISION``; never fp16
+    (its range, e^11, cannot hold factors up to e^DIAG_LIMIT): bf16 becomes tf32 for fp16 inputs."""
+    name = os.environ.get("HDLA_VISION_DIAG_PRECISION") or DIAG_PRECISION
+    if name not in DIAG_PRECISIONS:
+        raise ValueError(f"HDLA_VISION_DIAG_PRECISION must be one of {sorted(DIAG_PRECISIONS)}, got {name!r}")
+    code = DIAG_PRECISIONS[name]
+    return 0 if code == 1 and lowp == 2 else code
+
+
 def check_diag_limit(diag_limit) -> float:
     """``diag_limit`` as a float (None: :data:`DIAG_LIMIT`); a ValueError outside [0, DIAG_LIMIT], where
     the factored diagonal product could overflow."""
@@ -820,8 +843,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     empty = z["s"]
     ranks = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap)
     prec = dict(F32=f32, LOWP=lowp)
-    # the factored diagonal products: fp16's range (e^11) cannot hold factors up to e^30, so tf32 there
-    diag = dict(DLOWP=0 if lowp == 2 else lowp, DIAG_LIMIT=limit, RECORD=diag_paths is not None)
+    diag = dict(DLOWP=diag_lowp(lowp), DIAG_LIMIT=limit, RECORD=diag_paths is not None)
     nb = c // 16
     paths = dict(gram=empty, gram_vjp=[empty] * 4)
     if diag_paths is not None:
