@@ -151,3 +151,17 @@ def test_diag_limit_outside_its_range_raises():
         with pytest.raises(ValueError, match="diag_limit"):
             generalized_backward(torch.zeros(1, 5, 1, 4), None, *args, 1.0, None, torch.zeros(1, 1, 1, 8, 4), False,
                                  diag_limit=limit)
+
+
+def test_diag_precision_rule(monkeypatch):
+    """The factored diagonal products take tf32x3 for 16-bit inputs by default; the benchmark override
+    picks bf16 or tf32, never fp16 operands (bf16 becomes tf32 for fp16 inputs); a bad name raises."""
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION", raising=False)
+    assert bwd_chunk.diag_lowp(1) == 3 and bwd_chunk.diag_lowp(2) == 3
+    monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "bf16")
+    assert bwd_chunk.diag_lowp(1) == 1 and bwd_chunk.diag_lowp(2) == 0
+    monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="HDLA_VISION_DIAG_PRECISION"):
+        bwd_chunk.diag_lowp(1)
