@@ -3,6 +3,10 @@
 
     python -m benchmarks.kernel_stages_bwd [--out results.json] [--shapes vision,hires,lm,2048px] [--profile]
     python -m benchmarks.kernel_stages_bwd --shapes 2048px --kinds rab1 --groups 1,auto,8,16   # B1 two-level
+    python -m benchmarks.kernel_stages_bwd --diag-limits default,0 --gates mild,fast --profile
+        # B2's diagonal Gram blocks: the factored product (default limit) against the token loop (0),
+        # with mild gates (every block factored) and fast ones (log-decay uniform in [-20, 0]: every
+        # vector-decay block falls back to the token loop)
     python -m benchmarks.kernel_stages_bwd --aot [--kinds hdla,kda] [--no-head-dims]   # no GPU
 
 --aot compiles the kernels for the H100 (tools/aot_check.py) and prints registers, spills, shared
@@ -37,14 +41,20 @@ VARIANTS = {"hdla": (2, 1, False), "kda": (1, 1, False), "gla": (0, 1, False), "
 HEAD_DIMS = [(16, 16), (32, 32), (256, 256), (64, 128), (128, 64)]
 
 
-def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=torch.randn, dtype=torch.bfloat16):
+# gates -> g from a draw of ``fill``: mild (|N(0, 1/4)|, a 16-token block's log-decay spread ~6, every
+# diagonal block factored) or fast (uniform in [-20, 0], issue 11 part 5: every block token by token)
+GATES = {"mild": lambda x: -0.5 * x.abs(), "fast": lambda x: -20.0 * torch.special.ndtr(x)}
+
+
+def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=torch.randn, dtype=torch.bfloat16,
+            gates="mild"):
     """Inputs of one backward: random (timing) or, with ``fill=torch.zeros``, zeros (compile only)."""
     bf, dv = dtype, dv or dk
     r_ab, r_kv, scalar = VARIANTS["kda" if kind == "rab1" else kind]
     nt = triton.cdiv(seq_len, chunk)
     q = fill(batch, seq_len, heads, dk, device=dev, dtype=bf)
     g_shape = (batch, seq_len, heads) if scalar else (batch, seq_len, heads, dk)
-    g = -0.5 * fill(*g_shape, device=dev).abs()
+    g = GATES[gates](fill(*g_shape, device=dev))
     do = fill(batch, seq_len, heads, dv, device=dev, dtype=bf)
     prep = dict(N=0.01 * fill(batch, heads, nt, dk, dk, device=dev, dtype=bf),
                 Qeff=fill(batch, heads, nt * chunk, dk, device=dev, dtype=bf),
@@ -77,18 +87,31 @@ def _rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def time_case(kind, shape, chunk, profile=False, groups=None):
+def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, gates="mild"):
     """do_bench medians of B1 + B2, B1 and B2 (and B2's launches with ``profile``); ``groups``: B1's
     two-level groups (None: the launcher's rule). Other than 1 group, also the relative difference of
-    every gradient from the one-level B1's (``two_level_vs_one_level``, bf16 parity)."""
+    every gradient from the one-level B1's (``two_level_vs_one_level``, bf16 parity). ``diag_limit``:
+    B2's bound for the factored diagonal Gram blocks (None: the default; 0: all token by token), and
+    ``diag_paths``, the fraction of diagonal blocks (S2 and S5a) that took the product, and where some
+    did, ``factored_vs_loop``: every gradient's relative difference from the token loop's (bf16 parity)."""
     batch, seq_len, heads, d = shape
-    x = _inputs(kind, batch, seq_len, heads, d, chunk)
+    x = _inputs(kind, batch, seq_len, heads, d, chunk, gates=gates)
     timings = {}
     stages = {}
 
-    def full(n_groups=groups):
+    def full(n_groups=groups, paths=None, limit=diag_limit):
         return bwd.generalized_backward(x["do"], x["dht"], *x["args"], 0.1, x["h0"], x["h"], False,
-                                        hdla_beta=x["beta"], prep=x["prep"], stages=stages, groups=n_groups)
+                                        hdla_beta=x["beta"], prep=x["prep"], stages=stages, groups=n_groups,
+                                        diag_limit=limit, diag_paths=paths)
+
+    paths = {}
+    out = full(paths=paths)
+    timings["diag_paths"] = {name: round(((t == 1).sum() / (t >= 0).sum()).item(), 4) for name, t in paths.items()}
+    if any(fraction > 0 for fraction in timings["diag_paths"].values()):
+        ref = full(limit=0.0)
+        timings["factored_vs_loop"] = {f"d{i}": _rel(o, r) for i, (o, r) in enumerate(zip(out, ref))
+                                       if o is not None}
+    stages.clear()
 
     out = full()
     torch.cuda.synchronize()
@@ -216,6 +239,10 @@ def main():
                         help="with --aot: the input dtype compiled")
     parser.add_argument("--groups", default="1",
                         help="B1's two-level scan groups to time, comma-separated ints or 'auto' (the rule)")
+    parser.add_argument("--diag-limits", default="default",
+                        help="B2's diagonal-block limits to time, comma-separated: 'default' or a float (0: the "
+                             "token loop everywhere)")
+    parser.add_argument("--gates", default="mild", help="comma-separated: mild, fast (GATES)")
     args = parser.parse_args()
     if args.aot:
         kinds = "hdla,kda,gla,gdn,gdp" if args.kinds == "hdla,rab1" else args.kinds
@@ -224,12 +251,16 @@ def main():
     results = dict(provenance(torch.cuda.get_device_name()), runs=[])
     for name in args.shapes.split(","):
         for kind in args.kinds.split(","):
-            for chunk, groups in ((int(c), g) for c in args.chunks.split(",") for g in args.groups.split(",")):
+            for chunk, groups, gates, limit in ((int(c), g, gt, lim) for c in args.chunks.split(",")
+                                                 for g in args.groups.split(",") for gt in args.gates.split(",")
+                                                 for lim in args.diag_limits.split(",")):
                 try:
-                    t = time_case(kind, SHAPES[name], chunk, args.profile, None if groups == "auto" else int(groups))
+                    t = time_case(kind, SHAPES[name], chunk, args.profile, None if groups == "auto" else int(groups),
+                                  None if limit == "default" else float(limit), gates)
                 except Exception as exc:  # noqa: BLE001  one failing configuration must not end the sweep
                     t = {"error": f"{type(exc).__name__}: {str(exc)[-400:]}"}
-                run = dict(shape=name, bthd=SHAPES[name], kind=kind, chunk=chunk, groups=groups, **t)
+                run = dict(shape=name, bthd=SHAPES[name], kind=kind, chunk=chunk, groups=groups, gates=gates,
+                           diag_limit=limit, **t)
                 results["runs"].append(run)
                 print(json.dumps(run), flush=True)
                 with open(args.out, "w") as f:

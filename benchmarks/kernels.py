@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from benchmarks.timing import time_fwd_bwd
 from hdla_vision.kernels import chunk_hdla, naive_hdla
 from tools.fla_ops import fla_dplr_doubled
 from tools.provenance import provenance
@@ -84,21 +85,6 @@ OPS = {"ours": ours, "fla_dplr": fla_dplr_doubled, "fla_kda": fla_kda, "sdpa": s
 
 def rel_err(x, ref):
     return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def time_op(fn, inputs):
-    grad = torch.randn_like(fn(*inputs))
-
-    def fwd():
-        with torch.no_grad():
-            fn(*inputs)
-
-    def fwd_bwd():
-        torch.autograd.grad(fn(*inputs), inputs[:3] + ([inputs[3], inputs[4]] if fn is not sdpa else []), grad)
-
-    t_fwd = triton.testing.do_bench(fwd, warmup=25, rep=100, return_mode="median")
-    t_all = triton.testing.do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median")
-    return t_fwd, t_all
 
 
 def peak_memory_mib(fn, inputs):
@@ -179,12 +165,12 @@ def main():
             result["first_call_s"][name] = first_call_seconds(ours, inputs)
         for op in ops:
             t0 = time.perf_counter()
-            t_fwd, t_all = time_op(OPS[op], inputs)
+            t_fwd, t_all = time_fwd_bwd(OPS[op], inputs)
             result["timings_ms"][f"{name}/{op}"] = {"fwd": t_fwd, "fwd_bwd": t_all, "wall_s": time.perf_counter() - t0,
                                                     "peak_mib": peak_memory_mib(OPS[op], inputs)}
             print(f"{name:7s} {op:9s} fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
         if "ours" in ops and name in args.fast_gates.split(","):
-            t_fwd, t_all = time_op(ours, make_inputs(*shape, dtype, device, fast_forgetting=True))
+            t_fwd, t_all = time_fwd_bwd(ours, make_inputs(*shape, dtype, device, fast_forgetting=True))
             result["timings_ms"][f"{name}/ours_fast_gates"] = {"fwd": t_fwd, "fwd_bwd": t_all}
             print(f"{name:7s} fast gates fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
         if "ours" in ops:

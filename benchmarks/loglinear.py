@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.kernels import SHAPES, make_inputs, rel_err
+from benchmarks.timing import time_fwd_bwd
 from hdla_vision.kernels import (chunk_generalized, chunk_hdla, chunk_loglinear_generalized, chunk_loglinear_hdla,
                                  naive_loglinear_generalized, naive_loglinear_hdla)
 from tools.provenance import provenance
@@ -50,25 +51,6 @@ def level_scales_like(q: torch.Tensor, heads: int, seed: int = 3) -> torch.Tenso
     gen = torch.Generator(device=q.device).manual_seed(seed)
     logits = torch.randn(batch, seq_len, heads, num_levels(seq_len), device=q.device, generator=gen)
     return F.softplus(logits).requires_grad_()
-
-
-def median_ms(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def time_fwd_bwd(fn, inputs):
-    """(fwd ms, fwd+bwd ms) of ``fn(*inputs) -> o``, gradients of every input that requires one."""
-    grad = torch.randn_like(fn(*inputs))
-    wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-
-    def fwd():
-        with torch.no_grad():
-            fn(*inputs)
-
-    def fwd_bwd():
-        torch.autograd.grad(fn(*inputs), wrt, grad, allow_unused=True)  # the linear ops ignore the weights
-
-    return median_ms(fwd), median_ms(fwd_bwd)
 
 
 def hdla_linear(q, k, v, beta, g, level_scales):

@@ -10,6 +10,15 @@ the step, model and optimizer state included.
     python -m benchmarks.models                 # table; JSON to --out (default $OUT, else .)/models.json
     python -m benchmarks.models --profile       # also torch.profiler's top kernels, hdla_tiny training
     python -m benchmarks.models --engine        # also the training engine's own step (Accelerate, EMA)
+    python -m benchmarks.models --compile       # also each cell with torch.compile(model) (inductor)
+    python -m benchmarks.models --cuda-graphs   # also with torch.compile(mode="reduce-overhead"): CUDA graphs
+
+Compiled cells (``--compile [MODE ...]``, ``--cuda-graphs``) compile the model alone (the loss and the
+optimizer step stay eager), with static shapes (``dynamic=False``) and a fresh dynamo cache per cell;
+each row records its ``compile`` setting ("eager" or the torch.compile mode), and compiled rows the
+number of graphs dynamo made and its graph breaks; ``first_call_s`` then includes the compilation.
+``--no-eager`` leaves the eager cells out. Ratios compare each model with deit_tiny under the same
+``compile`` setting, and ``compile_speedup`` each compiled cell with the same model's eager one.
 
 ``--engine`` times exactly ``engine._train_step`` (Accelerate bf16 autocast, AdamW from timm's
 optimizer factory, gradient clipping) and the EMA update at 224 px, batch 256 (``engine`` rows).
@@ -27,28 +36,53 @@ import torch
 import torch.nn.functional as F
 import timm
 import triton.testing
+from torch._dynamo.utils import counters
 
 import hdla_vision  # noqa: F401  registers hdla_tiny
 from tools.provenance import provenance
 
 MODELS = ("hdla_tiny", "deit_tiny_patch16_224")
+BASELINE = "deit_tiny_patch16_224"
 RESOLUTIONS = (224, 512, 1024, 2048)
 BATCH_SIZES = {224: 256, 512: 64, 1024: 16, 2048: 2}
+EAGER = "eager"
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the torch.compile modes that capture CUDA graphs
 
 
 def build(name: str, device: torch.device) -> torch.nn.Module:
     return timm.create_model(name, dynamic_img_size=True, num_classes=1000).to(device)
 
 
-def train_step_fn(model: torch.nn.Module, batch: int, res: int, device: torch.device) -> Callable[[], None]:
+def compiled_forward(model: torch.nn.Module, compile_mode: str) -> Callable:
+    """``model`` itself (``compile_mode`` "eager"), else ``torch.compile(model, mode=compile_mode)`` with
+    static shapes, on a fresh dynamo cache (each cell compiles its own graphs, and counts them)."""
+    if compile_mode == EAGER:
+        return model
+    torch._dynamo.reset()
+    counters.clear()
+    forward = torch.compile(model, mode=compile_mode, dynamic=False)
+    if compile_mode not in CUDA_GRAPH_MODES:
+        return forward
+
+    def new_step_then_forward(images):
+        torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten
+        return forward(images)
+
+    return new_step_then_forward
+
+
+def train_step_fn(model: torch.nn.Module, batch: int, res: int, device: torch.device,
+                  compile_mode: str = EAGER) -> Callable[[], None]:
     model.train()
+    forward = compiled_forward(model, compile_mode)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     images = torch.randn(batch, 3, res, res, device=device)
     labels = torch.randint(0, 1000, (batch,), device=device)
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(images), labels)
+            loss = F.cross_entropy(forward(images), labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -56,15 +90,22 @@ def train_step_fn(model: torch.nn.Module, batch: int, res: int, device: torch.de
     return step
 
 
-def infer_step_fn(model: torch.nn.Module, batch: int, res: int, device: torch.device) -> Callable[[], None]:
+def infer_step_fn(model: torch.nn.Module, batch: int, res: int, device: torch.device,
+                  compile_mode: str = EAGER) -> Callable[[], None]:
     model.eval()
+    forward = compiled_forward(model, compile_mode)
     images = torch.randn(batch, 3, res, res, device=device)
 
     def step():
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-            model(images)
+            forward(images)
 
     return step
+
+
+def compile_counts() -> Dict:
+    """What dynamo made since :func:`compiled_forward` cleared its counters: graphs and graph breaks."""
+    return dict(graphs=counters["stats"]["unique_graphs"], graph_breaks=sum(counters["graph_break"].values()))
 
 
 def peak_memory_mib(step: Callable[[], None]) -> float:
@@ -75,16 +116,20 @@ def peak_memory_mib(step: Callable[[], None]) -> float:
     return torch.cuda.max_memory_allocated() / 2**20
 
 
-def measure(name: str, mode: str, res: int, batch: int, device: torch.device, warmup_ms: int, rep_ms: int) -> Dict:
-    """One (model, mode, resolution) cell: images/s from the median step time, peak memory."""
-    row = dict(model=name, mode=mode, resolution=res, batch=batch, tokens=(res // 16) ** 2)
+def measure(name: str, mode: str, res: int, batch: int, device: torch.device, warmup_ms: int, rep_ms: int,
+            compile_mode: str = EAGER) -> Dict:
+    """One (model, mode, resolution, compile setting) cell: images/s from the median step time, peak memory."""
+    row = dict(model=name, mode=mode, compile=compile_mode, resolution=res, batch=batch, tokens=(res // 16) ** 2)
     model = build(name, device)
     try:
-        step = (train_step_fn if mode == "train" else infer_step_fn)(model, batch, res, device)
+        step = (train_step_fn if mode == "train" else infer_step_fn)(model, batch, res, device, compile_mode)
         start = time.perf_counter()
-        step()  # first call: Triton compilation / autotuning, optimizer state allocation
+        step()  # first call: torch.compile, Triton compilation / autotuning, optimizer state allocation
         torch.cuda.synchronize()
         row["first_call_s"] = round(time.perf_counter() - start, 2)
+        if compile_mode != EAGER:
+            step()  # CUDA graph modes record their graphs on the second call
+            row.update(compile_counts())
         row["peak_mem_mib"] = round(peak_memory_mib(step), 1)
         ms = triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, return_mode="median")
         row["step_ms"] = round(ms, 3)
@@ -98,32 +143,43 @@ def measure(name: str, mode: str, res: int, batch: int, device: torch.device, wa
 
 
 def ratio_rows(rows: List[Dict]) -> List[Dict]:
-    """hdla_tiny / deit_tiny for images/s and peak memory, per mode and resolution."""
-    cells = {(r["model"], r["mode"], r["resolution"]): r for r in rows}
+    """Each model against deit_tiny (images/s and peak memory) under the same compile setting, per mode and
+    resolution; ``compile_speedup``: a compiled cell's images/s over the same model's eager cell."""
+    cells = {(r["model"], r["mode"], r.get("compile", EAGER), r["resolution"]): r
+             for r in rows if "images_per_s" in r}
     out = []
-    for (model, mode, res), r in cells.items():
-        base = cells.get((MODELS[1], mode, res))
-        if model != MODELS[0] or base is None or "images_per_s" not in r or "images_per_s" not in base:
-            continue
-        out.append(dict(
-            mode=mode, resolution=res,
-            speed_ratio=round(r["images_per_s"] / base["images_per_s"], 3),
-            memory_ratio=round(r["peak_mem_mib"] / base["peak_mem_mib"], 3),
-        ))
+    for (model, mode, compile_mode, res), r in cells.items():
+        base = cells.get((BASELINE, mode, compile_mode, res))
+        eager = cells.get((model, mode, EAGER, res))
+        ratio = dict(model=model, mode=mode, compile=compile_mode, resolution=res)
+        if base is not None and model != BASELINE:
+            ratio.update(speed_ratio=round(r["images_per_s"] / base["images_per_s"], 3),
+                         memory_ratio=round(r["peak_mem_mib"] / base["peak_mem_mib"], 3))
+        if eager is not None and compile_mode != EAGER:
+            ratio.update(compile_speedup=round(r["images_per_s"] / eager["images_per_s"], 3),
+                         compile_memory=round(r["peak_mem_mib"] / eager["peak_mem_mib"], 3))
+        if len(ratio) > 4:
+            out.append(ratio)
     return out
 
 
 def print_table(rows: List[Dict], ratios: List[Dict]) -> None:
-    print(f"\n{'model':<24}{'mode':<7}{'res':>6}{'batch':>7}{'img/s':>11}{'ms/step':>10}{'peak MiB':>11}")
+    print(f"\n{'model':<24}{'mode':<7}{'compile':<17}{'res':>6}{'batch':>7}{'img/s':>11}{'ms/step':>10}"
+          f"{'peak MiB':>11}{'graphs':>8}")
     for r in rows:
+        head = f"{r['model']:<24}{r['mode']:<7}{r.get('compile', EAGER):<17}{r['resolution']:>6}{r['batch']:>7}"
         if "error" in r:
-            print(f"{r['model']:<24}{r['mode']:<7}{r['resolution']:>6}{r['batch']:>7}{r['error']:>11}")
+            print(f"{head}{r['error']:>11}")
             continue
-        print(f"{r['model']:<24}{r['mode']:<7}{r['resolution']:>6}{r['batch']:>7}"
-              f"{r['images_per_s']:>11.1f}{r['step_ms']:>10.2f}{r['peak_mem_mib']:>11.0f}")
-    print(f"\n{'hdla_tiny / deit_tiny':<24}{'mode':<7}{'res':>6}{'speed':>9}{'memory':>9}")
+        graphs = f"{r['graphs']}/{r['graph_breaks']}" if "graphs" in r else ""
+        print(f"{head}{r['images_per_s']:>11.1f}{r['step_ms']:>10.2f}{r['peak_mem_mib']:>11.0f}{graphs:>8}")
+    print(f"\n{'ratios':<24}{'mode':<7}{'compile':<17}{'res':>6}{'/deit img/s':>12}{'/deit mem':>10}"
+          f"{'/eager img/s':>13}{'/eager mem':>11}")
     for r in ratios:
-        print(f"{'':<24}{r['mode']:<7}{r['resolution']:>6}{r['speed_ratio']:>9.2f}{r['memory_ratio']:>9.2f}")
+        cols = [f"{r[k]:.2f}" if k in r else "" for k in ("speed_ratio", "memory_ratio", "compile_speedup",
+                                                            "compile_memory")]
+        print(f"{r['model']:<24}{r['mode']:<7}{r['compile']:<17}{r['resolution']:>6}{cols[0]:>12}{cols[1]:>10}"
+              f"{cols[2]:>13}{cols[3]:>11}")
 
 
 def profile_training(res: int, batch: int, device: torch.device, row_limit: int = 25) -> str:
@@ -154,7 +210,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile-res", type=int, default=1024)
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for models.json")
     parser.add_argument("--engine", action="store_true", help="also time the training engine's step (224 px, batch 256)")
+    parser.add_argument("--compile", nargs="*", choices=COMPILE_MODES, default=None, metavar="MODE",
+                        help=f"also measure torch.compile(model, mode=MODE) for each MODE of {', '.join(COMPILE_MODES)} "
+                             "(no MODE: default)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="also measure torch.compile(model, mode='reduce-overhead') (CUDA graphs)")
+    parser.add_argument("--no-eager", action="store_true", help="leave out the eager cells (with --compile)")
     args = parser.parse_args(argv)
+    args.compile_modes = compile_settings(args)
+    if not args.compile_modes:
+        parser.error("--no-eager needs --compile or --cuda-graphs")
     if args.batch_sizes is None:
         unknown = [r for r in args.resolutions if r not in BATCH_SIZES]
         if unknown:
@@ -167,9 +232,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup: int, precision: str) -> dict:
+def compile_settings(args: argparse.Namespace) -> List[str]:
+    """The compile settings to measure, in order: "eager" (unless --no-eager), the --compile modes
+    ("default" for a bare --compile), "reduce-overhead" for --cuda-graphs."""
+    modes = [] if args.no_eager else [EAGER]
+    if args.compile is not None:
+        modes += args.compile or ["default"]
+    if args.cuda_graphs:
+        modes.append("reduce-overhead")
+    return list(dict.fromkeys(modes))
+
+
+def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup: int, precision: str,
+                        compile_: bool = False) -> dict:
     """Images per second of exactly ``engine._train_step`` (Accelerate autocast, AdamW from timm's optimizer
-    factory, gradient clipping) plus the EMA update, on random images already on the GPU."""
+    factory, gradient clipping) plus the EMA update, on random images already on the GPU; ``compile_``:
+    with ``train.compile`` (inductor), the warm-up steps then include the compilation."""
     from accelerate.state import AcceleratorState
     from timm.optim import create_optimizer_v2
     from timm.utils import ModelEmaV3
@@ -177,7 +255,7 @@ def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup
     from hdla_vision.training.config import config_from_dict
     from hdla_vision.training.engine import TrainParts, _train_step
     from hdla_vision.training.models import create_model
-    from hdla_vision.training.runner import make_accelerator
+    from hdla_vision.training.runner import compile_for_training, make_accelerator
 
     AcceleratorState._reset_state(reset_partial_state=True)
     config = config_from_dict({"model": {"name": name, "drop_path_rate": 0.1},
@@ -189,7 +267,8 @@ def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup
     model, optimizer = accelerator.prepare(model, optimizer)
     ema = ModelEmaV3(accelerator.unwrap_model(model), decay=0.9999)
     parts = TrainParts(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=None,
-                       criterion=torch.nn.CrossEntropyLoss(), train_loader=None, train_order=None, clip_grad=5.0)
+                       criterion=torch.nn.CrossEntropyLoss(), train_loader=None, train_order=None, clip_grad=5.0,
+                       compiled=compile_for_training(model, "inductor") if compile_ else None)
     images = torch.randn(batch, 3, img_size, img_size, device=accelerator.device)
     targets = torch.randint(0, 1000, (batch,), device=accelerator.device)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -205,6 +284,7 @@ def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
     return {"model": name, "batch": batch, "img_size": img_size, "precision": precision,
+            "compile": "default" if compile_ else EAGER,
             "img_per_s": batch * steps / seconds, "step_ms": 1000 * seconds / steps, "peak_gib": peak,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
 
@@ -221,15 +301,18 @@ def main(argv=None) -> int:
     for res, batch in zip(args.resolutions, args.batch_sizes):
         for mode in args.modes:
             for name in args.models:
-                row = measure(name, mode, res, batch, device, args.warmup_ms, args.rep_ms)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                for compile_mode in args.compile_modes:
+                    row = measure(name, mode, res, batch, device, args.warmup_ms, args.rep_ms, compile_mode)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     ratios = ratio_rows(rows)
     print_table(rows, ratios)
     result = dict(
         **provenance(torch.cuda.get_device_name(device)),
         torch=torch.__version__, timm=timm.__version__, triton=triton.__version__,
-        autocast="bfloat16", timing="triton.testing.do_bench median", rows=rows, ratios=ratios,
+        autocast="bfloat16", timing="triton.testing.do_bench median", compile_settings=args.compile_modes,
+        compiled="torch.compile(model, mode=<compile>, dynamic=False); loss and optimizer step eager",
+        rows=rows, ratios=ratios,
     )
     if args.profile:
         batch = BATCH_SIZES.get(args.profile_res, 4)
@@ -237,7 +320,9 @@ def main(argv=None) -> int:
         print(f"\nhdla_tiny training, {args.profile_res}px, batch {batch}: top kernels by CUDA time\n{table}")
         result["profile"] = dict(resolution=args.profile_res, batch=batch, table=table)
     if args.engine:
-        result["engine"] = [measure_engine_step(name, 256, 224, 30, 10, "bf16") for name in args.models]
+        result["engine"] = [measure_engine_step(name, 256, 224, 30, 10, "bf16", compile_=compile_mode != EAGER)
+                            for name in args.models for compile_mode in args.compile_modes
+                            if compile_mode in (EAGER, "default")]
         print(json.dumps(result["engine"], indent=1))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "models.json"), "w") as f:

@@ -205,10 +205,16 @@ MAX_GRID_BATCH_HEADS = 65535
 def batch_slices(batch: int, heads: int, limit: Optional[int] = None) -> Tuple[slice, ...]:
     """Slices of the batch axis with at most ``limit`` (default ``MAX_GRID_BATCH_HEADS``) batch-head
     pairs each: one slice unless ``batch * heads`` exceeds it (the log-linear ops fold every bucket
-    block into the batch, so they reach it at ordinary sizes)."""
+    block into the batch, so they reach it at ordinary sizes).
+
+    The one-slice case is decided by a comparison, not by iterating ``range(batch)``: under
+    ``torch.compile`` with a dynamic batch, ``batch`` is symbolic and the comparison becomes a range
+    guard, where the loop would specialise the graph to one batch size (a recompile per size)."""
     limit = MAX_GRID_BATCH_HEADS if limit is None else limit
     if heads > limit:
         raise ValueError(f"heads must be at most {limit} (a kernel grid axis), got {heads}")
+    if batch * heads <= limit:
+        return (slice(0, batch),)
     per = max(1, limit // heads)
     return tuple(slice(start, min(start + per, batch)) for start in range(0, batch, per))
 

@@ -37,3 +37,25 @@ CASES.update({
     "hdla_k16_c64": ("hdla", dict(batch=1, seq_len=70, heads=1, dk=16, dv=16), 64, False, True),
     "rab1_k16_v32_c64": ("gen", dict(batch=1, seq_len=70, heads=1, dk=16, dv=32, r_kv=1, r_ab=1), 64, False, True),
 })
+
+# The diagonal token blocks of B2's Gram matrices (kernels/README.md §8 Numerics): a product through
+# the block's reference where its bound allows, else token by token. Gates chosen so that the bound
+# decides: ``mild`` g uniform in that range everywhere, except ``fast`` (g uniform in [-20, 0], a
+# block's bound then ~80 > 30) at the scan steps ``fast_steps`` [start, end) in every channel and at
+# every step in the channels ``fast_channels``. A block falls back where one of its steps is fast in one of the
+# tile's channels; a decay per head never falls back (its diagonal block is the plain product times
+# the exact decay matrix). name -> (kind, problem kwargs, chunk, reverse, dtype, gates)
+DIAG_CASES = {
+    "hdla_mild_rev_T70_c64": ("hdla", dict(batch=1, seq_len=70, heads=1, dk=16, dv=8), 64, True, "float32",
+                              dict(mild=(-1.0, 0.0))),
+    "hdla_fast_c32": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=16, dv=8), 32, False, "float32",
+                      dict(mild=(-1.0, 0.0), fast_steps=[(0, 45)])),
+    "rab2_rkv2_mixed_k80_c32": ("gen", dict(batch=1, seq_len=40, heads=1, dk=80, dv=8, r_kv=2, r_ab=2), 32, False,
+                                "float32", dict(mild=(-1.0, 0.0), fast_steps=[(16, 32)], fast_channels=[5])),
+    "rab1_scalar_fast_rev_c32": ("gen", dict(batch=1, seq_len=37, heads=2, dk=8, dv=8, r_kv=1, r_ab=1,
+                                             per_head_g=True), 32, True, "float32",
+                                 dict(mild=(-1.0, 0.0), fast_steps=[(0, 37)])),
+    # factors up to e^26, far outside fp16's range: the factored products must not take fp16 operands
+    "hdla_fp16_mixed_rev_c32": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=32, dv=16), 32, True, "float16",
+                                dict(mild=(-3.25, -2.75), fast_steps=[(16, 32)])),
+}

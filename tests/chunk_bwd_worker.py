@@ -1,7 +1,11 @@
-"""Runs the backward kernels of ``kernels/generalized/bwd.py`` under TRITON_INTERPRET=1 (fp32, CPU) and
-prints, as JSON, each case's relative errors against autograd through the float64 token loop. Started
-in a subprocess by tests/test_chunk_bwd_kernels.py (Triton reads TRITON_INTERPRET when a kernel is
-decorated); never import it from a test."""
+"""Runs the backward kernels of ``kernels/generalized/bwd.py`` under TRITON_INTERPRET=1 (CPU) and prints, as
+JSON, each case's relative errors against autograd through the float64 token loop. Started in a
+subprocess by tests/test_chunk_bwd_kernels.py (Triton reads TRITON_INTERPRET when a kernel is decorated);
+never import it from a test.
+
+    python -m tests.chunk_bwd_worker [NAME ...]          # CASES (fp32)
+    python -m tests.chunk_bwd_worker --diag [NAME ...]   # DIAG_CASES: default and forced token loop, paths
+"""
 import json
 import os
 import sys
@@ -14,17 +18,17 @@ from kernels.generalized.bwd import _chunk_prepare, generalized_backward  # noqa
 from kernels.generalized.fwd import chunk_state_pass  # noqa: E402
 from kernels.generalized.naive import naive_generalized  # noqa: E402
 from kernels.hdla.naive import naive_hdla  # noqa: E402
-from tests.chunk_bwd_cases import CASES, SCALE  # noqa: E402
+from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCALE  # noqa: E402
 from tests.oracle import generalized_problem, hdla_problem, rel_err  # noqa: E402
 
 
-def _run(kind, problem, chunk, reverse, with_dht):
-    make = hdla_problem if kind == "hdla" else generalized_problem
-    p = make(**problem)
-    names = ["q", "k", "v", "beta", "g"] if kind == "hdla" else ["q", "k", "v", "a", "b", "g"]
-    if kind == "hdla" and chunk == 32:
-        p["beta"][..., ::3] = 0.0  # beta at both ends of its range
-        p["beta"][..., 1::3] = 2.0
+def _names(kind):
+    return ["q", "k", "v", "beta", "g"] if kind == "hdla" else ["q", "k", "v", "a", "b", "g"]
+
+
+def _loop_grads(kind, p, reverse, with_dht):
+    """(do, dht, gradients of every input and h0) by autograd through the float64 token loop."""
+    names = _names(kind)
     ins = [p[n].clone().requires_grad_() for n in names]
     h0 = p["initial_state"]
     h0_leaf = None if h0 is None else h0.clone().requires_grad_()
@@ -34,25 +38,81 @@ def _run(kind, problem, chunk, reverse, with_dht):
     do = torch.randn(o.shape, generator=gen, dtype=o.dtype)
     dht = torch.randn(s.shape, generator=gen, dtype=s.dtype) if with_dht else None
     loss = (o * do).sum() + ((s * dht).sum() if with_dht else 0.0)
-    ref = torch.autograd.grad(loss, ins + ([h0_leaf] if h0 is not None else []))
-    f = {n: p[n].float() for n in names}
+    return do, dht, torch.autograd.grad(loss, ins + ([h0_leaf] if h0 is not None else []))
+
+
+def _kernel_grads(kind, p, chunk, reverse, do, dht, dtype=torch.float32, **b2):
+    """The kernels' gradients (forward prep and state pass, then B1 and B2) on p cast to dtype, in the
+    order of :func:`_loop_grads`; ``b2``: generalized_backward's diag_limit / diag_paths."""
+    names = _names(kind)
+    f = {n: p[n].to(dtype) for n in names}
+    h0 = p["initial_state"]
     h0f = None if h0 is None else h0.float()
     if kind == "hdla":
-        args = (f["q"], f["k"], f["v"], None, None, f["g"])
-        prep = _chunk_prepare(*args, SCALE, reverse, hdla_beta=f["beta"], chunk=chunk)
+        args, beta = (f["q"], f["k"], f["v"], None, None, f["g"]), f["beta"]
     else:
-        args = tuple(f[n] for n in names)
-        prep = _chunk_prepare(*args, SCALE, reverse, chunk=chunk)
+        args, beta = tuple(f[n] for n in names), None
+    prep = _chunk_prepare(*args, SCALE, reverse, hdla_beta=beta, chunk=chunk)
     h, _ = chunk_state_pass(prep, h0f)
-    out = generalized_backward(do.float(), None if dht is None else dht.float(), *args, SCALE, h0f, h, reverse,
-                               hdla_beta=f.get("beta"), prep=prep)
-    grad_names = names + (["h0"] if h0 is not None else [])
-    return {n: rel_err(m, r) for n, m, r in zip(grad_names, out[:len(names)] + out[-1:], ref)}
+    out = generalized_backward(do.to(dtype), None if dht is None else dht.float(), *args, SCALE, h0f, h, reverse,
+                               hdla_beta=beta, prep=prep, **b2)
+    return out[:len(names)] + (out[-1:] if h0 is not None else ())
 
 
-def main(names):
-    results = {name: _run(*case) for name, case in CASES.items() if not names or name in names}
-    json.dump(results, sys.stdout)
+def _run(kind, problem, chunk, reverse, with_dht):
+    make = hdla_problem if kind == "hdla" else generalized_problem
+    p = make(**problem)
+    if kind == "hdla" and chunk == 32:
+        p["beta"][..., ::3] = 0.0  # beta at both ends of its range
+        p["beta"][..., 1::3] = 2.0
+    do, dht, ref = _loop_grads(kind, p, reverse, with_dht)
+    out = _kernel_grads(kind, p, chunk, reverse, do, dht)
+    grad_names = _names(kind) + (["h0"] if p["initial_state"] is not None else [])
+    return {n: rel_err(m, r) for n, m, r in zip(grad_names, out, ref)}
+
+
+def diag_gates(shape, reverse, mild, fast_steps=(), fast_channels=()):
+    """g [B, T, H, K] or [B, T, H] (float64) of a DIAG_CASES entry: uniform in ``mild``, in [-20, 0] at
+    the scan steps ``fast_steps`` ([start, end) pairs) and in the channels ``fast_channels``."""
+    gen = torch.Generator().manual_seed(2)
+    lo, hi = mild
+    g = lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=torch.float64)
+    fast = torch.zeros(shape, dtype=torch.bool)
+    for start, end in fast_steps:
+        fast[:, start:end] = True
+    for ch in fast_channels:
+        fast[..., ch] = True
+    g = torch.where(fast, -20.0 * torch.rand(shape, generator=gen, dtype=torch.float64), g)
+    return g.flip(1) if reverse else g  # steps are scan steps: token T-1-p when reversed
+
+
+def _run_diag(kind, problem, chunk, reverse, dtype, gates):
+    """One DIAG_CASES entry: errors with the default limit and with every diagonal block forced through
+    the token loop (diag_limit 0), their difference, and the paths each took."""
+    make = hdla_problem if kind == "hdla" else generalized_problem
+    p = make(**problem)
+    p["g"] = diag_gates(p["g"].shape, reverse, **gates)
+    dtype = getattr(torch, dtype)
+    if dtype != torch.float32:  # the loop on exactly what the kernels receive
+        p = {n: None if x is None else x.to(dtype).double() for n, x in p.items()}
+    do, dht, ref = _loop_grads(kind, p, reverse, True)
+    grad_names = _names(kind) + ["h0"]
+    result = {}
+    runs = {}
+    for label, limit in (("default", None), ("loop", 0.0)):
+        paths = {}
+        runs[label] = _kernel_grads(kind, p, chunk, reverse, do, dht, dtype, diag_limit=limit, diag_paths=paths)
+        result[label] = {n: rel_err(m, r) for n, m, r in zip(grad_names, runs[label], ref)}
+        result[label + "_paths"] = {name: t.tolist() for name, t in paths.items()}
+    result["default_vs_loop"] = {n: rel_err(m, r) for n, m, r in zip(grad_names, runs["default"], runs["loop"])}
+    return result
+
+
+def main(args):
+    diag = "--diag" in args
+    names = [a for a in args if a != "--diag"]
+    cases, run = (DIAG_CASES, _run_diag) if diag else (CASES, _run)
+    json.dump({name: run(*case) for name, case in cases.items() if not names or name in names}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ subprocess per case so that a crash (an illegal memory access) fails that case o
 
     python -m tests.gpu_bwd_sweep OUT.json          # the sweep (each case at the default chunk)
     python -m tests.gpu_bwd_sweep OUT.json --all-chunks   # each case at chunks 16, 32 and 64 (forced)
+    python -m tests.gpu_bwd_sweep OUT.json --cases A,B     # only these cases
     python -m tests.gpu_bwd_sweep --case NAME [C]   # one case (C: force the chunk), prints its errors as JSON
 """
 import json
@@ -22,6 +23,13 @@ for dk, dv in ((16, 32), (128, 128), (256, 128)):
 CASES["rab2_rkv2_scalar_k64"] = dict(kind="gen", r_ab=2, r_kv=2, dk=64, dv=64, per_head=True)
 CASES["rab4_rkv1_k128"] = dict(kind="gen", r_ab=4, r_kv=1, dk=128, dv=128)
 CASES["hdla_k64_gates20_rev"] = dict(kind="hdla", dk=64, dv=64, g_min=-20.0, reverse=True)
+# B2's diagonal Gram blocks (kernels/README.md §8 Numerics): every block factored (mild gates), every block
+# token by token (gates to -20), and both in one chunk (mild gates, one fast channel: its K tile falls back)
+CASES["hdla_k64_mild"] = dict(kind="hdla", dk=64, dv=64, g_min=-1.0)
+CASES["hdla_k128_gates20_rev"] = dict(kind="hdla", dk=128, dv=128, g_min=-20.0, reverse=True)
+CASES["hdla_k128_mild_fast_channel"] = dict(kind="hdla", dk=128, dv=128, g_min=-1.0, fast_channels=[3])
+CASES["rab2_k64_mild_fast_channel_rev"] = dict(kind="gen", r_ab=2, r_kv=1, dk=64, dv=64, g_min=-1.0,
+                                               fast_channels=[40], reverse=True)
 for r_ab, dk in ((3, 32), (4, 32), (3, 128)):
     CASES[f"rab{r_ab}_k{dk}_v{dk}"] = dict(kind="gen", r_ab=r_ab, r_kv=1, dk=dk, dv=dk)
 CASES["rab4_rkv4_k64"] = dict(kind="gen", r_ab=4, r_kv=4, dk=64, dv=64)
@@ -46,6 +54,14 @@ def run_case(name, chunk=None):
     rnd = lambda *s: torch.randn(*s, generator=gen, device=dev, dtype=torch.float64)  # noqa: E731
     unif = lambda *s: torch.rand(*s, generator=gen, device=dev, dtype=torch.float64)  # noqa: E731
     g_min, reverse = cfg.get("g_min", -3.0), cfg.get("reverse", False)
+
+    def gates(*shape):
+        """g uniform in [g_min, 0], in [-20, 0] in the channels cfg["fast_channels"]."""
+        g = g_min * unif(*shape)
+        for ch in cfg.get("fast_channels", ()):
+            g[..., ch] = -20.0 * unif(*shape[:-1])
+        return g.float()
+
     q = rnd(batch, seq_len, heads, dk).to(bf)
     h0 = rnd(batch, heads, dk, dv)
     do = rnd(batch, seq_len, heads, dv).to(bf)
@@ -54,7 +70,7 @@ def run_case(name, chunk=None):
         k = F.normalize(rnd(batch, seq_len, heads, dk), dim=-1).to(bf)
         v = rnd(batch, seq_len, heads, dv).to(bf)
         beta = (2 * unif(batch, seq_len, heads)).float()
-        g = (g_min * unif(batch, seq_len, heads, dk)).float()
+        g = gates(batch, seq_len, heads, dk)
         args = (q, k, v, None, None, g)
         prep = _chunk_prepare(*args, 0.5, reverse, hdla_beta=beta, chunk=chunk)
         ref = hdla_backward_reference(do.double(), dht, q.double(), k.double(), v.double(), beta.double(),
@@ -66,7 +82,7 @@ def run_case(name, chunk=None):
         v = rnd(batch, seq_len, heads, r_kv, dv).to(bf)
         a = (rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5).to(bf)
         b = (rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5).to(bf)
-        g = (g_min * unif(batch, seq_len, heads, *(() if cfg.get("per_head") else (dk,)))).float()
+        g = gates(batch, seq_len, heads, *(() if cfg.get("per_head") else (dk,)))
         args = (q, k, v, a, b, g)
         prep = _chunk_prepare(*args, 0.5, reverse, chunk=chunk)
         ref = generalized_backward_reference(do.double(), dht, *(x.double() for x in args), 0.5, h0, reverse,
@@ -82,7 +98,7 @@ def run_case(name, chunk=None):
     return errs
 
 
-def sweep(path, chunks=(None,)):
+def sweep(path, chunks=(None,), names=None):
     def one(job):
         name, chunk = job
         extra = [] if chunk is None else [str(chunk)]
@@ -94,7 +110,7 @@ def sweep(path, chunks=(None,)):
         return label, json.loads(proc.stdout.strip().splitlines()[-1])
 
     results = {}
-    jobs = [(name, chunk) for name in CASES for chunk in chunks]
+    jobs = [(name, chunk) for name in names or CASES for chunk in chunks]
     with ThreadPoolExecutor(6) as pool:
         for name, errs in pool.map(one, jobs):
             results[name] = errs
@@ -115,4 +131,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "--case":
         print(json.dumps(run_case(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
     else:
-        sweep(sys.argv[1], (16, 32, 64) if "--all-chunks" in sys.argv[2:] else (None,))
+        only = sys.argv[sys.argv.index("--cases") + 1].split(",") if "--cases" in sys.argv else None
+        unknown = set(only or ()) - set(CASES)
+        if unknown:
+            raise ValueError(f"--cases: unknown cases {sorted(unknown)}")
+        sweep(sys.argv[1], (16, 32, 64) if "--all-chunks" in sys.argv[2:] else (None,), only)

@@ -40,9 +40,9 @@ def run_interpreted(args, timeout=1800):
                           timeout=timeout)
 
 
-def run_interpreted_json(module, timeout=1800):
-    """What ``python -m module`` prints as JSON under the interpreter (asserts it exited cleanly)."""
-    proc = run_interpreted(["-m", module], timeout)
+def run_interpreted_json(module, timeout=1800, args=()):
+    """What ``python -m module *args`` prints as JSON under the interpreter (asserts it exited cleanly)."""
+    proc = run_interpreted(["-m", module, *args], timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)
 

@@ -1,6 +1,8 @@
 """The chunk backward (issue 11): its float64 specification against autograd through the token loops,
 and the Triton kernels of kernels/generalized/bwd.py under TRITON_INTERPRET=1 (fp32, CPU, in a
-subprocess: tests/chunk_bwd_worker.py) against the same, relative error < 1e-4 for every gradient."""
+subprocess: tests/chunk_bwd_worker.py) against the same, relative error < 1e-4 for every gradient;
+B2's diagonal Gram blocks on both of their paths (the factored product and the token loop), each
+block's path as its gates decide."""
 
 import pytest
 import torch
@@ -8,11 +10,12 @@ import torch
 from kernels.generalized.naive import naive_generalized
 from kernels.hdla.naive import naive_hdla
 from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
-from tests.chunk_bwd_cases import CASES
+from tests.chunk_bwd_cases import CASES, DIAG_CASES
 from tests.oracle import generalized_problem, hdla_problem, rel_err
 from tests.interpreted import run_interpreted_json
 
 TOL = 1e-4
+FP16_TOL = 5e-3  # against the loop on the fp16-rounded inputs (tests/chunk64_ops_checks.py)
 
 
 def _loop_grads(loop, problem, names, reverse, scale=0.7):
@@ -74,3 +77,91 @@ def test_bad_shapes_raise_before_launch():
                              1.0, None, h, False)
     with pytest.raises(ValueError, match="h must be"):
         generalized_backward(torch.zeros(1, 5, 1, 4), None, *args, 1.0, None, h[0], False)
+
+
+@pytest.fixture(scope="module")
+def diag_results():
+    return run_interpreted_json("tests.chunk_bwd_worker", args=["--diag"])
+
+
+def _expected_paths(case, tile):
+    """[NT * C/16 diagonal blocks, K tiles of width ``tile``]: 1 where a block should take the factored
+    product, 0 where one of its valid steps is fast in one of the tile's channels (DIAG_CASES in
+    tests/chunk_bwd_cases.py); a decay per head: always 1."""
+    kind, problem, chunk, _, _, gates = DIAG_CASES[case]
+    seq_len, dk = problem["seq_len"], problem["dk"]
+    n_chunks, n_tiles = -(-seq_len // chunk), -(-dk // tile)
+    fast = torch.zeros(n_chunks * chunk, n_tiles * tile, dtype=torch.bool)  # scan step x channel
+    if not problem.get("per_head_g"):
+        for start, end in gates.get("fast_steps", ()):
+            fast[start:end, :dk] = True
+        for ch in gates.get("fast_channels", ()):
+            fast[:, ch] = True
+        fast[seq_len:] = False  # steps past T have g = 0
+    return (~fast.view(-1, 16, n_tiles, tile).any(dim=3).any(dim=1)).int()
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(DIAG_CASES))
+def test_diagonal_blocks_match_float64_loop(diag_results, case):
+    """Every gradient within the tolerance of the float64 loop with the default limit and with every
+    diagonal block forced through the token loop (diag_limit 0), and the two agree."""
+    fp16 = DIAG_CASES[case][4] == "float16"
+    tol, agree = (FP16_TOL, 1e-3) if fp16 else (TOL, 1e-5)
+    result = diag_results[case]
+    for run in ("default", "loop"):
+        assert len(result[run]) >= 6, result[run]
+        bad = {name: err for name, err in result[run].items() if not err < tol}  # NaN fails too
+        assert not bad, f"{case} ({run}): relative errors above {tol}: {bad}"
+    apart = {name: err for name, err in result["default_vs_loop"].items() if not err < agree}
+    assert not apart, f"{case}: default and token-loop gradients differ by more than {agree}: {apart}"
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(DIAG_CASES))
+def test_diagonal_block_paths_follow_the_gates(diag_results, case):
+    """The path each diagonal block took in S2 (four Grams) and S5a (four launches): the product where
+    its gates are mild, the token loop where they are fast, per block and K tile; every block through
+    the token loop at diag_limit 0 (a decay per head: always the product, exact without a limit)."""
+    from kernels.generalized.bwd_chunk import b2_config
+
+    kind, problem, chunk, *_ = DIAG_CASES[case]
+    r_kv, r_ab = (1, 2) if kind == "hdla" else (problem["r_kv"], problem["r_ab"])
+    cfg = b2_config(problem["dk"], problem["dv"], chunk, r_kv, r_ab)
+    every_block_loops = not problem.get("per_head_g")
+    heads = problem["batch"] * problem["heads"]
+    for run in ("default", "loop"):
+        paths = diag_results[case][run + "_paths"]
+        gram = torch.tensor(paths["gram"]).transpose(0, 1)  # [4 Grams, blocks, C/16, K tiles]
+        vjp = torch.tensor(paths["gram_vjp"])  # [4 Grams, blocks, C/16, K tiles]
+        for got, tile in ((gram, cfg["BKS"]), (vjp, cfg["BKV"])):
+            want = _expected_paths(case, tile)
+            if run == "loop" and every_block_loops:
+                want = torch.zeros_like(want)
+            got = got.reshape(4, heads, -1, got.shape[-1])  # blocks are (head, chunk), chunk fastest
+            assert torch.equal(got, want.expand_as(got)), f"{case} ({run}, tile {tile}):\n{got}\nexpected\n{want}"
+
+
+def test_diag_limit_outside_its_range_raises():
+    from kernels.generalized.bwd import generalized_backward
+
+    p = generalized_problem(1, 5, 1, 8, 4, 1, 1)
+    args = [p[n].float() for n in ("q", "k", "v", "a", "b", "g")]
+    for limit in (-1.0, 31.0):
+        with pytest.raises(ValueError, match="diag_limit"):
+            generalized_backward(torch.zeros(1, 5, 1, 4), None, *args, 1.0, None, torch.zeros(1, 1, 1, 8, 4), False,
+                                 diag_limit=limit)
+
+
+def test_diag_precision_rule(monkeypatch):
+    """The factored diagonal products take tf32x3 for 16-bit inputs by default; the benchmark override
+    picks bf16 or tf32, never fp16 operands (bf16 becomes tf32 for fp16 inputs); a bad name raises."""
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION", raising=False)
+    assert bwd_chunk.diag_lowp(1) == 3 and bwd_chunk.diag_lowp(2) == 3
+    monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "bf16")
+    assert bwd_chunk.diag_lowp(1) == 1 and bwd_chunk.diag_lowp(2) == 0
+    monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="HDLA_VISION_DIAG_PRECISION"):
+        bwd_chunk.diag_lowp(1)

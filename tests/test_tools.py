@@ -175,3 +175,40 @@ def test_mqar_device_entry_point_is_a_tool():
     assert run.returncode == 0, run.stderr[-2000:]
     assert "{restore,export,collect}" in run.stdout
     assert "python3 -m tools.mqar_device restore" in (ROOT / "tools" / "mqar_device.sh").read_text()
+
+
+def test_models_benchmark_compares_compiled_cells_with_eager_and_deit(tmp_path, monkeypatch):
+    """``benchmarks.models --compile``: rows carry their compile setting; ratios are taken against deit_tiny
+    under the same setting and against the same model's eager cell; the README table shows both."""
+    from benchmarks import models
+    from tools import benchmark_tables
+
+    args = models.parse_args(["--resolutions", "224", "--compile", "--cuda-graphs"])
+    assert args.compile_modes == ["eager", "default", "reduce-overhead"]
+    assert models.parse_args(["--resolutions", "224", "--compile", "max-autotune", "--no-eager"]).compile_modes == [
+        "max-autotune"]
+    with pytest.raises(SystemExit):
+        models.parse_args(["--resolutions", "224", "--no-eager"])
+
+    def row(model, compile_mode, images_per_s, mem, **extra):
+        return dict(model=model, mode="train", compile=compile_mode, resolution=224, batch=256, tokens=196,
+                    step_ms=256e3 / images_per_s, images_per_s=images_per_s, peak_mem_mib=mem, **extra)
+
+    rows = [row("hdla_tiny", "eager", 100.0, 1000.0), row("deit_tiny_patch16_224", "eager", 500.0, 400.0),
+            row("hdla_tiny", "default", 150.0, 800.0, graphs=1, graph_breaks=0),
+            row("deit_tiny_patch16_224", "default", 600.0, 400.0, graphs=1, graph_breaks=0)]
+    ratios = {(r["model"], r["compile"]): r for r in models.ratio_rows(rows)}
+    assert ratios[("hdla_tiny", "eager")] == dict(model="hdla_tiny", mode="train", compile="eager", resolution=224,
+                                                  speed_ratio=0.2, memory_ratio=2.5)
+    assert ratios[("hdla_tiny", "default")]["speed_ratio"] == 0.25
+    assert ratios[("hdla_tiny", "default")]["compile_speedup"] == 1.5
+    assert ratios[("deit_tiny_patch16_224", "default")]["compile_speedup"] == 1.2
+    assert ("deit_tiny_patch16_224", "eager") not in ratios  # the baseline against itself, eager: nothing to say
+
+    result = dict(device="NVIDIA H100", date="2026-11-24", commit="abc1234", autocast="bfloat16", rows=rows,
+                  ratios=list(ratios.values()))
+    (tmp_path / "models_c.json").write_text(json.dumps(result))
+    monkeypatch.setattr(benchmark_tables, "RESULTS", tmp_path)
+    table = benchmark_tables.render("models_c.json")
+    assert "| hdla_tiny | train | default | 224 | 256 | 1706.667 | 150.0 | 800 | 1/0 |" in table
+    assert "| hdla_tiny | train | default | 224 | 0.25 | 2.0 | 1.5 | 0.8 |" in table

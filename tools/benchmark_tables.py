@@ -88,8 +88,11 @@ def render_fla_seed(name: str) -> str:
 
 
 def render_models(name: str) -> str:
-    """Step time, throughput and peak memory per model, mode and resolution (``benchmarks.models``)."""
+    """Step time, throughput and peak memory per model, mode and resolution (``benchmarks.models``); runs
+    with compiled cells (rows with a ``compile`` setting) get that column and the compile ratios."""
     result = load(name)
+    if any("compile" in r for r in result["rows"]):
+        return render_compiled_models(name, result)
     rows = [[r["model"], r["mode"], r["resolution"], r["batch"], ms(r["step_ms"]), f"{r['images_per_s']:.1f}",
              f"{r['peak_mem_mib']:.0f}"] for r in result["rows"]]
     table = markdown(["model", "mode", "px", "batch", "step ms", "img/s", "peak MiB"], rows)
@@ -100,11 +103,34 @@ def render_models(name: str) -> str:
     return f"{provenance(name, result)}, {result.get('autocast', '')} autocast\n\n{table}\n\n{ratios}\n{engine}"
 
 
+def render_compiled_models(name: str, result: dict) -> str:
+    """:func:`render_models` for a run with eager and compiled cells (``benchmarks.models --compile``)."""
+    def cell(r: dict) -> list:
+        if "error" in r:
+            return [r["error"], "", ""]
+        return [ms(r["step_ms"]), f"{r['images_per_s']:.1f}", f"{r['peak_mem_mib']:.0f}"]
+
+    rows = [[r["model"], r["mode"], r["compile"], r["resolution"], r["batch"], *cell(r),
+             f"{r['graphs']}/{r['graph_breaks']}" if "graphs" in r else ""] for r in result["rows"]]
+    table = markdown(["model", "mode", "compile", "px", "batch", "step ms", "img/s", "peak MiB", "graphs/breaks"], rows)
+    keys = ("speed_ratio", "memory_ratio", "compile_speedup", "compile_memory")
+    ratios = markdown(["model", "mode", "compile", "px", "img/s / deit", "memory / deit", "img/s / eager",
+                       "memory / eager"],
+                      [[r["model"], r["mode"], r["compile"], r["resolution"], *(r.get(k, "") for k in keys)]
+                       for r in result.get("ratios", [])])
+    engine = f"\n{engine_table(result['engine'])}\n" if result.get("engine") else ""
+    return f"{provenance(name, result)}, {result.get('autocast', '')} autocast\n\n{table}\n\n{ratios}\n{engine}"
+
+
 def engine_table(rows: list[dict]) -> str:
-    """The training engine's own step per model (``benchmarks.models --engine``)."""
-    return markdown(["model (engine step)", "px", "batch", "precision", "step ms", "img/s", "peak GiB"],
-                    [[r["model"], r["img_size"], r["batch"], r["precision"], ms(r["step_ms"]), f"{r['img_per_s']:.1f}",
-                      f"{r['peak_gib']:.1f}"] for r in rows])
+    """The training engine's own step per model (``benchmarks.models --engine``), with its compile setting
+    where the run recorded one."""
+    compiled = any("compile" in r for r in rows)
+    header = ["model (engine step)", *(["compile"] if compiled else []), "px", "batch", "precision", "step ms", "img/s",
+              "peak GiB"]
+    return markdown(header, [[r["model"], *([r.get("compile", "eager")] if compiled else []), r["img_size"], r["batch"],
+                              r["precision"], ms(r["step_ms"]), f"{r['img_per_s']:.1f}", f"{r['peak_gib']:.1f}"]
+                             for r in rows])
 
 
 def render_train_throughput(name: str) -> str:

@@ -502,8 +502,10 @@ def set_rng_state(state: dict, device: str) -> None:
 
 def load_checkpoint(path: Path, proto: dict, model, opt, device: str) -> list:
     """Restore model, optimizer and RNG from ``path``; returns the curve so far. The run's protocol
-    must match (``RESUME_KEYS``), else the error names what differs."""
-    ckpt = torch.load(path, map_location=device, weights_only=True)
+    must match (``RESUME_KEYS``), else the error names what differs. Loaded on the CPU: the RNG states
+    must stay CPU byte tensors (``torch.set_rng_state`` refuses a CUDA tensor), and ``load_state_dict``
+    moves the weights and the optimizer's state to the parameters' device."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     differ = [k for k in RESUME_KEYS if ckpt["protocol"].get(k) != proto[k]]
     if differ:
         raise ValueError(f"checkpoint {path} was written for another protocol ({', '.join(differ)} differ): "

@@ -99,6 +99,8 @@ class TrainConfig:
     progress_bar: bool = True
     log_with: list = field(default_factory=lambda: ["tensorboard"])  # Accelerate trackers ("wandb", ...; [] none)
     consistency_checks: bool = False  # record every sample index and cross-check parameters across processes
+    compile: bool = False  # torch.compile the model for the training step (after accelerator.prepare)
+    compile_backend: str = "inductor"  # torch.compile backend with train.compile ("aot_eager": no code generation)
 
 
 @dataclass
@@ -244,6 +246,8 @@ def validate(config: Config) -> None:
         (config.train.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", ">= 0"),
         (all(isinstance(name, str) and name for name in config.train.log_with), "train.log_with",
          "a list of Accelerate tracker names"),
+        (config.train.compile_backend.isidentifier(), "train.compile_backend",
+         "a torch.compile backend name ('inductor', 'aot_eager', ...)"),
     ]
     for ok, key, expected in checks:
         if not ok:

@@ -36,6 +36,8 @@ class TrainParts:
     on_log: Optional[Callable[[int, dict], None]] = None
     should_stop: Optional[Callable[[], bool]] = None  # asked after each optimizer step (see interrupt.py)
     record_indices: bool = False  # keep every sample index trained on (train.consistency_checks)
+    compiled: Optional[torch.nn.Module] = None  # torch.compile(model) (train.compile): the training step's forward;
+    # it wraps ``model`` and shares its parameters, so checkpoints, exports and evaluation use ``model`` itself
 
 
 @dataclass
@@ -155,8 +157,9 @@ def _train_step(parts: TrainParts, images: torch.Tensor, targets: torch.Tensor) 
     acc = parts.accelerator
     if parts.mixup is not None:
         images, targets = parts.mixup(images, targets)
+    forward = parts.model if parts.compiled is None else parts.compiled
     with acc.accumulate(parts.model):
-        loss = parts.criterion(parts.model(images), targets)
+        loss = parts.criterion(forward(images), targets)
         acc.backward(loss)
         if acc.sync_gradients and parts.clip_grad:
             acc.clip_grad_norm_(parts.model.parameters(), parts.clip_grad)

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import fwd, two_level
-from .bwd_chunk import chunk_vjp
+from .bwd_chunk import check_diag_limit, chunk_vjp
 
 SUB = 16  # token sub-block of the exact decays
 
@@ -225,7 +225,7 @@ def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
 
 
 def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, reverse, hdla_beta=None,
-                         prep=None, stages=None, groups=None):
+                         prep=None, stages=None, groups=None, diag_limit=None, diag_paths=None):
     """Gradients of the chunked generalized op by B1 and B2 (module docstring).
 
     Args (kernel_plan.md): do ``[B, T, H, V]``; dht ``[B, H, K, V]`` or None; q ``[B, T, H, K]``;
@@ -238,12 +238,16 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
             ``b1_groups``, the group count B1 ran with.
         groups: chunk groups of B1's two-level scan (two_level.py; None: its rule
             :func:`two_level.state_pass_groups` or ``$HDLA_VISION_STATE_GROUPS``; 1: one level).
+        diag_limit, diag_paths: B2's bound for the factored diagonal Gram blocks (None: its default;
+            0: all token by token) and, for tests, a dict that receives the path each block took
+            (``bwd_chunk.chunk_vjp``).
     Returns:
         ``(dq, dk, dv, da, db, dg, dh0)`` (HDLA: ``(dq, dk, dv, dbeta, dg, dh0)``), each in its input's
         dtype (dg in g's shape; dh0 fp32, None without an initial state).
     """
     hdla = hdla_beta is not None
     _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta)
+    check_diag_limit(diag_limit)
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     if prep is None:
@@ -280,7 +284,8 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     dq, dk_, dv_, da, db, dbeta, dg = chunk_vjp(do, q, k, v, None if hdla else a.contiguous(),
                                                 None if hdla else b.contiguous(), g,
                                                 hdla_beta.contiguous() if hdla else None, h.contiguous(), ds,
-                                                scale, reverse, c, stages=b2_runs)
+                                                scale, reverse, c, stages=b2_runs, diag_limit=diag_limit,
+                                                diag_paths=diag_paths)
     if stages is not None:
         stages.update(b1=b1, b2=b2_runs[0])
     dh0 = dh0 if initial_state is not None else None

@@ -6,13 +6,18 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
                             K, A, B (HDLA: built from k, beta, g), the decayed Kt, At, Bh, Vbar, dO.
     S2 ``_gram_kernel``     M_QK, M_QA, L_AB, L_KB per 16-token row block: off-diagonal blocks by one
                             product through the reference G at the column block's last token (both
-                            factors <= 1), the diagonal block exactly, token by token.
+                            factors <= 1); the diagonal block per K tile by one product through its own
+                            reference (the midpoint of its log-decays, both factors <= e^DIAG_LIMIT)
+                            masked after it, or token by token where that bound fails (per block and
+                            K tile, never per chunk); a decay per head: the plain product times the
+                            exact decay matrix (kernels/README.md §8 Numerics).
     S3 ``_inverse_kernel``  T = (I + L_AB)^-1: 16-token diagonal blocks by doubling, the others by block
                             forward substitution (T_nm = -T_nn sum_k L_nk T_km).
     S4 ``_gemm_kernel``     every plain product of the VJP (W, U, Mo, E, dQeff, dMo, dE, dN, dV, dAt,
                             dU, dW, dM_QA, T^T dW, T^T dU, dL_AB), one output tile per program.
     S5a ``_gram_vjp_kernel`` one launch per Gram matrix, per 16-token block and K tile: the Gram VJP
-                            (same decay factoring, exact diagonal token by token) into dx, dy scratch.
+                            (same decay factoring and the same diagonal rule, the cotangent masked
+                            before the products) into dx, dy scratch.
     S5 ``_vjp_kernel``      per K tile, over the 16-token blocks from last to first: the chain rule
                             through the decays, dq, dk, da, db, and dg as the chunk-local reverse cumsum
                             of the dG, dG' cotangents.
@@ -21,24 +26,41 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
     S7 ``_unstack_kernel``  dV from the stack layout back to [B, T, H, r_kv, V].
 
 Products take bf16 (fp16) operands with fp32 accumulation for 16-bit inputs and exact fp32 (ieee) for
-fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs. Scratch is fp32.
+fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs, the factored diagonal
+Gram products tf32x3 (:data:`DIAG_PRECISION`, kernels/README.md §8 Numerics: dg needs their precision).
+Scratch is fp32.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 SUB = tl.constexpr(16)  # tokens per block of the exact decays and of the inverse's diagonal blocks
+# The diagonal token blocks' factored product runs where both factors are <= e^DIAG_LIMIT (kernels/README.md
+# §8 Numerics: no fp32 or bf16 overflow below it); the launchers accept any limit in [0, DIAG_LIMIT].
+DIAG_LIMIT = 30.0
+# Operands of the factored diagonal products for 16-bit inputs (a _dot LOWP code): 3 = tf32x3. The
+# diagonal blocks hold the largest entries of every Gram (nearby tokens, decays near 1) and dg is a
+# reverse cumsum of products of them that cancel: with bf16 operands dg was 1e-2 to 2.4e-2 off the
+# float64 loop at mild gates on the H100 (5e-3 allowed), with exact fp32 (the token loop) 1.6e-3.
+# ``$HDLA_VISION_DIAG_PRECISION`` (bf16 / tf32 / tf32x3) overrides it, for the stage benchmarks.
+DIAG_PRECISIONS = {"bf16": 1, "tf32": 0, "tf32x3": 3}
+DIAG_PRECISION = "tf32x3"
 
 
 @triton.jit
 def _dot(x, y, F32: tl.constexpr, LOWP: tl.constexpr):
-    """x @ y, fp32 accumulate: ieee fp32 (F32), else bf16 (LOWP 1), fp16 (LOWP 2) or tf32 (LOWP 0) operands."""
+    """x @ y, fp32 accumulate: ieee fp32 (F32), else bf16 (LOWP 1), fp16 (LOWP 2), tf32 (LOWP 0) or
+    three tf32 products (LOWP 3: hi*hi + hi*lo + lo*hi, fp32 operands to ~2^-21) operands."""
     if F32:
         return tl.dot(x, y, input_precision="ieee")
     elif LOWP == 1:
         return tl.dot(x.to(tl.bfloat16), y.to(tl.bfloat16))
     elif LOWP == 2:
         return tl.dot(x.to(tl.float16), y.to(tl.float16))
+    elif LOWP == 3:
+        return tl.dot(x, y, input_precision="tf32x3")
     else:
         return tl.dot(x, y, input_precision="tf32")
 
@@ -190,14 +212,66 @@ def _stacks_kernel(
 
 # ----------------------------------------------------------------------------- S2: Gram matrices
 @triton.jit
-def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, n, K, C: tl.constexpr, RX: tl.constexpr,
+def _token_mask(tx, ty, STRICT: tl.constexpr):
+    """[len(tx), len(ty)]: the Gram entries kept, column token < row token (STRICT) or <=."""
+    if STRICT:
+        return ty[None, :] < tx[:, None]
+    else:
+        return ty[None, :] <= tx[:, None]
+
+
+@triton.jit
+def _diag_reference(X, Y):
+    """The reference log-decay of a diagonal token block (kernels/README.md §8 Numerics): R [BKS] per
+    channel, the midpoint of the block's X [rows, BKS] and Y [cols, BKS] values, and lim (a scalar),
+    the largest |X - R| or |R - Y| over the tile, so that every e^{X_t - R} and e^{R - Y_i} is <= e^lim."""
+    hi = tl.maximum(tl.max(X, 0), tl.max(Y, 0))
+    lo = tl.minimum(tl.min(X, 0), tl.min(Y, 0))
+    ref = 0.5 * (hi + lo)
+    return ref, tl.max(tl.maximum(hi - ref, ref - lo), 0)
+
+
+@triton.jit
+def _record_path(path_ptr, idx, product, RECORD: tl.constexpr):
+    """Tests only (RECORD): store which path a diagonal block took, 1 a product, 0 the token loop."""
+    if RECORD:
+        tl.store(path_ptr + idx, product)
+
+
+@triton.jit
+def _gram_diag_loop(acc, x, X, y_ptr, g_ptr, blk, m, tx, cy, K, ck, mk, C: tl.constexpr, RY: tl.constexpr,
+                    STRICT: tl.constexpr, BKS: tl.constexpr):
+    """The diagonal block's K tile token by token (the fallback where the factors could overflow):
+    acc [16 RX, 16 RY] plus, for each column token j, sum_k x_tk y_jk e^{X_tk - G_jk} (masked before
+    exp); x, X [16 RX, BKS] the rows' tile and cumsum."""
+    for j in range(SUB):
+        tj = m * SUB + j
+        Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, False)
+        if STRICT:
+            live = tx > tj
+        else:
+            live = tx >= tj
+        xe = x * tl.exp(tl.where(live[:, None], X - Yj[None, :], float("-inf")))
+        for l in tl.static_range(RY):
+            yl = tl.load(y_ptr + (blk * C * RY + m * SUB * RY + j * RY + l) * K + ck, mask=mk, other=0.0)
+            col = tl.sum(xe * yl[None, :], 1)
+            acc = tl.where(cy[None, :] == j * RY + l, acc + col[:, None], acc)
+    return acc
+
+
+@triton.jit
+def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, path_ptr, blk, n, K, C: tl.constexpr, RX: tl.constexpr,
                RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr, SCALAR: tl.constexpr,
-               F32: tl.constexpr, LOWP: tl.constexpr):
+               F32: tl.constexpr, LOWP: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr,
+               GID: tl.constexpr, RECORD: tl.constexpr):
     """Row block n (16 tokens) of one Gram matrix ``o[t, i] = sum_k x_tk y_ik e^{X_tk - G_ik}`` for chunk
     tokens i < t (STRICT) or i <= t, else 0; x, y are stacks [blocks, C*RX, K], [blocks, C*RY, K], X the
     cumsum scratch of x's side (G or G'), o [blocks, C*RX, C*RY]. Column blocks m < n: one product through
-    the reference R = G at block m's last token (e^{X - R} <= 1, e^{R - G} <= 1); the diagonal block
-    token by token with the exact pairwise decay, masked before exp."""
+    the reference R = G at block m's last token (e^{X - R} <= 1, e^{R - G} <= 1). The diagonal block per
+    K tile: one product through the block's own reference (:func:`_diag_reference`, operands in DLOWP)
+    masked after it, where its bound is below DIAG_LIMIT, else token by token (:func:`_gram_diag_loop`);
+    a decay per head: the plain product times the exact decay matrix. RECORD: the path of each
+    (block, K tile) into path_ptr [blocks, 4, C/16, K/BKS] (int32), Gram GID."""
     NRX: tl.constexpr = SUB * RX
     NRY: tl.constexpr = SUB * RY
     rx = n * NRX + tl.arange(0, NRX)
@@ -218,39 +292,53 @@ def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, n, K, C: tl.constexpr, R
                 y = y * tl.exp(ref[None, :] - _load_g(g_ptr, blk, ry // RY, C, K, ck, mk, BKS, SCALAR))
                 acc += _dot(x, tl.trans(y), F32, LOWP)
         elif m == n:
+            live = _token_mask(tx, ry // RY, STRICT)
+            rec = ((blk * 4 + GID) * (C // SUB) + n) * tl.cdiv(K, BKS)
             for k0 in range(0, K, BKS):
                 ck = k0 + tl.arange(0, BKS)
                 mk = ck < K
                 x = _load_tile(x_ptr, blk, rx, C * RX, K, ck, mk)
-                X = _load_g(xg_ptr, blk, tx, C, K, ck, mk, BKS, SCALAR)
-                for j in range(SUB):
-                    tj = m * SUB + j
-                    Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, SCALAR)
-                    if STRICT:
-                        live = tx > tj
+                if SCALAR:
+                    acc += _dot(x, tl.trans(_load_tile(y_ptr, blk, ry, C * RY, K, ck, mk)), F32, LOWP)
+                    _record_path(path_ptr, rec + k0 // BKS, 1, RECORD)
+                else:
+                    X = _load_g(xg_ptr, blk, tx, C, K, ck, mk, BKS, False)
+                    Y = _load_g(g_ptr, blk, ry // RY, C, K, ck, mk, BKS, False)
+                    ref, lim = _diag_reference(X, Y)
+                    if lim < DIAG_LIMIT:
+                        xf = x * tl.exp(X - ref[None, :])
+                        yf = _load_tile(y_ptr, blk, ry, C * RY, K, ck, mk) * tl.exp(ref[None, :] - Y)
+                        acc += tl.where(live, _dot(xf, tl.trans(yf), F32, DLOWP), 0.0)
                     else:
-                        live = tx >= tj
-                    xe = x * tl.exp(tl.where(live[:, None], X - Yj[None, :], float("-inf")))
-                    for l in tl.static_range(RY):
-                        yl = tl.load(y_ptr + (blk * C * RY + m * NRY + j * RY + l) * K + ck, mask=mk, other=0.0)
-                        col = tl.sum(xe * yl[None, :], 1)
-                        acc = tl.where(cy[None, :] == j * RY + l, acc + col[:, None], acc)
+                        acc = _gram_diag_loop(acc, x, X, y_ptr, g_ptr, blk, m, tx, cy, K, ck, mk, C, RY, STRICT,
+                                              BKS)
+                    _record_path(path_ptr, rec + k0 // BKS, (lim < DIAG_LIMIT).to(tl.int32), RECORD)
+            if SCALAR:
+                Xs = tl.load(xg_ptr + blk * C + tx)
+                Ys = tl.load(g_ptr + blk * C + ry // RY)
+                acc = acc * tl.exp(tl.where(live, Xs[:, None] - Ys[None, :], float("-inf")))
         tl.store(o_rows + ry[None, :], acc)
 
 
 @triton.jit
-def _gram_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, H, K, NT,
-                 C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr, RAP: tl.constexpr,
-                 SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+def _gram_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, path_ptr,
+                 H, K, NT, C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr,
+                 RAP: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr,
+                 DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
     """S2, grid (NT, B*H, C/16): row block n of M_QK [C, C*RKP], M_QA [C, C*RAP], L_AB [C*RAP, C*RAP]
-    (strictly lower by token) and L_KB [C*RAP, C*RKP] (strictly lower), fp32 scratch."""
+    (strictly lower by token) and L_KB [C*RAP, C*RKP] (strictly lower), fp32 scratch; Grams 0..3 of
+    the path record."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     n = tl.program_id(2)
-    _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, blk, n, K, C, 1, RKP, False, BKS, SCALAR, F32, LOWP)
+    _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, path_ptr, blk, n, K, C, 1, RKP, False, BKS, SCALAR, F32,
+               LOWP, DLOWP, DIAG_LIMIT, 0, RECORD)
     if RAB > 0:
-        _gram_rows(mqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, blk, n, K, C, 1, RAP, False, BKS, SCALAR, F32, LOWP)
-        _gram_rows(lab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, blk, n, K, C, RAP, RAP, True, BKS, SCALAR, F32, LOWP)
-        _gram_rows(lkb_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, blk, n, K, C, RAP, RKP, True, BKS, SCALAR, F32, LOWP)
+        _gram_rows(mqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, path_ptr, blk, n, K, C, 1, RAP, False, BKS, SCALAR,
+                   F32, LOWP, DLOWP, DIAG_LIMIT, 1, RECORD)
+        _gram_rows(lab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, path_ptr, blk, n, K, C, RAP, RAP, True, BKS, SCALAR,
+                   F32, LOWP, DLOWP, DIAG_LIMIT, 2, RECORD)
+        _gram_rows(lkb_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, path_ptr, blk, n, K, C, RAP, RKP, True, BKS, SCALAR,
+                   F32, LOWP, DLOWP, DIAG_LIMIT, 3, RECORD)
 
 
 # ----------------------------------------------------------------------------- S3: T = (I + L_AB)^-1
@@ -345,12 +433,52 @@ def _gemm_kernel(o_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, c_ptr,
 
 # ----------------------------------------------------------------------------- S5: Gram VJP, decays, dg
 @triton.jit
+def _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb, tyb, Xb, Yb, K, ck, mk,
+                        C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr,
+                        BKS: tl.constexpr):
+    """The diagonal block's share of :func:`_gram_vjp` token by token (the fallback where the factors
+    could overflow): token tj as the column (dx) and as the row (dy), exact pairwise decays masked
+    before exp."""
+    NRX: tl.constexpr = SUB * RX
+    NRY: tl.constexpr = SUB * RY
+    RXT: tl.constexpr = C * RX
+    RYT: tl.constexpr = C * RY
+    rxb = b * NRX + tl.arange(0, NRX)
+    ryb = b * NRY + tl.arange(0, NRY)
+    for j in range(SUB):
+        tj = b * SUB + j
+        Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, False)
+        Xj = _load_g_row(xg_ptr, blk, tj, C, K, ck, mk, BKS, False)
+        if STRICT:
+            live_x = txb > tj
+            live_y = tyb < tj
+        else:
+            live_x = txb >= tj
+            live_y = tyb <= tj
+        ex = tl.exp(tl.where(live_x[:, None], Xb - Yj[None, :], float("-inf")))
+        ey = tl.exp(tl.where(live_y[:, None], Xj[None, :] - Yb, float("-inf")))
+        for l in tl.static_range(RY):
+            dcol = tl.load(d_base + rxb * RYT + b * NRY + j * RY + l)
+            yl = tl.load(y_ptr + (blk * RYT + b * NRY + j * RY + l) * K + ck, mask=mk, other=0.0)
+            dx += dcol[:, None] * ex * yl[None, :]
+        for l in tl.static_range(RX):
+            drow = tl.load(d_base + (b * NRX + j * RX + l) * RYT + ryb)
+            xl = tl.load(x_ptr + (blk * RXT + b * NRX + j * RX + l) * K + ck, mask=mk, other=0.0)
+            dy += drow[:, None] * ey * xl[None, :]
+    return dx, dy
+
+
+@triton.jit
 def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.constexpr, RX: tl.constexpr,
               RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr,
-              LOWP: tl.constexpr):
+              LOWP: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr):
     """Token block b's share of the VJP of one Gram matrix (:func:`_gram_rows`) for its cotangent D
     [blocks, C*RX, C*RY] (entries outside the mask are ignored): (dx [16 RX, BKS] on x's rows of block b,
-    dy [16 RY, BKS] on y's rows of block b), the gradients of x and y before the decay's chain rule."""
+    dy [16 RY, BKS] on y's rows of block b, the gradients of x and y before the decay's chain rule;
+    1 if the diagonal block took a product, 0 if the token loop). The diagonal block as in
+    :func:`_gram_rows`: with D masked first, dx = (D (y e^{R-Y})) e^{X-R}, dy = (D^T (x e^{X-R})) e^{R-Y}
+    where the bound is below DIAG_LIMIT, else token by token; a decay per head: D times the exact
+    decay matrix, then plain products."""
     NRX: tl.constexpr = SUB * RX
     NRY: tl.constexpr = SUB * RY
     RXT: tl.constexpr = C * RX
@@ -381,41 +509,45 @@ def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.const
         dnb = tl.load(d_base + rxn[:, None] * RYT + ryb[None, :])
         dy += _dot(tl.trans(dnb), xe, F32, LOWP)
     dy = dy * tl.exp(ref_b[None, :] - Yb)
-    for j in range(SUB):  # the diagonal block, exact: token tj as the column (dx) and as the row (dy)
-        tj = b * SUB + j
-        Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, SCALAR)
-        Xj = _load_g_row(xg_ptr, blk, tj, C, K, ck, mk, BKS, SCALAR)
-        if STRICT:
-            live_x = txb > tj
-            live_y = tyb < tj
+    live = _token_mask(txb, tyb, STRICT)
+    if SCALAR:
+        Xs = tl.load(xg_ptr + blk * C + txb)
+        Ys = tl.load(g_ptr + blk * C + tyb)
+        dbb = tl.load(d_base + rxb[:, None] * RYT + ryb[None, :])
+        dbb = tl.where(live, dbb * tl.exp(tl.where(live, Xs[:, None] - Ys[None, :], float("-inf"))), 0.0)
+        dx += _dot(dbb, _load_tile(y_ptr, blk, ryb, RYT, K, ck, mk), F32, LOWP)
+        dy += _dot(tl.trans(dbb), _load_tile(x_ptr, blk, rxb, RXT, K, ck, mk), F32, LOWP)
+        product = 1
+    else:
+        ref, lim = _diag_reference(Xb, Yb)
+        if lim < DIAG_LIMIT:
+            dbb = tl.where(live, tl.load(d_base + rxb[:, None] * RYT + ryb[None, :]), 0.0)
+            ex = tl.exp(Xb - ref[None, :])
+            ey = tl.exp(ref[None, :] - Yb)
+            dx += _dot(dbb, _load_tile(y_ptr, blk, ryb, RYT, K, ck, mk) * ey, F32, DLOWP) * ex
+            dy += _dot(tl.trans(dbb), _load_tile(x_ptr, blk, rxb, RXT, K, ck, mk) * ex, F32, DLOWP) * ey
         else:
-            live_x = txb >= tj
-            live_y = tyb <= tj
-        ex = tl.exp(tl.where(live_x[:, None], Xb - Yj[None, :], float("-inf")))
-        ey = tl.exp(tl.where(live_y[:, None], Xj[None, :] - Yb, float("-inf")))
-        for l in tl.static_range(RY):
-            dcol = tl.load(d_base + rxb * RYT + b * NRY + j * RY + l)
-            yl = tl.load(y_ptr + (blk * RYT + b * NRY + j * RY + l) * K + ck, mask=mk, other=0.0)
-            dx += dcol[:, None] * ex * yl[None, :]
-        for l in tl.static_range(RX):
-            drow = tl.load(d_base + (b * NRX + j * RX + l) * RYT + ryb)
-            xl = tl.load(x_ptr + (blk * RXT + b * NRX + j * RX + l) * K + ck, mask=mk, other=0.0)
-            dy += drow[:, None] * ey * xl[None, :]
-    return dx, dy
+            dx, dy = _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb, tyb, Xb, Yb, K,
+                                         ck, mk, C, RX, RY, STRICT, BKS)
+        product = (lim < DIAG_LIMIT).to(tl.int32)
+    return dx, dy, product
 
 
 @triton.jit
-def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, K, NT, NKT, C: tl.constexpr,
+def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, path_ptr, K, NT, NKT, C: tl.constexpr,
                      RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr,
-                     SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+                     SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr, DLOWP: tl.constexpr,
+                     DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
     """S5a, grid (NT, B*H, C/16 * K/BKS), one launch per Gram matrix: token block b's dx, dy of
-    :func:`_gram_vjp` stored in dx [blocks, C*RX, K], dy [blocks, C*RY, K] (fp32)."""
+    :func:`_gram_vjp` stored in dx [blocks, C*RX, K], dy [blocks, C*RY, K] (fp32); RECORD: the
+    diagonal block's path into path_ptr [blocks, C/16, K/BKS] (int32)."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     b = tl.program_id(2) // NKT
     ck = (tl.program_id(2) % NKT) * BKS + tl.arange(0, BKS)
     mk = ck < K
-    dx, dy = _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C, RX, RY, STRICT, BKS, SCALAR,
-                       F32, LOWP)
+    dx, dy, product = _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C, RX, RY, STRICT, BKS,
+                                SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT)
+    _record_path(path_ptr, blk * (C // SUB) * NKT + tl.program_id(2), product, RECORD)
     rx = b * SUB * RX + tl.arange(0, SUB * RX)
     ry = b * SUB * RY + tl.arange(0, SUB * RY)
     tl.store(dx_ptr + (blk * C * RX + rx)[:, None] * K + ck[None, :], dx, mask=mk[None, :])
@@ -635,18 +767,46 @@ def _v(t, rows, cols, trans=False):
 
 def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int) -> dict:
     """B2's column tiles and warps, the one place to tune them: BKS of S2 (K columns per step of the Gram
-    products), BK1 of S1 (the stacks), BKV of S5 (K columns per program), BVS (V columns per step)."""
+    products), BK1 of S1 (the stacks), BKV of S5 (K columns per program), BVS (V columns per step);
+    diag_limit, the bound below which a diagonal token block takes the factored product (S2, S5a)."""
     rows = chunk * max(_pow2(r_ab), _pow2(r_kv), 1)
     return dict(BKS=_tile(dk, 64), BK1=_tile(dk, 32), BKV=_tile(dk, 32), BVS=_tile(dv, 64),
                 warps_vjp=4 if rows <= 64 else 8, stages_vjp=1,
-                warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4)
+                warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4, diag_limit=DIAG_LIMIT)
 
 
-def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=None):
+def diag_lowp(lowp: int) -> int:
+    """The _dot LOWP code of the factored diagonal products for inputs of LOWP code ``lowp`` (0 = fp32:
+    unused, F32 takes ieee): :data:`DIAG_PRECISION` or ``$HDLA_VISION_DIAG_PRECISION``; never fp16
+    (its range, e^11, cannot hold factors up to e^DIAG_LIMIT): bf16 becomes tf32 for fp16 inputs."""
+    name = os.environ.get("HDLA_VISION_DIAG_PRECISION") or DIAG_PRECISION
+    if name not in DIAG_PRECISIONS:
+        raise ValueError(f"HDLA_VISION_DIAG_PRECISION must be one of {sorted(DIAG_PRECISIONS)}, got {name!r}")
+    code = DIAG_PRECISIONS[name]
+    return 0 if code == 1 and lowp == 2 else code
+
+
+def check_diag_limit(diag_limit) -> float:
+    """``diag_limit`` as a float (None: :data:`DIAG_LIMIT`); a ValueError outside [0, DIAG_LIMIT], where
+    the factored diagonal product could overflow."""
+    if diag_limit is None:
+        return DIAG_LIMIT
+    if not 0.0 <= float(diag_limit) <= DIAG_LIMIT:
+        raise ValueError(f"diag_limit must be in [0, {DIAG_LIMIT}] (0: every diagonal block token by token), "
+                         f"got {diag_limit}")
+    return float(diag_limit)
+
+
+def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=None, diag_limit=None,
+              diag_paths=None):
     """B2: the chunk-local VJP given h (the states entering each chunk) and ds (B1's dS_c), both
     ``[B, H, NT, K, V]``. Shapes as ``bwd.generalized_backward`` (contiguous; HDLA: a = b = None, beta
     [B, T, H]). Returns (dq, dk, dv, da, db, dbeta, dg): HDLA has da = db = None, the others dbeta = None;
-    at r_ab = 0 da = db = None. ``stages`` (a list), if given, receives a closure that relaunches B2."""
+    at r_ab = 0 da = db = None. ``stages`` (a list), if given, receives a closure that relaunches B2.
+    ``diag_limit`` (None: b2_config's; 0: every diagonal block token by token) bounds the factored
+    diagonal products. ``diag_paths`` (tests), a dict, receives the path each diagonal block took (1 a
+    product, 0 the token loop, -1 a Gram this rank has not): ``gram`` [blocks, 4, C/16, K/BKS] for S2's
+    M_QK, M_QA, L_AB, L_KB and ``gram_vjp`` [4, blocks, C/16, K/BKV] for S5a's (int32)."""
     hdla = beta is not None
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
@@ -661,6 +821,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     f32 = q.dtype == torch.float32
     lowp = 0 if f32 else (1 if q.dtype == torch.bfloat16 else 2)
     cfg = b2_config(dk, dv, c, r_kv, r_ab)
+    limit = check_diag_limit(cfg["diag_limit"] if diag_limit is None else diag_limit)
     dev = q.device
     sc = lambda *shape: torch.empty(blocks, *shape, device=dev, dtype=torch.float32)  # noqa: E731
     gshape = (c,) if scalar else (c, dk)
@@ -682,6 +843,14 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     empty = z["s"]
     ranks = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap)
     prec = dict(F32=f32, LOWP=lowp)
+    diag = dict(DLOWP=diag_lowp(lowp), DIAG_LIMIT=limit, RECORD=diag_paths is not None)
+    nb = c // 16
+    paths = dict(gram=empty, gram_vjp=[empty] * 4)
+    if diag_paths is not None:
+        unset = dict(device=dev, dtype=torch.int32)
+        paths = dict(gram=torch.full((blocks, 4, nb, triton.cdiv(dk, cfg["BKS"])), -1, **unset),
+                     gram_vjp=torch.full((4, blocks, nb, nkt), -1, **unset))
+        diag_paths.update(paths)
     from ..utils import LOG_ZERO_FP32
 
     def gemm(out, m, n, terms, cin=None, mask=False):
@@ -704,7 +873,8 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             LOG_ZERO=LOG_ZERO_FP32, num_warps=4)
         _gram_kernel[(nt, batch * heads, c // 16)](
             z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"],
-            heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap, SCALAR=scalar, **prec, num_warps=cfg["warps_block"])
+            paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap, SCALAR=scalar, **prec,
+            **diag, num_warps=cfg["warps_block"])
         hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
         if r_ab:
             _inverse_kernel[grid](z["lab"], z["tm"], nt, C=c, RAP=rap, F32=f32, num_warps=cfg["warps_block"])
@@ -738,10 +908,11 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             grams += [("qa", z["dmqa"], z["xq"], z["gs"], z["af"], 1, rap, False),
                       ("ab", z["dlab"], z["bf"], z["gps"], z["af"], rap, rap, True),
                       ("kb", z["dup"], z["bf"], z["gps"], z["kf"], rap, rkp, True)]
-        for name, d, x, xg, y, rx, ry, strict in grams:
-            _gram_vjp_kernel[(nt, batch * heads, c // 16 * nkt)](
-                d, x, xg, y, z["gs"], z["gx" + name], z["gy" + name], dk, nt, nkt, C=c, RX=rx, RY=ry,
-                STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec, num_warps=cfg["warps_block"])
+        for gid, (name, d, x, xg, y, rx, ry, strict) in enumerate(grams):
+            _gram_vjp_kernel[(nt, batch * heads, nb * nkt)](
+                d, x, xg, y, z["gs"], z["gx" + name], z["gy" + name], paths["gram_vjp"][gid], dk, nt, nkt, C=c,
+                RX=rx, RY=ry, STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec, **diag,
+                num_warps=cfg["warps_block"])
         gv = [z[n] if n in z else empty for n in ("gxqk", "gyqk", "gxqa", "gyqa", "gxab", "gyab", "gxkb", "gykb")]
         _vjp_kernel[(nt, batch * heads, nkt)](
             k, g, beta if hdla else empty, h, ds, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"],
