@@ -5,6 +5,7 @@
     python -m benchmarks.kernel_stages --case 2 1 64 64        # one parity case: r_ab r_kv K V (r_ab -1: HDLA)
     python -m benchmarks.kernel_stages --part aot              # compile the forward for the H100, no GPU
     python -m benchmarks.kernel_stages --part f2 --groups 1,auto,8 --shapes long   # F2 one- vs two-level
+    python -m benchmarks.kernel_stages --part f1 --kinds hdla,kda_like,rank2 --gates mild,fast   # F1 diagonal
 
 ``--part aot`` compiles every forward kernel (``tools/aot_check.py``: Triton's pipeline down to an
 sm_90a cubin, nothing launched) for each mixer (HDLA; KDA-like r_ab = 1 vector decay; GLA r_ab = 0;
@@ -19,6 +20,14 @@ warps); the current forward (the public ops, no grad); SDPA (causal, [B, H, T, D
 sweep runs each (r_ab, r_kv, K, V) in its own process (an illegal access poisons a CUDA context)
 and compares o and the final state in bf16 against the float64 token loop run on the same
 bf16-rounded inputs (relative error < 5e-3). JSON goes to ``--out`` (default ``$OUT``).
+
+``--part f1`` times F1 (``chunk_prepare``: F0, F1ab, F1c) and F1ab alone (``chunk_intra_kernel``,
+torch.profiler) with F1ab's factored diagonal blocks on (the default limit) and forced off
+(``diag_limit=0``, the exact column loop in every row block), for mild gates (logsigmoid(randn + 2))
+and fast ones (log lambda uniform in [-20, 0]); each row records the share of row blocks that took
+the product and Qeff's / Mo's relative difference from the forced-off run (bf16 parity of the paths).
+A ``--case`` takes ``--mixed-gates`` (16-token blocks alternately mild and uniform in [-20, 0]) and
+``--diag-limit``, and reports the share of row blocks that took the product.
 """
 import argparse
 import concurrent.futures
@@ -43,14 +52,21 @@ def _device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def problem(r_ab, r_kv, dk, dv, batch=1, seq_len=150, heads=2, g_min=None, per_head=False, seed=0, device="cpu"):
+def problem(r_ab, r_kv, dk, dv, batch=1, seq_len=150, heads=2, g_min=None, per_head=False, seed=0, device="cpu",
+            mixed_gates=False):
     """float64 inputs: k, a, b scaled by 1/sqrt(K), g = logsigmoid(randn + 2) (or uniform in
-    [g_min, 0]), an initial state; HDLA (r_ab = -1): unit k, beta in [0, 2]."""
+    [g_min, 0]; ``mixed_gates``: 16-token blocks alternately the two, g_min = -20 unless given), an
+    initial state; HDLA (r_ab = -1): unit k, beta in [0, 2]."""
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     gshape = (batch, seq_len, heads) if per_head else (batch, seq_len, heads, dk)
     g = F.logsigmoid(rnd(*gshape) + 2) if g_min is None else torch.rand(*gshape, generator=gen,
                                                                          dtype=torch.float64) * g_min
+    if mixed_gates:
+        fast = torch.rand(*gshape, generator=gen, dtype=torch.float64) * (g_min or -20.0)
+        mild = F.logsigmoid(rnd(*gshape) + 2)
+        odd = ((torch.arange(seq_len) // 16) % 2 == 1).view(1, seq_len, *([1] * (len(gshape) - 2)))
+        g = torch.where(odd, fast, mild)
     p = dict(q=rnd(batch, seq_len, heads, dk), g=g, initial_state=rnd(batch, heads, dk, dv))
     if r_ab == HDLA:
         p.update(k=F.normalize(rnd(batch, seq_len, heads, dk), dim=-1), v=rnd(batch, seq_len, heads, dv),
@@ -61,13 +77,25 @@ def problem(r_ab, r_kv, dk, dv, batch=1, seq_len=150, heads=2, g_min=None, per_h
     return {n: x.to(device) for n, x in p.items()}
 
 
-def _forward(p, reverse, chunk=None):
-    from hdla_vision.kernels.generalized.fwd import generalized_forward
+def _forward(p, reverse, chunk=None, diag_limit=None):
+    from hdla_vision.kernels.generalized import fwd
+    lim = dict(diag_limit=fwd.DIAG_LIMIT if diag_limit is None else diag_limit)
     if "beta" in p:
-        return generalized_forward(p["q"], p["k"], p["v"], None, None, p["g"], 0.5, p["initial_state"], reverse,
-                                   hdla_beta=p["beta"], chunk=chunk)
-    return generalized_forward(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 0.5, p["initial_state"], reverse,
-                               chunk=chunk)
+        return fwd.generalized_forward(p["q"], p["k"], p["v"], None, None, p["g"], 0.5, p["initial_state"], reverse,
+                                       hdla_beta=p["beta"], chunk=chunk, **lim)
+    return fwd.generalized_forward(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 0.5, p["initial_state"], reverse,
+                                   chunk=chunk, **lim)
+
+
+def factored_share(p, reverse, diag_limit=None):
+    """The share of F1ab's row blocks whose diagonal blocks took the factored product (vector decay;
+    None for a decay per head), from the launcher's recorded path map."""
+    from hdla_vision.kernels.generalized import fwd
+    prep = fwd.chunk_prepare(p["q"], p["k"], p["v"], p.get("a"), p.get("b"), p["g"], 0.5, reverse,
+                             hdla_beta=p.get("beta"), record_path=True,
+                             diag_limit=fwd.DIAG_LIMIT if diag_limit is None else diag_limit)
+    path = prep["diag_path"]
+    return None if bool((path < 0).all()) else float((path == 1).float().mean())
 
 
 def _loop(p, reverse):
@@ -81,14 +109,20 @@ def _rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def parity_case(r_ab, r_kv, dk, dv, per_head=False, g_min=None, reverse=False, seq_len=150):
-    """bf16 forward against the float64 loop on the same bf16-rounded inputs."""
+def parity_case(r_ab, r_kv, dk, dv, per_head=False, g_min=None, reverse=False, seq_len=150, mixed_gates=False,
+                diag_limit=None):
+    """bf16 forward against the float64 loop on the same bf16-rounded inputs; ``factored``: the share of
+    F1ab's row blocks that took the factored diagonal product."""
     dev = _device()
-    p = problem(r_ab, r_kv, dk, dv, seq_len=seq_len, per_head=per_head, g_min=g_min, device=dev)
+    p = problem(r_ab, r_kv, dk, dv, seq_len=seq_len, per_head=per_head, g_min=g_min, device=dev,
+                mixed_gates=mixed_gates)
     p = {n: x.to(torch.bfloat16) if n != "g" else x.float() for n, x in p.items()}
     ref_o, ref_s = _loop({n: x.double() for n, x in p.items()}, reverse)
-    o, s, h = _forward(p, reverse)
-    return dict(o=_rel(o, ref_o), final=_rel(s, ref_s), nan=bool(torch.isnan(o).any() or torch.isnan(s).any()))
+    o, s, h = _forward(p, reverse, diag_limit=diag_limit)
+    return dict(o=_rel(o, ref_o), final=_rel(s, ref_s), nan=bool(torch.isnan(o).any() or torch.isnan(s).any()),
+                factored=factored_share(p, reverse, diag_limit),
+                case=dict(r_ab=r_ab, r_kv=r_kv, K=dk, V=dv, per_head=per_head, g_min=g_min, mixed_gates=mixed_gates,
+                          reverse=reverse, T=seq_len, diag_limit=diag_limit))
 
 
 def parity_sweep(workers=8):
@@ -121,19 +155,27 @@ def _bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def _timing_inputs(kind, shape):
+def _timing_inputs(kind, shape, gates="mild", dev="cuda"):
+    """bf16 inputs (g fp32) of ``kind``: hdla; kda_like (r_ab = r_kv = 1, vector decay); rank2 (r_ab =
+    r_kv = 2, vector decay). Gates: mild, logsigmoid(randn + 2); fast, log lambda uniform in [-20, 0]."""
     batch, seq_len, heads, d = shape
-    dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *s: torch.randn(*s, device=dev, generator=gen)  # noqa: E731
     bf = torch.bfloat16
     q = rnd(batch, seq_len, heads, d).to(bf)
     k = F.normalize(rnd(batch, seq_len, heads, d), dim=-1)
     v = rnd(batch, seq_len, heads, d).to(bf)
-    g = F.logsigmoid(rnd(batch, seq_len, heads, d) + 2.0)
+    if gates == "fast":
+        g = -20.0 * torch.rand(batch, seq_len, heads, d, device=dev, generator=gen)
+    else:
+        g = F.logsigmoid(rnd(batch, seq_len, heads, d) + 2.0)
     beta = 2 * torch.sigmoid(rnd(batch, seq_len, heads))
     if kind == "hdla":
         return dict(q=q, k=k.to(bf), v=v, beta=beta, g=g)
+    if kind == "rank2":
+        k2 = torch.stack([k, F.normalize(rnd(batch, seq_len, heads, d), dim=-1)], 3)
+        return dict(q=q, k=k2.to(bf), v=torch.stack([v, rnd(batch, seq_len, heads, d).to(bf)], 3),
+                    a=(beta[..., None, None] * k2 / 2).to(bf), b=(g.exp()[:, :, :, None] * k2).to(bf), g=g)
     kk = k.to(bf).unsqueeze(3)
     return dict(q=q, k=kk, v=v.unsqueeze(3), a=(beta[..., None, None] * k.unsqueeze(3)).to(bf),
                 b=(g.exp() * k).unsqueeze(3).to(bf), g=g)
@@ -227,6 +269,69 @@ def time_state_pass(shapes, groups_list, kinds=("hdla", "kda_like")):
     return rows
 
 
+def _kernel_us(fn, name, calls=5):
+    """Device µs per call of the launches of ``fn`` whose kernel name contains ``name`` (torch.profiler)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        if name in e.key:
+            total += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+    return round(total / calls, 1)
+
+
+def predicted_share(prep, limit):
+    """The share of row blocks whose G half range (F0's cumsum ``prep["G"]``, the rule of F1ab's
+    ``_block_reference``) is below ``limit``: the factored share without a recording launch (vector decay)."""
+    c = prep["chunk"]
+    steps = prep["Qeff"].shape[0] * prep["Qeff"].shape[1] * prep["Qeff"].shape[2]  # B * H * NT * C
+    G = prep["G"].view(steps // c, c // 16, 16, -1)  # [B*H*NT, row block, token, BK]
+    half = (G.amax(2) - G.amin(2)).amax(-1) / 2
+    return float((half < limit).float().mean())
+
+
+def time_f1(shapes, kinds, gates_list, warm_only=False):
+    """F1 (chunk_prepare) and F1ab (chunk_intra_kernel) with the factored diagonal on (the default
+    limit) and forced off (diag_limit = 0), per shape, input kind and gates: do_bench median of F1,
+    F1ab's device µs, the share of row blocks that took the product, and Qeff's / Mo's relative
+    difference between the two paths (bf16). ``warm_only``: one call per configuration (fills the
+    Triton cache, e.g. one process per kind in parallel before the timing process), nothing timed."""
+    from hdla_vision.kernels.generalized import fwd
+    rows = []
+    for name, shape in shapes.items():
+        for kind in kinds:
+            for gates in gates_list:
+                p = _timing_inputs(kind, shape, gates)
+                args = (p["q"], p["k"], p["v"], p.get("a"), p.get("b"), p["g"], 0.125, False)
+                beta = p.get("beta")
+                preps = {}
+                for limit in (fwd.DIAG_LIMIT, 0.0):
+                    def f1(limit=limit):
+                        return fwd.chunk_prepare(*args, hdla_beta=beta, diag_limit=limit)
+                    try:
+                        preps[limit] = f1()
+                        if warm_only:
+                            continue
+                        res = dict(f1_ms=_bench(f1), f1ab_us=_kernel_us(f1, "chunk_intra_kernel"))
+                        if limit > 0:
+                            res["factored_predicted"] = predicted_share(preps[limit], limit)
+                        else:
+                            on, off = preps[fwd.DIAG_LIMIT], preps[0.0]
+                            res.update(qeff_rel=_rel(on["Qeff"], off["Qeff"]), mo_rel=_rel(on["Mo"], off["Mo"]))
+                    except Exception as exc:  # noqa: BLE001 (a variant that fails is recorded)
+                        res = dict(error=repr(exc)[:300])
+                    row = dict(shape=name, B_T_H_D=shape, kind=kind, gates=gates, diag_limit=limit,
+                               chunk=preps[limit]["chunk"] if limit in preps else None, **res)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            torch.cuda.empty_cache()
+    return rows
+
+
 # ----------------------------------------------------------------------------- compile check (no GPU)
 AOT_MIXERS = {"hdla": (HDLA, 1, False), "kda": (1, 1, False), "gla": (0, 1, False), "gdn": (1, 1, True),
               "gdp": (2, 2, True)}  # (r_ab, r_kv, one decay per head)
@@ -308,11 +413,15 @@ def aot_compile(mixers, cases, dtype=torch.bfloat16):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["fwd", "fwd-parity", "aot", "f2"], default="fwd")
+    parser.add_argument("--part", choices=["fwd", "fwd-parity", "aot", "f2", "f1"], default="fwd")
     parser.add_argument("--groups", default="1,auto",
                         help="--part f2: two-level scan groups to time, comma-separated ints or 'auto'")
     parser.add_argument("--seq-len", type=int, default=150, help="T of a --case")
-    parser.add_argument("--kinds", default="hdla,kda_like", help="--part f2: input kinds")
+    parser.add_argument("--kinds", default="hdla,kda_like", help="--part f2, f1: input kinds (f1 also rank2)")
+    parser.add_argument("--gates", default="mild,fast", help="--part f1: gates, mild and/or fast")
+    parser.add_argument("--warm-only", action="store_true", help="--part f1: compile, time nothing")
+    parser.add_argument("--mixed-gates", action="store_true", help="--case: 16-token blocks mild / fast")
+    parser.add_argument("--diag-limit", type=float, default=None, help="--case: F1ab's diagonal limit")
     parser.add_argument("--case", nargs=4, type=int, metavar=("R_AB", "R_KV", "K", "V"))
     parser.add_argument("--per-head", action="store_true")
     parser.add_argument("--reverse", action="store_true")
@@ -326,7 +435,7 @@ def main():
     args = parser.parse_args()
     if args.case:
         print(json.dumps(parity_case(*args.case, per_head=args.per_head, g_min=args.g_min, reverse=args.reverse,
-                                     seq_len=args.seq_len)))
+                                     seq_len=args.seq_len, mixed_gates=args.mixed_gates, diag_limit=args.diag_limit)))
         return
     meta = provenance(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     if args.part == "aot":
@@ -342,6 +451,10 @@ def main():
         shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
         out = dict(meta, rows=time_state_pass(shapes, args.groups.split(","), args.kinds.split(",")))
         name = "kernel_stages_f2.json"
+    elif args.part == "f1":
+        shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
+        out = dict(meta, rows=time_f1(shapes, args.kinds.split(","), args.gates.split(","), args.warm_only))
+        name = "kernel_stages_f1.json"
     elif args.part == "fwd-parity":
         res = parity_sweep()
         out = dict(meta, tol=TOL, passed=sum(r["ok"] for r in res), total=len(res), cases=res)

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from hdla_vision.kernels.generalized.fwd import chunk_prepare, generalized_forward
+from hdla_vision.kernels.generalized import fwd
+from hdla_vision.kernels.generalized.fwd import chunk_output, chunk_prepare, chunk_state_pass, generalized_forward
 from hdla_vision.kernels.generalized.naive import naive_generalized
 from hdla_vision.kernels.hdla.naive import naive_hdla
 from tests.oracle import generalized_problem, hdla_problem, rel_err
@@ -175,3 +176,115 @@ def test_k16_chunk_64_scalar_decay_rank_2_2():
 def test_hdla_wide_keys(dk, chunk):
     """K = 160 (key block 256, masked channels) and K = 256: full-width key tiles."""
     _run_hdla(40, chunk, dk=dk, dv=16, reverse=dk == 160)
+
+
+# ----------------------------------------------------------------------------- F1's factored diagonal
+# Per 16-token row block, F1 computes the vector-decay diagonal Grams as one product through the block's
+# reference where G's half range over the block is below diag_limit, else by the exact column loop. The
+# launcher records which path each row block took (record_path); the checks below predict that map from
+# the gates on the host and require both paths to match the float64 loop.
+BLOCK_GATES = {"mild": (-0.5, 0.0), "ramp": (-1.2, -1.0), "fast": (-20.0, -19.0)}  # per-step log-decay ranges
+
+
+def _block_gates(shape, pattern, reverse, seed=3):
+    """g ``[B, T, H, K]`` float64: scan step p (token p, or T-1-p when reversed) uniform in the range
+    ``BLOCK_GATES[pattern[(p // 16) % len(pattern)]]``, so each 16-step row block has its own speed."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(shape, generator=gen, dtype=torch.float64)
+    lo = torch.tensor([BLOCK_GATES[pattern[(p // 16) % len(pattern)]][0] for p in range(shape[1])], dtype=torch.float64)
+    hi = torch.tensor([BLOCK_GATES[pattern[(p // 16) % len(pattern)]][1] for p in range(shape[1])], dtype=torch.float64)
+    if reverse:
+        lo, hi = lo.flip(0), hi.flip(0)
+    return lo[None, :, None, None] + u * (hi - lo)[None, :, None, None]
+
+
+def _expected_path(g, chunk, reverse, limit):
+    """The row blocks whose diagonal should be one product (1) or the loop (0), ``[B, H, NT, C/16]``:
+    G's largest half range over a block's 16 scan steps (chunk-local cumsum of the clamped g, steps
+    past T add 0) below ``limit``."""
+    batch, seq_len, heads, dk = g.shape
+    n_chunks = -(-seq_len // chunk)
+    gs = (g.flip(1) if reverse else g).clamp_min(-110.0)
+    gs = torch.cat([gs, gs.new_zeros(batch, n_chunks * chunk - seq_len, heads, dk)], 1)
+    G = gs.view(batch, n_chunks, chunk // 16, 16, heads, dk).cumsum(3)  # G up to a constant per block
+    half = (G.amax(3) - G.amin(3)).amax(-1) / 2  # [B, NT, C/16, H]
+    return (half < limit).to(torch.int8).permute(0, 3, 1, 2)
+
+
+def _forward_recorded(f, reverse, chunk, limit):
+    """(o, final state, diag_path) of the forward (F1, F2, F3) with the diagonal limit ``limit``."""
+    prep = chunk_prepare(f["q"], f["k"], f["v"], f.get("a"), f.get("b"), f["g"], SCALE, reverse,
+                         hdla_beta=f.get("beta"), chunk=chunk, diag_limit=limit, record_path=True)
+    h, s = chunk_state_pass(prep, f["initial_state"])
+    return chunk_output(prep, h, f["v"], reverse), s, prep["diag_path"]
+
+
+def _check_diag_paths(p, reverse, chunk, limits, tol=TOL, dtype=torch.float32):
+    """For each limit: the recorded path map equals the host's prediction and o, the final state equal
+    the float64 loop (on the inputs rounded to ``dtype``); returns the maps and the outputs."""
+    f = {n: None if x is None else (x.float() if n == "g" else x.to(dtype)) for n, x in p.items()}
+    ref = {n: None if x is None else x.double() for n, x in f.items()}
+    loop = naive_hdla if "beta" in p else naive_generalized
+    ref_o, ref_s = loop(**ref, scale=SCALE, output_final_state=True, reverse=reverse)
+    paths, outs = {}, {}
+    for limit in limits:
+        o, s, path = _forward_recorded(f, reverse, chunk, limit)
+        assert torch.equal(path.cpu(), _expected_path(p["g"], chunk, reverse, limit)), (limit, path)
+        assert rel_err(o, ref_o) < tol and rel_err(s, ref_s) < tol, (limit, rel_err(o, ref_o), rel_err(s, ref_s))
+        paths[limit], outs[limit] = path, o
+    return paths, outs
+
+
+@pytest.mark.parametrize("pattern,reverse", [("mild", True), ("fast", False), (("mild", "fast"), True)])
+def test_diag_paths_hdla(pattern, reverse):
+    """HDLA, C = 32, T = 45 (the last chunk partial): mild gates take the product in every row block,
+    log lambda ~ -20 per step the loop in every block with two or more steps (one step: G constant), the
+    mix alternates inside each chunk; forced loop (limit 0) = default = float64 loop."""
+    p = hdla_problem(1, 45, 2, 16, 16)
+    p["g"] = _block_gates(p["g"].shape, pattern if isinstance(pattern, tuple) else (pattern,), reverse)
+    paths, outs = _check_diag_paths(p, reverse, 32, (fwd.DIAG_LIMIT, 0.0))
+    default = paths[fwd.DIAG_LIMIT]
+    valid = torch.tensor([45 - 16 * blk >= 2 for blk in range(4)]).view(1, 1, 2, 2)  # row blocks with >= 2 steps
+    if pattern == "mild":
+        assert bool((default == 1).all())
+    elif pattern == "fast":
+        assert bool((default[valid.expand_as(default)] == 0).all())
+    else:
+        assert set(default.flatten().tolist()) == {0, 1}
+    assert bool((paths[0.0] == 0).all()) and rel_err(outs[0.0], outs[fwd.DIAG_LIMIT]) < 1e-5
+
+
+def test_diag_limit_decides_rank_2():
+    """r_ab = r_kv = 2, C = 64, T = 70: row blocks of half range <= 3.75 (mild) and 7.5-9 (ramp) in one
+    chunk; the limit moves the ramp blocks between the paths (30: product, 5: loop, 0: every block the
+    loop), all exact."""
+    p = generalized_problem(1, 70, 2, 16, 16, 2, 2)
+    p["g"] = _block_gates(p["g"].shape, ("ramp", "mild"), False)
+    paths, _ = _check_diag_paths(p, False, 64, (fwd.DIAG_LIMIT, 5.0, 0.0))
+    assert bool((paths[fwd.DIAG_LIMIT][:, :, 0] == 1).all())  # chunk 0: every row block the product
+    assert bool((paths[5.0][:, :, 0, 0::2] == 0).all()) and bool((paths[5.0][:, :, 0, 1::2] == 1).all())  # ramp: loop
+    assert bool((paths[0.0] == 0).all())
+
+
+def test_diag_paths_fp16():
+    """fp16 inputs (the product's factors in TF32: fp16 cannot hold e^lim), mild and fast row blocks
+    mixed, rank 1 generalized reversed: within 2e-3 of the loop on the fp16-rounded inputs, both paths."""
+    p = generalized_problem(1, 45, 2, 16, 32, 1, 1)
+    p["g"] = _block_gates(p["g"].shape, ("fast", "mild"), True)
+    paths, outs = _check_diag_paths(p, True, 32, (fwd.DIAG_LIMIT, 0.0), tol=2e-3, dtype=torch.float16)
+    assert set(paths[fwd.DIAG_LIMIT].flatten().tolist()) == {0, 1}
+    assert outs[0.0].dtype == torch.float16
+
+
+def test_diag_limit_bad_values():
+    p = _fp32(hdla_problem(1, 20, 1, 16, 16))
+    for bad in (-1.0, 31.0):
+        with pytest.raises(ValueError, match="diag_limit"):
+            chunk_prepare(p["q"], p["k"], p["v"], None, None, p["g"], 1.0, False, hdla_beta=p["beta"], diag_limit=bad)
+
+
+def test_diag_path_scalar_decay_not_recorded():
+    """A decay per head never takes either vector path: its map stays -1."""
+    p = _fp32(generalized_problem(1, 20, 2, 16, 16, 1, 1, per_head_g=True))
+    prep = chunk_prepare(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 1.0, False, chunk=16, record_path=True)
+    assert prep["diag_path"].shape == (1, 2, 2, 1) and bool((prep["diag_path"] == -1).all())

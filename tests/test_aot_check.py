@@ -57,3 +57,22 @@ def test_generalized_decoding_kernel_compiles_for_the_h100_without_spills(dk, r_
     (record,) = records
     assert record["kernel"] == "_fused_recurrent_generalized_kernel" and record["constexprs"]["R_AB"] == r_ab
     assert 0 < record["reg"] <= 255 and record["stack"] == 0 and record["local"] == 0, format_records(records)
+
+
+@pytest.mark.parametrize("diag_limit, record_path", [(30.0, False), (0.0, False), (30.0, True)])
+def test_forward_intra_kernel_compiles_for_the_h100(diag_limit, record_path):
+    """F1ab (``chunk_intra_kernel``) with its factored diagonal blocks (limit 30), without them (limit 0:
+    the exact loop alone) and recording its path, HDLA at K = 64 in bf16: the branches that the
+    interpreter tests may never take compile too."""
+    from hdla_vision.kernels.generalized import fwd
+
+    batch, seq_len, heads, dk = 1, 64, 1, 64
+    q, k, v = (torch.zeros(batch, seq_len, heads, dk, dtype=torch.bfloat16) for _ in range(3))
+    beta = torch.zeros(batch, seq_len, heads, dtype=torch.bfloat16)
+    g = torch.zeros(batch, seq_len, heads, dk)
+    with compile_only() as records:
+        fwd.chunk_prepare(q, k, v, None, None, g, 1.0, False, hdla_beta=beta, diag_limit=diag_limit,
+                          record_path=record_path)
+    (intra,) = [r for r in records if r["kernel"] == "chunk_intra_kernel"]
+    assert intra["constexprs"]["DIAG_LIMIT"] == diag_limit and intra["constexprs"]["RECORD_PATH"] == record_path
+    assert 0 < intra["reg"] <= 255, format_records(records)

@@ -33,10 +33,14 @@ Decays (design/KERNELS.md "Numerics"). F1ab walks the chunk in 16-token row bloc
 entries between row block n and an earlier 16-token column block m < n (A, K loaded directly, 16
 tokens) factor through the reference R_n = G' at row block n's first token: e^{X_t - R_n} <= 1 and
 e^{R_n - G_i} <= 1 (X = G' or G), one tensor-core product per sub-block and Gram. The diagonal
-16 x 16 token blocks are exact: a loop over the block's 16 columns j loads row j of A and K as
-vectors, with one exponential tile e^{G_t - G_j} (t >= j, masked with ``tl.where`` before ``exp``)
-shared by the four Grams (B's rows shifted by one token, as G'_{t+1} = G_t), so gates down to -20 per
-step (and g = -inf, clamped at ``LOG_ZERO_FP32``) are exact with no data-dependent branch. Scalar
+16 x 16 token blocks factor the same way through the block's own reference, the per-channel
+midpoint of its 16 G values, when their half range lim is below ``DIAG_LIMIT`` (= 30: every factor
+<= e^30, the entries outside the token mask, dropped by a select after the product, <= e^60 times
+sum |x y|): one product per Gram. A block with a faster channel (lim >= 30, e.g. log lambda = -20
+per step, or g = -inf clamped at ``LOG_ZERO_FP32``) takes the exact loop instead: over the block's 16
+columns j, row j of A and K as vectors, with one exponential tile e^{G_t - G_j} (t >= j, masked
+with ``tl.where`` before ``exp``) shared by the four Grams (B's rows shifted by one token, as
+G'_{t+1} = G_t). The choice is per row block, never per chunk. Scalar
 decay per head (g [B, T, H]) multiplies the plain products by the exact decay matrix instead. The
 diagonal blocks go to per-chunk scratch (and L_KB's to U's row block) and come back as tiles after a
 barrier. The inverse is never formed: W_n = T_nn (Bh_n - L_AB[n, <n] W_<n) (U likewise), with T_nn
@@ -77,6 +81,10 @@ from . import two_level
 LOG_ZERO = tl.constexpr(LOG_ZERO_FP32)
 SUB = tl.constexpr(16)  # tokens per row block (the exact diagonal block and the inverse's diagonal block)
 CHUNKS = (16, 32, 64)
+# F1's diagonal blocks (vector decay) take one tensor-core product each where G's half range over the
+# 16-token block is below this (kernels/README.md §8 Numerics): factors <= e^30 ~ 1e13, entries outside
+# the token mask <= e^60 ~ 1e26 times sum_k |x_k y_k| (finite in fp32 and bf16); else the exact loop.
+DIAG_LIMIT = 30.0
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -383,6 +391,26 @@ def _store_diag_scalar(x, gx, y, gy, tok_x, tok_y, ptr, ld_rows, ld_cols, STRICT
 
 
 @triton.jit
+def _block_reference(gq):
+    """The reference of a row block's factored diagonal (kernels/README.md §8 Numerics): per channel
+    the midpoint R of G over the block's 16 tokens (gq ``[16, BK]``), and lim = the largest half range
+    over the channels, so that |G_t - R| <= lim at every token t of the block. Returns (R ``[BK]``, lim)."""
+    g_hi = tl.max(gq, 0)
+    g_lo = tl.min(gq, 0)
+    return (g_hi + g_lo) * 0.5, tl.max(g_hi - g_lo, 0) * 0.5
+
+
+@triton.jit
+def _undo_reference(x, gx, ref, SCALAR: tl.constexpr):
+    """Bh or Qh from the x side of the off-diagonal products: x e^{ref} = y e^{G} for vector decay
+    (x = y e^{G - ref}, both factors <= 1), y e^{gx} for scalar decay (x = y)."""
+    if SCALAR:
+        return x * tl.exp(gx)
+    else:
+        return x * tl.exp(ref)
+
+
+@triton.jit
 def _decayed_mm(x, gx, y, gy, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
     """An off-diagonal Gram block ``x y^T``: vector decay has its factors in x and y already; scalar
     decay multiplies by the exact decay matrix e^{gx_t - gy_i} (gx ``[rows, 1]``, gy ``[1, cols]``)."""
@@ -454,19 +482,23 @@ def _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sq
 
 @triton.jit
 def chunk_intra_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr, scr_ptr, qe_ptr, mo_ptr,
+    q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr, scr_ptr, qe_ptr, mo_ptr, path_ptr,
     sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
     T, H, K, NT, scale, n_blocks, n_cols,
     RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
     BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
     F32: tl.constexpr, LOWP: tl.constexpr, INV_EXACT: tl.constexpr,
+    DIAG_LIMIT: tl.constexpr, DIAG_LOWP: tl.constexpr, RECORD_PATH: tl.constexpr,
 ):
     """F1a+F1b for chunk ``program_id(0)`` of head ``program_id(1)``, one 16-token row block n at a time
     (kernels/README.md §8, module docstring), in three steps per row block:
 
-    (a) the diagonal blocks (:func:`_diag_vector`, exact, or the scalar-decay product) to per-chunk
-        scratch ``scr`` (the L_AB and M_QA diagonal blocks, the M_QK row block; fp32) and L_KB's to
-        U's row block n;
+    (a) the diagonal blocks to per-chunk scratch ``scr`` (the L_AB and M_QA diagonal blocks, the M_QK
+        row block; fp32) and L_KB's to U's row block n: vector decay one product each through the
+        block's reference (:func:`_diag_factored`) where the block's half range of G, lim, is below
+        DIAG_LIMIT (0: never), else the exact column loop (:func:`_diag_vector`); a decision per row
+        block, recorded (1 factored, 0 loop) in ``path [B*H*NT, C/16]`` if RECORD_PATH; scalar decay
+        the product times the exact decay matrix;
     (b) W_n = T_nn (Bh_n - L_AB[n, <n] W_<n),  U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n);
     (c) Qeff_n = Qh_n - M_QA[n, <=n] W_<=n,     Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n.
 
@@ -475,7 +507,9 @@ def chunk_intra_kernel(
     (n, m) and Gram; (b) and (c) are separate loops over m so that few tiles are live at once.
     W ``[C RAP, BK]`` and U ``[C RAP, C RKP]`` (token-major stacks, fp32) are stored for F1c; Qeff and
     Mo (q's dtype) are outputs. r_ab = 0: Qeff = Qh, Mo = M_QK. ``n_blocks = C / 16`` and ``n_cols = 16``
-    are runtime loop bounds (rolled loops: fewer registers)."""
+    are runtime loop bounds (rolled loops: fewer registers). Bh_n and Qh_n come from the x sides of
+    (b)'s and (c)'s products and start their accumulators (:func:`_undo_reference`), so the row block
+    is loaded (HDLA: A, B built) once per step, not again after each loop."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
@@ -518,12 +552,28 @@ def chunk_intra_kernel(
                 _store_diag_scalar(b_n, gbp_r, a_n, ga_n, rows_a // RAP, rows_a // RAP, s_ab, RA, rows_a, True, F32, 0)
                 _store_diag_scalar(b_n, gbp_r, k_n, gk_n, rows_a // RAP, rows_k // RKP, u_diag, CK, rows_k, True, F32, 0)
         else:
-            _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK, u_diag,
-                         sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
-                         sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, n_cols,
-                         RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE)
-        # x sides of the off-diagonal products: reference R = G' at the row block's first token
-        ref = _cum(gs_ptr, bh, c, NT, tl.maximum(n0 - 1, 0), cols[None, :], C, BK, SCALAR)  # [1, BK]
+            if DIAG_LIMIT > 0:  # the product where the block's half range of G allows it, else the loop
+                ref_d, lim = _block_reference(_cum(gs_ptr, bh, c, NT, tq[:, None] + n0, cols[None, :], C, BK, SCALAR))
+                if lim < DIAG_LIMIT:
+                    _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
+                                   u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
+                                   sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                   ref_d, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, F32, DIAG_LOWP)
+                else:
+                    _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
+                                 u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
+                                 sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                 n_cols, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE)
+                if RECORD_PATH:
+                    tl.store(path_ptr + chunk * (C // SUB) + n, (lim < DIAG_LIMIT).to(tl.int8))
+            else:  # DIAG_LIMIT = 0: the loop only (nothing else compiled; the launcher records 0s)
+                _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK, u_diag,
+                             sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                             sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, n_cols,
+                             RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE)
+        # x sides of the off-diagonal products: reference R = G' at the row block's first token (0 at the
+        # chunk's first token, so that Bh, Qh = x e^R there too)
+        ref = _cum_excl(gs_ptr, bh, c, NT, n0, cols[None, :], C, BK, SCALAR)  # [1, BK]
         if RAB > 0:
             # (b) W_n = T_nn (Bh_n - L_AB[n, <n] W_<n), U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n)
             q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
@@ -534,7 +584,7 @@ def chunk_intra_kernel(
                 xb = b_n
             else:
                 xb = b_n * tl.exp(gbp - ref)
-            acc_w = tl.zeros([RA, BK], dtype=tl.float32)
+            acc_w = -_undo_reference(xb, gbp, ref, SCALAR)  # L_AB[n, <n] W_<n - Bh_n
             acc_u = tl.zeros([RA, CK], dtype=tl.float32)
             for m in range(n):  # earlier column blocks, one at a time
                 yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
@@ -550,10 +600,6 @@ def chunk_intra_kernel(
                 acc_w += _mm(l_ab, w_m, F32, 0)
                 acc_u += _mm(l_ab, u_m, F32, 0)
             tl.debug_barrier()
-            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
-                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
-                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
             tok_c = rows_a // RAP
             l_d = tl.load(s_ab + rows_a[:, None] * RA + rows_a[None, :],
                           mask=(tok_c[:, None] > tok_c[None, :]) & ((rows_a % RAP) < RAB)[None, :], other=0.0)
@@ -561,7 +607,7 @@ def chunk_intra_kernel(
             in_diag = (ucols >= n * RK)[None, :]
             rhs_u = tl.load(u_row + ucols[None, :], mask=(ucols < (n + 1) * RK)[None, :] & (ucols % RKP < RKV)[None, :]
                             & (~in_diag | (tok_c > 0)[:, None]), other=0.0)
-            w_n = _mm(t_nn, b_n * tl.exp(gbp) - acc_w, F32, 0)
+            w_n = _mm(t_nn, -acc_w, F32, 0)
             u_n = _mm(t_nn, rhs_u - acc_u, F32, 0)
             tl.debug_barrier()  # every thread has read U's row block n before it is overwritten
             tl.store(w_base + (rows_a + n * RA)[:, None] * BK + cols[None, :], w_n)
@@ -575,7 +621,7 @@ def chunk_intra_kernel(
             xq = q_n
         else:
             xq = q_n * tl.exp(gq - ref)
-        acc_q = tl.zeros([SUB, BK], dtype=tl.float32)
+        acc_q = -_undo_reference(xq, gq, ref, SCALAR)  # M_QA[n, <n] W_<n - Qh_n
         acc_mo = tl.zeros([SUB, CK], dtype=tl.float32)
         for m in range(n):
             yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
@@ -590,11 +636,7 @@ def chunk_intra_kernel(
                 acc_mo += _mm(m_qa, tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
                                             mask=(ucols < (m + 1) * RK)[None, :], other=0.0), F32, 0)
         tl.debug_barrier()
-        q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
-                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
-                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
-        qh = q_n * tl.exp(gq) - acc_q
+        qh = -acc_q
         mo = tl.load(s_qk + tq[:, None] * CK + ucols[None, :],
                      mask=((ucols < (n + 1) * RK) & (ucols % RKP < RKV))[None, :], other=0.0) - acc_mo
         if RAB > 0:
@@ -661,6 +703,53 @@ def _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
             tl.store(s_qk + tq[:, None] * CK + (j * RKP + l), tl.sum(qe * y3, 2))
             if RAB > 0:
                 tl.store(u_diag + l_rows * CK + (j * RKP + l), tl.sum(be * y3, 2), mask=shifted)
+
+
+@triton.jit
+def _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk, u_diag,
+                   sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                   sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, ref,
+                   RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
+                   BK: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr, F32: tl.constexpr,
+                   DIAG_LOWP: tl.constexpr):
+    """The four diagonal 16 x 16 token blocks of row block n0 / 16 (vector decay) as one tensor-core
+    product each, through the block's reference ref ``[BK]`` (:func:`_block_reference`, lim below the
+    launch's limit): e^{X_t - G_i} = e^{X_t - ref} e^{ref - G_i}, every factor <= e^lim, so an entry
+    outside the token mask is at most e^{2 lim} sum_k |x_k y_k| (finite) and is dropped by a select
+    after the product. L's row 0 (token n0, whose G' = G_{n0-1} lies outside the block) is all outside
+    the strict mask: its factor is 0, so only the block's own 16 G values enter. Stored where
+    :func:`_diag_vector` stores. M_QA, M_QK in bf16 operands for bf16 input, TF32 for fp16 input (fp16
+    cannot hold e^lim), exact fp32 for fp32 input; L_AB, L_KB in TF32 / exact fp32 as their
+    off-diagonal blocks."""
+    RA: tl.constexpr = SUB * RAP
+    RK: tl.constexpr = SUB * RKP
+    CK: tl.constexpr = C * RKP
+    tq = tl.arange(0, SUB)
+    rows_a = tl.arange(0, RA)
+    rows_k = tl.arange(0, RK)
+    tok_a = rows_a // RAP
+    tok_k = rows_k // RKP
+    r = ref[None, :]
+    q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                        skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                        sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                        RAB, RAP, C, BK, False, HDLA, REVERSE)
+    t_k, v_k = _tokens(c, tok_k + n0, T, C, REVERSE)
+    k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
+                  cols[None, :], cmask[None, :], RKV, HDLA)
+    ky = k_n * tl.exp(r - _cum(gs_ptr, bh, c, NT, (tok_k + n0)[:, None], cols[None, :], C, BK, False))
+    qx = q_n * tl.exp(gq - r)
+    m_qk = _mm(qx, tl.trans(ky), F32, DIAG_LOWP)
+    tl.store(s_qk + tq[:, None] * CK + rows_k[None, :], tl.where(tq[:, None] >= tok_k[None, :], m_qk, 0.0))
+    if RAB > 0:
+        ay = a_n * tl.exp(r - _cum(gs_ptr, bh, c, NT, (tok_a + n0)[:, None], cols[None, :], C, BK, False))
+        bx = b_n * tl.exp(tl.where((tok_a > 0)[:, None], gbp - r, float("-inf")))
+        m_qa = _mm(qx, tl.trans(ay), F32, DIAG_LOWP)
+        tl.store(s_qa + tq[:, None] * RA + rows_a[None, :], tl.where(tq[:, None] >= tok_a[None, :], m_qa, 0.0))
+        l_ab = _mm(bx, tl.trans(ay), F32, 0)
+        tl.store(s_ab + rows_a[:, None] * RA + rows_a[None, :], tl.where(tok_a[:, None] > tok_a[None, :], l_ab, 0.0))
+        l_kb = _mm(bx, tl.trans(ky), F32, 0)
+        tl.store(u_diag + rows_a[:, None] * CK + rows_k[None, :], tl.where(tok_a[:, None] > tok_k[None, :], l_kb, 0.0))
 
 
 # ----------------------------------------------------------------------------- F2
@@ -817,13 +906,20 @@ def _check(q, k, v, a, b, g, hdla_beta, chunk):
         raise ValueError(f"chunk must be one of {CHUNKS}, got {chunk}")
 
 
-def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, num_warps=None):
+def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, num_warps=None,
+                  diag_limit=DIAG_LIMIT, record_path=False):
     """F1. Shapes: q [B, T, H, K]; k [B, T, H, r_kv, K], v [B, T, H, r_kv, V], a, b [B, T, H, r_ab, K]
     (HDLA: k [B, T, H, K], v [B, T, H, V], a = b = None, hdla_beta [B, T, H]); g [B, T, H, K] or
     [B, T, H]. Returns a dict with N [B, H, NT, K, K] (None at r_ab = 0), Cc [B, H, NT, K, V] fp32,
     Qeff [B, H, NT*C, K], Mo [B, H, NT, C, r_kv*C], gamma [B, H, NT, K] fp32, G (scratch cumsum),
-    chunk, and the launch facts F2/F3 reuse (see the module docstring for layouts and dtypes)."""
+    chunk, and the launch facts F2/F3 reuse (see the module docstring for layouts and dtypes).
+    ``diag_limit``: the largest half range of G over a 16-token block whose diagonal Grams are one
+    factored product (vector decay; 0: every block takes the exact loop). ``record_path``: also return
+    ``diag_path`` [B, H, NT, C/16] int8, 1 where a row block took the product, 0 the loop (-1: scalar
+    decay, always the product with the exact decay matrix)."""
     _check(q, k, v, a, b, g, hdla_beta, chunk)
+    if not 0.0 <= diag_limit <= DIAG_LIMIT:
+        raise ValueError(f"diag_limit must be in [0, {DIAG_LIMIT}] (larger factors can overflow fp32), got {diag_limit}")
     if q.dtype == torch.float64:
         raise ValueError("q is float64: the Triton kernels run fp32/bf16/fp16 (use the float64 loop)")
     hdla = hdla_beta is not None
@@ -836,7 +932,7 @@ def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, 
     candidates = [chunk] if chunk is not None else _chunk_candidates(key)
     for c in candidates:
         try:
-            return _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps)
+            return _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_limit, record_path)
         except OutOfResources:  # raised when the binary is loaded, before anything ran
             if c == candidates[-1]:
                 raise
@@ -862,7 +958,7 @@ def planned_chunk(r_ab: int, r_kv: int, dk: int, dv: int, scalar: bool, hdla: bo
     return _chunk_candidates(key + (scalar, hdla, dtype, None))[0]
 
 
-def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps):
+def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_limit, record_path):
     """F1 launch with chunk size c (see :func:`chunk_prepare`)."""
     hdla = hdla_beta is not None
     batch, seq_len, heads, dk = q.shape
@@ -900,10 +996,15 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps):
     u_mat = torch.empty(bhn * c * rap * c * rkp if r_ab else 1, device=dev, dtype=torch.float32)
     ranks = dict(RAB=r_ab, RAP=rap, RKV=r_kv, RKP=rkp, HDLA=hdla, F32=f32, LOWP=lowp)
     scratch = torch.empty(bhn * intra_scratch_floats(c, rap, rkp), device=dev, dtype=torch.float32)
+    path = None
+    if record_path:  # -1: scalar decay (no choice); 0 where the kernel takes the loop with nothing to record
+        path = torch.full((batch, heads, n_chunks, c // 16), -1 if scalar else (0 if diag_limit == 0 else -2),
+                          device=dev, dtype=torch.int8)
     chunk_intra_kernel[grid](
-        q, k, a_in, b_in, g, beta_in, gs, w_mat, u_mat, scratch, qe, mo,
+        q, k, a_in, b_in, g, beta_in, gs, w_mat, u_mat, scratch, qe, mo, path if record_path else dummy,
         *_strides(q, 3), *k_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
         seq_len, heads, dk, n_chunks, float(scale), c // 16, 16, **ranks, **tiles, INV_EXACT=f32 or rap == 1,
+        DIAG_LIMIT=float(diag_limit), DIAG_LOWP=int(q.dtype == torch.bfloat16), RECORD_PATH=record_path,
         num_warps=num_warps or launch_warps("F1ab", c, rap, rkp, bk), num_stages=1,
     )
     chunk_nc_kernel[grid](
@@ -913,7 +1014,7 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps):
         num_warps=num_warps or launch_warps("F1c", c, rap, rkp, bk),
     )
     return dict(N=n_mat, Cc=cc, Qeff=qe, Mo=mo, gamma=gamma, G=gs, chunk=c, r_kv=r_kv, r_ab=r_ab, hdla=hdla,
-                seq_len=seq_len, dtype=q.dtype)
+                seq_len=seq_len, dtype=q.dtype, diag_path=path)
 
 
 def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stages=None, groups=None):
@@ -980,10 +1081,11 @@ def chunk_output(prep, h, v, reverse, bv=None, num_warps=None):
     return o
 
 
-def generalized_forward(q, k, v, a, b, g, scale, initial_state, reverse, hdla_beta=None, chunk=None):
+def generalized_forward(q, k, v, a, b, g, scale, initial_state, reverse, hdla_beta=None, chunk=None,
+                        diag_limit=DIAG_LIMIT):
     """F1, F2, F3: returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32, h
-    [B, H, NT, K, V] the state entering each chunk). Shapes as :func:`chunk_prepare`."""
+    [B, H, NT, K, V] the state entering each chunk). Shapes and ``diag_limit`` as :func:`chunk_prepare`."""
     scale = 1.0 if scale is None else scale
-    prep = chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta, chunk=chunk)
+    prep = chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta, chunk=chunk, diag_limit=diag_limit)
     h, final = chunk_state_pass(prep, initial_state)
     return chunk_output(prep, h, v, reverse), final, h
