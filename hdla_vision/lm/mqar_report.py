@@ -17,6 +17,10 @@ Two tables:
 writes ``DIR/mqar_results.md`` (both tables and the protocol), ``DIR/mqar_accuracy.png`` (best
 accuracy against length per model: the seed mean as a line, each seed as a point) and, unless
 ``--no-runs-json``, ``DIR/mqar_runs.json`` (every run with its learning curve).
+
+The runs and plan of ``--preset loglinear_table2`` get that preset's report instead
+(:func:`hdla_vision.lm.mqar_loglinear.write_table2`: the Log-Linear Attention paper's Table 2 layout,
+the details per cell and every planned run; no plot), also before any run (every cell "not run").
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-"""MQAR recall benchmark (HDLA paper §4 / fig. 2, appendix D): two protocol presets.
+"""MQAR recall benchmark (HDLA paper §4 / fig. 2, appendix D; Log-Linear Attention paper Table 2): three presets.
 
 ``--preset zoology`` (the default) is Zoology's ICLR'24 figure-2 protocol (HazyResearch/zoology
 ``zoology/experiments/paper_configs/iclr24_zoology_figure2/configs.py``, ``zoology/train.py`` and
@@ -52,6 +52,13 @@ run cleanly before an epoch that would not finish in time.
     python -m benchmarks.mqar_report .mqar --out-dir benchmarks/results/mqar_zoology
     python -m benchmarks.mqar --preset legacy --mixers hdla --lengths 256 --lrs 2.2e-3 --steps 13000
     python -m benchmarks.mqar --tiny                                                 # CPU smoke run
+    python -m benchmarks.mqar --preset loglinear_table2 --write-queue tools/mqar_loglinear_queue.txt
+
+``--preset loglinear_table2`` is the Log-Linear Attention paper's MQAR (§4.1, Table 2): Zoology's
+Based-era data mixture up to 256 tokens and 4 to 64 pairs, Zoology's two-layer model
+(:mod:`hdla_vision.lm.zoology_lm`) at widths 16 / 32 / 64 (``--dims``, a sweep axis), Gated DeltaNet,
+HDLA and their log-linear versions, five seeds; :mod:`hdla_vision.lm.mqar_loglinear` gives every
+setting, its source and the report (Table 2's layout).
 
 The device runner (``tools/mqar_device.sh`` with ``python -m tools.mqar_device``; see
 :mod:`hdla_vision.lm.mqar_device`) fills the table over several device windows. (``benchmarks/mqar.py``
