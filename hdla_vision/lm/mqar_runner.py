@@ -237,7 +237,7 @@ def apply_tiny(args) -> None:
 
 
 def apply_preset(args) -> None:
-    """The preset's values (``PRESET_DEFAULTS``, then ``COMMON_DEFAULTS``) for every setting not given;
+    """The preset's values (``PRESET_DEFAULTS``, else ``COMMON_DEFAULTS``) for every setting not given;
     a setting that the preset does not use (``PRESET_UNUSED``) must not be given. ``loglinear_table2``
     also fixes its data segments (``args.segments``; tiny ones with ``--tiny``) and its one length
     (the longest training sequence)."""
