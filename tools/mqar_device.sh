@@ -10,6 +10,11 @@
 #
 # Usage (device, repository root; carry .mqar_carry, timeout_s 600):
 #   bash tools/mqar_device.sh [QUEUE ...]          (default tools/mqar_queue.txt)
+# The Log-Linear Attention paper's Table 2 sweep (--preset loglinear_table2) keeps its own state, carry
+# and results (carry .mqar_carry_loglinear; benchmarks/README.md, "MQAR at the Log-Linear Attention
+# paper's Table 2 setting"):
+#   MQAR_STATE=.mqar_loglinear MQAR_CARRY=.mqar_carry_loglinear MQAR_RESULTS=benchmarks/results/mqar_loglinear \
+#     RUNS_PER_GPU=8 bash tools/mqar_device.sh tools/mqar_loglinear_queue.txt
 #   env: RUNS_PER_GPU (4; 2 once the queue is at L >= 1024, whose runs outlast a session, so that every
 #        unfinished run can be carried), DEADLINE_S (540 s from the start, under the 600 s call limit),
 #        MIN_JOB_S (90), CARRY_MIB (40: checkpoints packed for the next call, about 19 MiB each),

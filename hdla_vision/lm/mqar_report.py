@@ -17,13 +17,17 @@ Two tables:
 writes ``DIR/mqar_results.md`` (both tables and the protocol), ``DIR/mqar_accuracy.png`` (best
 accuracy against length per model: the seed mean as a line, each seed as a point) and, unless
 ``--no-runs-json``, ``DIR/mqar_runs.json`` (every run with its learning curve).
+
+The runs and plan of ``--preset loglinear_table2`` get that preset's report instead
+(:func:`hdla_vision.lm.mqar_loglinear.write_table2`: the Log-Linear Attention paper's Table 2 layout,
+the details per cell and every planned run; no plot), also before any run (every cell "not run").
 """
 import argparse
 import json
 import shlex
 from pathlib import Path
 
-from hdla_vision.lm import mqar_runner
+from hdla_vision.lm import mqar_loglinear, mqar_runner
 
 
 def load_runs(paths) -> list:
@@ -48,18 +52,18 @@ def rank(record: dict):
 
 
 # -- the planned cells --------------------------------------------------------------------------
-def cell(preset, mixer, length, num_kv, lr, seed, filler, data, steps) -> dict:
+def cell(preset, mixer, length, num_kv, lr, seed, filler, data, steps, d_model=None) -> dict:
     """The protocol fields that name one cell (enough for ``mqar_runner.run_id``)."""
     return dict(preset=preset, mixer=mixer, length=length, num_kv_pairs=num_kv, lr=lr, seed=seed, filler=filler,
-                data=data, steps=steps)
+                data=data, steps=steps, d_model=d_model)
 
 
 def planned_cells(argv: list) -> list:
     """The cells that ``python -m benchmarks.mqar <argv>`` would run (no model is built)."""
     args = mqar_runner.parse_args(list(argv) + ["--state-dir", "unused"])
     return [cell(args.preset, mixer, length, mqar_runner.per_length(args, "kv_pairs", length), lr, seed, args.filler,
-                 args.data, args.steps)
-            for mixer, length, lr, seed in mqar_runner.plan(args)]
+                 args.data, args.steps, d_model)
+            for mixer, length, lr, seed, d_model in mqar_runner.plan(args)]
 
 
 def queue_cells(paths) -> list:
@@ -72,16 +76,21 @@ def queue_cells(paths) -> list:
     return cells
 
 
-def expected_cells(queues=None) -> list:
-    """The queues' cells, or the default sweep of ``--preset zoology`` (lengths 256..2048, its four
+def expected_cells(queues=None, records=()) -> list:
+    """The queues' cells; without queues, the default sweep of ``--preset loglinear_table2`` when
+    every record is of that preset, else that of ``--preset zoology`` (lengths 256..2048, its four
     models, Zoology's four learning rates, seeds 0 and 1)."""
-    return queue_cells(queues) if queues else planned_cells(["--preset", "zoology"])
+    if queues:
+        return queue_cells(queues)
+    if records and {r["protocol"]["preset"] for r in records} == {mqar_loglinear.PRESET}:
+        return planned_cells(["--preset", mqar_loglinear.PRESET])
+    return planned_cells(["--preset", "zoology"])
 
 
 def record_cell(record: dict) -> dict:
     p = record["protocol"]
     return cell(p["preset"], p["mixer"], p["length"], p["num_kv_pairs"], p["lr"], p["seed"], p["filler"], p["data"],
-                p.get("steps"))
+                p.get("steps"), p.get("d_model"))
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -234,12 +243,25 @@ def plot(rows: dict, path: Path) -> bool:
     return True
 
 
+def is_table2(cells: list, records: list) -> bool:
+    """True when the plan (or, without one, the runs) is ``--preset loglinear_table2``'s."""
+    presets = {c["preset"] for c in cells} | {r["protocol"]["preset"] for r in records}
+    return presets == {mqar_loglinear.PRESET}
+
+
 def write_report(records: list, out_dir: Path, queues=None, runs_json: bool = True) -> dict:
-    """The output files; returns the summary rows."""
+    """The output files; returns the summary rows. The runs and plan of ``--preset loglinear_table2``
+    get its Table-2 report (:func:`mqar_loglinear.write_table2`, no plot; it also works before any
+    run, every cell "not run")."""
+    cells = expected_cells(queues, records)
+    if is_table2(cells, records):
+        rows = mqar_loglinear.write_table2(records, cells, out_dir)
+        if runs_json and records:
+            (out_dir / "mqar_runs.json").write_text(json.dumps(dict(runs=records), indent=1))
+        return rows
     if not records:
         raise ValueError("no run.json found in the given paths")
     out_dir.mkdir(parents=True, exist_ok=True)
-    cells = expected_cells(queues)
     rows = summarize(records, cells)
     text = (f"MQAR, {len(records)} runs.\n\n## Every cell of the plan\n\nBest test accuracy over the epochs of "
             f"each run, the epochs it ran (e) and how it stopped.\n\n{grid_table(records, cells)}\n\n"

@@ -1,4 +1,4 @@
-"""MQAR recall benchmark (HDLA paper §4 / fig. 2, appendix D): two protocol presets.
+"""MQAR recall benchmark (HDLA paper §4 / fig. 2, appendix D; Log-Linear Attention paper Table 2): three presets.
 
 ``--preset zoology`` (the default) is Zoology's ICLR'24 figure-2 protocol (HazyResearch/zoology
 ``zoology/experiments/paper_configs/iclr24_zoology_figure2/configs.py``, ``zoology/train.py`` and
@@ -52,6 +52,13 @@ run cleanly before an epoch that would not finish in time.
     python -m benchmarks.mqar_report .mqar --out-dir benchmarks/results/mqar_zoology
     python -m benchmarks.mqar --preset legacy --mixers hdla --lengths 256 --lrs 2.2e-3 --steps 13000
     python -m benchmarks.mqar --tiny                                                 # CPU smoke run
+    python -m benchmarks.mqar --preset loglinear_table2 --write-queue tools/mqar_loglinear_queue.txt
+
+``--preset loglinear_table2`` is the Log-Linear Attention paper's MQAR (§4.1, Table 2): Zoology's
+Based-era data mixture up to 256 tokens and 4 to 64 pairs, Zoology's two-layer model
+(:mod:`hdla_vision.lm.zoology_lm`) at widths 16 / 32 / 64 (``--dims``, a sweep axis), Gated DeltaNet,
+HDLA and their log-linear versions, five seeds; :mod:`hdla_vision.lm.mqar_loglinear` gives every
+setting, its source and the report (Table 2's layout).
 
 The device runner (``tools/mqar_device.sh`` with ``python -m tools.mqar_device``; see
 :mod:`hdla_vision.lm.mqar_device`) fills the table over several device windows. (``benchmarks/mqar.py``
@@ -72,7 +79,9 @@ import torch.nn.functional as F
 
 from hdla_vision.lm import HDLAConfig, HDLAForCausalLM
 from hdla_vision.layers import CHUNK_BACKENDS, set_chunk_backend
+from hdla_vision.lm import mqar_loglinear as table2
 from hdla_vision.lm.mqar import check_mqar_args, mqar_split, multiquery_ar
+from hdla_vision.lm.zoology_lm import ZoologyLM, ZoologyLMConfig
 
 LENGTHS = [256, 512, 1024, 2048]
 ZOOLOGY_KV_PAIRS = {256: 16, 512: 64, 1024: 128, 2048: 256}
@@ -109,6 +118,8 @@ MODELS = {
         "gated_deltaproduct_2": dict(mixer="gated_deltaproduct", short_conv_size=4, gate_act="silu", value_expand=1,
                                      mixer_kwargs={"num_householder": 2, "beta_range": 1.0}),
     },
+    # the Log-Linear Attention paper's Table 2 (hdla_vision/lm/mqar_loglinear.py): Zoology's LM, width 16/32/64
+    table2.PRESET: table2.MODELS,
 }
 
 # What each preset sets for the flags left out, and the flags it does not use.
@@ -118,15 +129,23 @@ PRESET_DEFAULTS = {
     "legacy": dict(data="stream", filler="random", steps=3_000, eval_every=1_000, num_test=1_000, weight_decay=0.01,
                    embedding_dropout=0.0, early_stop=None, lr_sweep="paper", seeds=[0], eval_batch_size=125,
                    intermediate_size=512),
+    table2.PRESET: dict(data="mixture", filler="random", epochs=table2.EPOCHS, weight_decay=0.1, embedding_dropout=0.1,
+                        early_stop=0.99, lr_sweep="based", seeds=list(table2.SEEDS), eval_batch_size=500,
+                        batch_size=[table2.BATCH_SIZE], dims=list(table2.DIMS), vocab_size=table2.VOCAB_SIZE),
 }
-PRESET_UNUSED = {"zoology": ("steps", "eval_every"), "legacy": ("epochs", "num_train")}
+# settings a preset does not use (giving one raises); --preset loglinear_table2 fixes its data segments and
+# builds each model from its width (--dims) alone
+PRESET_UNUSED = {"zoology": ("steps", "eval_every", "dims"), "legacy": ("epochs", "num_train", "dims"),
+                 table2.PRESET: ("steps", "eval_every", "num_train", "num_test", "kv_pairs", "lengths", "d_model",
+                                 "num_heads", "head_dim", "target_params", "intermediate_size")}
 SCHEDULES = {"fixed": "cosine per epoch (T_max = epochs, eta_min = 0), no warm-up",
+             "mixture": "cosine per epoch (T_max = epochs, eta_min = 0), no warm-up",
              "stream": "cosine per step over the steps, to 0, no warm-up"}
 
 # protocol keys that must match for a checkpoint to be resumed
 RESUME_KEYS = ("preset", "mixer", "model_config", "data", "length", "num_kv_pairs", "lr", "seed", "filler",
                "batch_size", "epochs", "steps", "eval_every", "num_train", "num_test", "weight_decay",
-               "embedding_dropout", "early_stop", "vocab_size")
+               "embedding_dropout", "early_stop", "vocab_size", "segments", "d_model")
 
 
 def paper_lr_sweep(length: int):
@@ -139,7 +158,10 @@ def paper_lr_sweep(length: int):
 
 
 def lr_sweep(name: str, length: int):
-    """``"zoology"``: Zoology's figure-2 sweep at every length; ``"paper"``: the HDLA paper's."""
+    """``"zoology"``: Zoology's ICLR'24 figure-2 sweep at every length; ``"paper"``: the HDLA paper's;
+    ``"based"``: Zoology's sweep of the Based paper and its 2025 configs, ``logspace(-3, -1.5, 4)``."""
+    if name == "based":
+        return list(table2.BASED_LRS)
     return list(ZOOLOGY_LRS) if name == "zoology" else paper_lr_sweep(length)
 
 
@@ -153,7 +175,7 @@ def parse_args(argv=None):
     p.add_argument("--kv-pairs", type=int, nargs="+", default=None, help="one per length (default: the preset's)")
     p.add_argument("--batch-size", type=int, nargs="+", default=None, help="one per length (default: the preset's)")
     p.add_argument("--lrs", type=float, nargs="+", default=None, help="one sweep for all lengths (default: --lr-sweep)")
-    p.add_argument("--lr-sweep", choices=("zoology", "paper"), default=None)
+    p.add_argument("--lr-sweep", choices=("zoology", "paper", "based"), default=None)
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--filler", choices=("zero", "random"), default=None)
     p.add_argument("--epochs", type=int, default=None, help="zoology: passes over the training set")
@@ -166,6 +188,8 @@ def parse_args(argv=None):
     p.add_argument("--early-stop", type=float, default=None, help="stop once test accuracy is above this (>1: never)")
     p.add_argument("--vocab-size", type=int, default=None, help="default 8192")
     p.add_argument("--d-model", type=int, default=None, help="default 128")
+    p.add_argument("--dims", type=int, nargs="+", default=None,
+                   help=f"{table2.PRESET}: model widths, a sweep axis (default {list(table2.DIMS)})")
     p.add_argument("--num-heads", type=int, default=None, help="default 2")
     p.add_argument("--head-dim", type=int, default=None, help="default 64")
     p.add_argument("--target-params", type=float, default=None,
@@ -202,7 +226,7 @@ COMMON_DEFAULTS = dict(lengths=LENGTHS, vocab_size=8192, d_model=128, num_heads=
                       target_params=PAPER_PARAMS)
 TINY = dict(lengths=[16], kv_pairs=[4], batch_size=[16], lrs=[3e-3], seeds=[0], vocab_size=64, d_model=16,
             num_heads=2, head_dim=8, num_train=64, num_test=32, epochs=2, steps=6, eval_every=3, eval_batch_size=32,
-            intermediate_size=32)
+            intermediate_size=32, dims=[16])
 
 
 def apply_tiny(args) -> None:
@@ -213,17 +237,23 @@ def apply_tiny(args) -> None:
 
 
 def apply_preset(args) -> None:
-    """The preset's values (``PRESET_DEFAULTS``, ``COMMON_DEFAULTS``) for every setting not given;
-    a setting that the preset does not use (``PRESET_UNUSED``) must not be given."""
-    for name in PRESET_UNUSED[args.preset]:
+    """The preset's values (``PRESET_DEFAULTS``, else ``COMMON_DEFAULTS``) for every setting not given;
+    a setting that the preset does not use (``PRESET_UNUSED``) must not be given. ``loglinear_table2``
+    also fixes its data segments (``args.segments``; tiny ones with ``--tiny``) and its one length
+    (the longest training sequence)."""
+    unused = PRESET_UNUSED[args.preset]
+    for name in unused:
         if name in args.explicit:
             raise ValueError(f"--{name.replace('_', '-')} does not apply to --preset {args.preset}")
         setattr(args, name, None)
-    for name, value in {**PRESET_DEFAULTS[args.preset], **COMMON_DEFAULTS}.items():
-        if getattr(args, name, None) is None:
+    for name, value in {**COMMON_DEFAULTS, **PRESET_DEFAULTS[args.preset]}.items():
+        if name not in unused and getattr(args, name, None) is None:
             setattr(args, name, value)
     if args.mixers is None:
         args.mixers = list(MODELS[args.preset])
+    args.segments = table2.segments_for(args.tiny) if args.preset == table2.PRESET else None
+    if args.segments is not None:
+        args.lengths = [max(length for length, _, _ in args.segments["train"])]
 
 
 def check_args(args) -> None:
@@ -232,6 +262,9 @@ def check_args(args) -> None:
     unknown = [m for m in args.mixers if m not in MODELS[args.preset]]
     if unknown:
         raise ValueError(f"--mixers {unknown} are not models of --preset {args.preset}: {list(MODELS[args.preset])}")
+    if args.preset == table2.PRESET:
+        check_table2_args(args)
+        return
     for name, table in (("kv_pairs", ZOOLOGY_KV_PAIRS), ("batch_size", ZOOLOGY_BATCH)):
         given, flag = getattr(args, name), "--" + name.replace("_", "-")
         if given is not None and len(given) != len(args.lengths):
@@ -252,8 +285,30 @@ def check_args(args) -> None:
             raise ValueError(f"--batch-size must be >= 1 at length {length}")
 
 
+def check_table2_args(args) -> None:
+    """``--preset loglinear_table2``: one batch size, widths that split into their heads, segments
+    that the generator accepts, sizes and rates in range."""
+    if len(args.batch_size) != 1 or args.batch_size[0] < 1:
+        raise ValueError(f"--batch-size takes one value >= 1 with --preset {table2.PRESET}, got {args.batch_size}")
+    for dim in args.dims:
+        if dim < 1:
+            raise ValueError(f"--dims must be positive, got {args.dims}")
+        for mixer in args.mixers:
+            table2.head_sizes(dim, MODELS[args.preset][mixer]["value_expand"])
+    for length, pairs, _ in args.segments["train"] + args.segments["test"]:
+        check_mqar_args(args.vocab_size, length, pairs)
+    for name in ("epochs", "eval_batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0.0 <= args.embedding_dropout < 1.0:
+        raise ValueError(f"--embedding-dropout must be in [0, 1), got {args.embedding_dropout}")
+
+
 def per_length(args, name: str, length: int) -> int:
-    """``--kv-pairs`` / ``--batch-size`` for one length (the preset's value when not given)."""
+    """``--kv-pairs`` / ``--batch-size`` for one length (the preset's value when not given;
+    ``loglinear_table2``: its one batch size, and no single pair count)."""
+    if args.preset == table2.PRESET:
+        return args.batch_size[0] if name == "batch_size" else None
     given = getattr(args, name)
     if given is not None:
         return given[args.lengths.index(length)]
@@ -263,23 +318,33 @@ def per_length(args, name: str, length: int) -> int:
 
 
 # -- models -------------------------------------------------------------------------------------
-def model_config(args, mixer: str, intermediate_size: int) -> HDLAConfig:
-    """HDLAConfig of one model of the preset at one SwiGLU width."""
+def model_config(args, mixer: str, intermediate_size, d_model=None):
+    """HDLAConfig of one model of the preset at one SwiGLU width; ``loglinear_table2``: the
+    ZoologyLMConfig of the model at width ``d_model`` (heads by :func:`table2.head_sizes`)."""
     settings = dict(MODELS[args.preset][mixer])
     expand = settings.pop("value_expand")
+    if args.preset == table2.PRESET:
+        heads, head_dim, head_dim_v = table2.head_sizes(d_model, expand)
+        return ZoologyLMConfig(vocab_size=args.vocab_size, d_model=d_model, num_heads=heads, head_dim=head_dim,
+                               head_dim_v=head_dim_v, **settings)
     return HDLAConfig(vocab_size=args.vocab_size, hidden_size=args.d_model, num_hidden_layers=2,
                       num_heads=args.num_heads, head_dim=args.head_dim, head_dim_v=expand * args.head_dim,
                       intermediate_size=intermediate_size, tie_word_embeddings=True, use_cache=False, **settings)
 
 
-def count_params(config: HDLAConfig) -> int:
+def make_model(config):
+    """The model of a config: :class:`ZoologyLM` or :class:`HDLAForCausalLM`."""
+    return ZoologyLM(config) if isinstance(config, ZoologyLMConfig) else HDLAForCausalLM(config)
+
+
+def count_params(config) -> int:
     """Parameters of the model (tied embeddings counted once)."""
-    return sum(p.numel() for p in HDLAForCausalLM(config).parameters())
+    return sum(p.numel() for p in make_model(config).parameters())
 
 
 def balanced_intermediate_size(args, mixer: str) -> int:
     """SwiGLU width (a multiple of 8) bringing the model nearest ``--target-params`` (or the fixed width)."""
-    if args.intermediate_size is not None:
+    if args.intermediate_size is not None or args.preset == table2.PRESET:
         return args.intermediate_size
     base = count_params(model_config(args, mixer, 8))
     per_unit = (count_params(model_config(args, mixer, 16)) - base) / 8
@@ -287,9 +352,9 @@ def balanced_intermediate_size(args, mixer: str) -> int:
     return max(8, 8 * round(width / 8))
 
 
-def build_model(config: HDLAConfig, seed: int, device: str) -> HDLAForCausalLM:
+def build_model(config, seed: int, device: str):
     torch.manual_seed(seed)
-    return HDLAForCausalLM(config).to(device)
+    return make_model(config).to(device)
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -328,9 +393,37 @@ def load_split(args, proto: dict):
     return (data["train_x"], data["train_y"]), (data["test_x"], data["test_y"])
 
 
+def load_mixture(args, proto: dict):
+    """``loglinear_table2``'s segments for one seed: ``(train, test)``, each a list of ``(inputs,
+    labels)`` per segment (``[n, L]``, compact ints), in the order of ``proto["segments"]``. Each
+    segment is drawn with its own seed (:func:`table2.segment_seed`), as Zoology's ``prepare_data``
+    (no de-duplication between train and test); cached in ``--data-dir`` under a file lock."""
+    segments, seed, filler = proto["segments"], proto["seed"], proto["filler"]
+    shape = "_".join(f"{part[0]}{length}x{pairs}x{n}" for part in ("train", "test")
+                     for length, pairs, n in segments[part])
+    path = Path(args.data_dir) / f"mqar_mix_v{args.vocab_size}_s{seed}_{filler}_{shape}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            data = {}
+            for part_index, part in enumerate(("train", "test")):
+                for index, (length, pairs, n) in enumerate(segments[part]):
+                    x, y = multiquery_ar(args.vocab_size, n, length, pairs, table2.segment_seed(seed, part_index, index),
+                                         random_non_queries=filler == "random")
+                    data[f"{part}_{index}_x"], data[f"{part}_{index}_y"] = compact(x), compact(y)
+            save_atomic(data, path)
+    data = torch.load(path, weights_only=True)
+    return tuple([(data[f"{part}_{i}_x"], data[f"{part}_{i}_y"]) for i in range(len(segments[part]))]
+                 for part in ("train", "test"))
+
+
 def load_data(args, proto: dict, device: str):
-    """``(train, test)`` on the device: the fixed sets (zoology), or ``(None, test)`` for the legacy
-    stream, whose test set is drawn at one seed for every run seed as issue 5's runs did."""
+    """``(train, test)`` on the device: the fixed sets (zoology), the segment lists (loglinear_table2),
+    or ``(None, test)`` for the legacy stream, whose test set is drawn at one seed for every run seed
+    as issue 5's runs did."""
+    if proto["data"] == "mixture":
+        return tuple([tuple(t.to(device) for t in segment) for segment in part] for part in load_mixture(args, proto))
     if proto["data"] == "fixed":
         return tuple(tuple(t.to(device) for t in part) for part in load_split(args, proto))
     test = multiquery_ar(proto["vocab_size"], proto["num_test"], proto["length"], proto["num_kv_pairs"],
@@ -359,6 +452,16 @@ def epoch_batches(proto: dict, train, epoch: int):
         yield lr, inputs[idx].long(), labels[idx].long()
 
 
+def mixture_batches(proto: dict, train, epoch: int):
+    """loglinear_table2: ``(lr, inputs, labels)`` of every batch of one epoch, segment by segment in
+    the same order every epoch (Zoology's batch list with ``shuffle=False``; the last batch of each
+    segment may be short)."""
+    lr = cosine_lr(proto["lr"], epoch, proto["epochs"])
+    for inputs, labels in train:
+        for i in range(0, len(inputs), proto["batch_size"]):
+            yield lr, inputs[i:i + proto["batch_size"]].long(), labels[i:i + proto["batch_size"]].long()
+
+
 def stream_batches(proto: dict, block: int, device: str):
     """Legacy: ``(lr, inputs, labels)`` of the steps of one evaluation block, each batch drawn fresh."""
     first = block * proto["eval_every"]
@@ -370,12 +473,14 @@ def stream_batches(proto: dict, block: int, device: str):
 
 
 def segment_batches(proto: dict, train, segment: int, device: str):
-    """The batches of one curve point: an epoch (zoology) or a block of steps (legacy)."""
+    """The batches of one curve point: an epoch (zoology, loglinear_table2) or a block of steps (legacy)."""
+    if proto["data"] == "mixture":
+        return mixture_batches(proto, train, segment)
     return epoch_batches(proto, train, segment) if proto["data"] == "fixed" else stream_batches(proto, segment, device)
 
 
 def num_segments(proto: dict) -> int:
-    if proto["data"] == "fixed":
+    if proto["data"] != "stream":
         return proto["epochs"]
     return -(-proto["steps"] // proto["eval_every"])
 
@@ -392,13 +497,16 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def query_logits(model: HDLAForCausalLM, inputs: torch.Tensor, labels: torch.Tensor, dropout: float):
+def query_logits(model, inputs: torch.Tensor, labels: torch.Tensor, dropout: float):
     """Logits at the query positions only (the LM head over every position would dominate memory);
     the embeddings go through dropout (Zoology's embedding dropout) in training mode."""
-    embeds = model.model.embed_tokens(inputs)
-    if dropout > 0:
-        embeds = F.dropout(embeds, dropout, model.training)
-    hidden = model.model(inputs_embeds=embeds).last_hidden_state
+    if isinstance(model, ZoologyLM):
+        hidden = model.hidden_states(inputs, dropout)
+    else:
+        embeds = model.model.embed_tokens(inputs)
+        if dropout > 0:
+            embeds = F.dropout(embeds, dropout, model.training)
+        hidden = model.model(inputs_embeds=embeds).last_hidden_state
     asked = labels != -100
     return model.lm_head(hidden[asked]).float(), labels[asked]
 
@@ -442,9 +550,47 @@ def evaluate(model, data, device, eval_batch: int) -> dict:
     return dict(test_accuracy=correct / count, test_loss=loss / count)
 
 
+def example_accuracy(right: torch.Tensor, rows: torch.Tensor, num_examples: int) -> torch.Tensor:
+    """Zoology's per-example accuracy: ``right [Q]`` (bool, one per query) and ``rows [Q]`` (the
+    example of each query) -> ``[num_examples]``, the share of each example's queries answered right."""
+    hits = torch.zeros(num_examples, device=right.device).index_add_(0, rows, right.float())
+    asked = torch.zeros(num_examples, device=right.device).index_add_(0, rows, torch.ones_like(right, dtype=torch.float))
+    if bool((asked == 0).any()):
+        raise ValueError("every test example must hold at least one query")
+    return hits / asked
+
+
+@torch.no_grad()
+def evaluate_segments(model, segments, device, eval_batch: int) -> dict:
+    """Zoology's test metrics over test segments (``[(inputs, labels), ...]``): the accuracy of each
+    example (share of its queries answered right) averaged over all examples, the same per number of
+    key-value pairs (``test_accuracy_by_pairs``, Zoology's ``num_kv_pairs`` slices), and the mean
+    cross-entropy per query."""
+    model.eval()
+    per_pairs, loss, queries = {}, 0.0, 0
+    for inputs, labels in segments:
+        scores = []
+        for i in range(0, len(inputs), eval_batch):
+            x, y = inputs[i:i + eval_batch].long(), labels[i:i + eval_batch].long()
+            with autocast(device):
+                logits, targets = query_logits(model, x, y, 0.0)
+            rows = (y != -100).nonzero()[:, 0]  # the example of each query, in query_logits' order
+            scores.append(example_accuracy(logits.argmax(-1) == targets, rows, len(x)))
+            loss += F.cross_entropy(logits, targets, reduction="sum").item()
+            queries += targets.numel()
+        pairs = int((labels[0] != -100).sum())
+        per_pairs[str(pairs)] = torch.cat(scores).tolist()
+    every = [a for accs in per_pairs.values() for a in accs]
+    return dict(test_accuracy=sum(every) / len(every), test_loss=loss / queries,
+                test_accuracy_by_pairs={k: sum(v) / len(v) for k, v in per_pairs.items()})
+
+
 # -- runs: protocol, checkpoints, resume ----------------------------------------------------------
 def run_id(proto: dict) -> str:
-    """``<preset>_<mixer>_L<length>_kv<pairs>_lr<lr>_s<seed>_<filler>`` (legacy: ``_steps<steps>`` too)."""
+    """``<preset>_<mixer>_L<length>_kv<pairs>_lr<lr>_s<seed>_<filler>`` (legacy: ``_steps<steps>`` too;
+    loglinear_table2: ``<preset>_<mixer>_d<width>_lr<lr>_s<seed>_<filler>``)."""
+    if proto["preset"] == table2.PRESET:
+        return table2.run_id(proto)
     name = (f"{proto['preset']}_{proto['mixer']}_L{proto['length']}_kv{proto['num_kv_pairs']}_lr{proto['lr']:.3g}"
             f"_s{proto['seed']}_{proto['filler']}")
     return name + (f"_steps{proto['steps']}" if proto["data"] == "stream" else "")
@@ -463,21 +609,29 @@ def git_commit() -> str:
         return "unknown"
 
 
-def describe_model(config: HDLAConfig) -> dict:
+def describe_model(config) -> dict:
+    if isinstance(config, ZoologyLMConfig):
+        return config.describe()
     return dict(mixer=config.mixer, mixer_kwargs=config.mixer_kwargs, hidden_size=config.hidden_size,
                 num_layers=config.num_hidden_layers, num_heads=config.num_heads, head_dim=config.head_dim,
                 head_dim_v=config.head_dim_v, short_conv_size=config.short_conv_size, gate_act=config.gate_act,
                 intermediate_size=config.intermediate_size, tie_word_embeddings=True)
 
 
-def protocol(args, mixer, length, lr, seed, intermediate_size, params: int) -> dict:
-    """Everything that defines one run (and some that describe where it ran)."""
+def protocol(args, mixer, length, lr, seed, intermediate_size, params: int, d_model=None) -> dict:
+    """Everything that defines one run (and some that describe where it ran); loglinear_table2 adds
+    its width ``d_model`` and its data ``segments`` (train and test: [length, pairs, examples])."""
+    config = model_config(args, mixer, intermediate_size, d_model)
+    extra = {} if args.segments is None else dict(d_model=d_model, segments=args.segments, order="segments, no shuffle",
+                                                  accuracy="mean over test examples of each one's query accuracy")
+    sizes = ((args.num_train, args.num_test) if args.segments is None else
+             tuple(sum(n for _, _, n in args.segments[part]) for part in ("train", "test")))
     return dict(
-        preset=args.preset, mixer=mixer, model_config=describe_model(model_config(args, mixer, intermediate_size)),
+        preset=args.preset, mixer=mixer, model_config=describe_model(config),
         params=params, data=args.data, length=length, num_kv_pairs=per_length(args, "kv_pairs", length), lr=lr,
         lr_sweep=args.lr_sweep, seed=seed, filler=args.filler,
         batch_size=per_length(args, "batch_size", length), epochs=args.epochs, steps=args.steps,
-        eval_every=args.eval_every, num_train=args.num_train, num_test=args.num_test, vocab_size=args.vocab_size,
+        eval_every=args.eval_every, num_train=sizes[0], num_test=sizes[1], vocab_size=args.vocab_size, **extra,
         power_a=0.01, weight_decay=args.weight_decay, embedding_dropout=args.embedding_dropout,
         early_stop=args.early_stop, optimizer="AdamW(betas=(0.9, 0.999), eps=1e-8)", schedule=SCHEDULES[args.data],
         grad_clip=None, precision="bf16 autocast" if args.device.startswith("cuda") else "fp32",
@@ -506,7 +660,7 @@ def load_checkpoint(path: Path, proto: dict, model, opt, device: str) -> list:
     must stay CPU byte tensors (``torch.set_rng_state`` refuses a CUDA tensor), and ``load_state_dict``
     moves the weights and the optimizer's state to the parameters' device."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    differ = [k for k in RESUME_KEYS if ckpt["protocol"].get(k) != proto[k]]
+    differ = [k for k in RESUME_KEYS if ckpt["protocol"].get(k) != proto.get(k)]
     if differ:
         raise ValueError(f"checkpoint {path} was written for another protocol ({', '.join(differ)} differ): "
                          f"remove it or use another --state-dir")
@@ -531,7 +685,7 @@ def stop_reason(curve: list, proto: dict):
     if curve and proto["early_stop"] is not None and curve[-1]["test_accuracy"] > proto["early_stop"]:
         return "early_stop"
     if len(curve) >= num_segments(proto):
-        return "epochs" if proto["data"] == "fixed" else "steps"
+        return "steps" if proto["data"] == "stream" else "epochs"
     return None
 
 
@@ -552,8 +706,8 @@ def train_run(args, proto: dict, deadline=None, stop_after=None) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     device = args.device
     train, test = load_data(args, proto, device)
-    model = build_model(model_config(args, proto["mixer"], proto["model_config"]["intermediate_size"]),
-                        proto["seed"], device)
+    model = build_model(model_config(args, proto["mixer"], proto["model_config"].get("intermediate_size"),
+                                     proto.get("d_model")), proto["seed"], device)
     opt = torch.optim.AdamW(model.parameters(), lr=proto["lr"], weight_decay=proto["weight_decay"])
     ckpt = folder / "ckpt.pt"
     curve = load_checkpoint(ckpt, proto, model, opt, device) if ckpt.exists() else []
@@ -582,7 +736,8 @@ def one_segment(args, model, opt, data, proto, curve) -> dict:
                                                     proto, args.device))
     point["step"] = (curve[-1]["step"] if curve else 0) + point["steps"]
     start = time.time()
-    point.update(evaluate(model, test, args.device, args.eval_batch_size))
+    score = evaluate_segments if proto["data"] == "mixture" else evaluate
+    point.update(score(model, test, args.device, args.eval_batch_size))
     point["eval_seconds"] = round(time.time() - start, 2)
     return point
 
@@ -595,25 +750,33 @@ def format_epoch(point: dict) -> str:
 
 # -- the sweep ----------------------------------------------------------------------------------
 def plan(args):
-    """Runs, smallest length first, then seed: (mixer, length, lr, seed)."""
+    """Runs, smallest length first, then seed: (mixer, length, lr, seed, None); loglinear_table2:
+    smallest width first, then seed, then the models from the cheapest (linear before log-linear):
+    (mixer, length, lr, seed, width)."""
     runs = []
+    widths = sorted(args.dims) if args.preset == table2.PRESET else [None]
+    mixers = sorted(args.mixers, key=table2.model_order) if args.preset == table2.PRESET else args.mixers
     for length in sorted(args.lengths):
-        for seed in args.seeds:
-            for mixer in args.mixers:
-                for lr in (args.lrs if args.lrs is not None else lr_sweep(args.lr_sweep, length)):
-                    runs.append((mixer, length, lr, seed))
+        for width in widths:
+            for seed in args.seeds:
+                for mixer in mixers:
+                    for lr in (args.lrs if args.lrs is not None else lr_sweep(args.lr_sweep, length)):
+                        runs.append((mixer, length, lr, seed, width))
     return runs
 
 
 def planned_protocols(args, verbose: bool = False) -> list:
-    """The protocol of every planned run (the SwiGLU widths balanced once per model)."""
+    """The protocol of every planned run (the SwiGLU widths balanced once per model; loglinear_table2:
+    no MLP, a parameter count per model and width)."""
     widths = {mixer: balanced_intermediate_size(args, mixer) for mixer in args.mixers}
-    params = {mixer: count_params(model_config(args, mixer, widths[mixer])) for mixer in args.mixers}
+    params = {(mixer, d): count_params(model_config(args, mixer, widths[mixer], d))
+              for mixer, _, _, _, d in plan(args)}
     if verbose:
-        for mixer in args.mixers:
-            print(f"  {args.preset}/{mixer}: SwiGLU {widths[mixer]}, {params[mixer] / 1e6:.4f}M parameters", flush=True)
-    return [protocol(args, mixer, length, lr, seed, widths[mixer], params[mixer])
-            for mixer, length, lr, seed in plan(args)]
+        for (mixer, d), count in params.items():
+            size = f"SwiGLU {widths[mixer]}" if d is None else f"d_model {d}, {table2.heads_for(d)} head(s)"
+            print(f"  {args.preset}/{mixer}: {size}, {count / 1e6:.4f}M parameters", flush=True)
+    return [protocol(args, mixer, length, lr, seed, widths[mixer], params[(mixer, d)], d)
+            for mixer, length, lr, seed, d in plan(args)]
 
 
 QUEUE_KEPT = ("epochs", "steps", "eval_every", "num_train", "num_test", "weight_decay", "embedding_dropout",
@@ -624,11 +787,13 @@ QUEUE_KEPT = ("epochs", "steps", "eval_every", "num_train", "num_test", "weight_
 def queue_line(args, proto: dict) -> str:
     """'<run id> <arguments>' for one run (the settings given to --write-queue kept): the workers of
     tools/mqar_device.sh skip ids that are finished."""
-    words = [f"--preset {proto['preset']}", f"--mixers {proto['mixer']}", f"--lengths {proto['length']}",
+    words = [f"--preset {proto['preset']}", f"--mixers {proto['mixer']}",
              f"--lrs {proto['lr']!r}", f"--lr-sweep {proto['lr_sweep']}", f"--seeds {proto['seed']}",
              f"--filler {proto['filler']}"]
+    words.insert(2, f"--lengths {proto['length']}" if proto.get("d_model") is None else f"--dims {proto['d_model']}")
     if {"kv_pairs", "batch_size"} & args.explicit:
-        words += [f"--kv-pairs {proto['num_kv_pairs']}", f"--batch-size {proto['batch_size']}"]
+        words += [f"--kv-pairs {proto['num_kv_pairs']}"] if proto["num_kv_pairs"] is not None else []
+        words += [f"--batch-size {proto['batch_size']}"]
     words += [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in QUEUE_KEPT if name in args.explicit]
     return run_id(proto) + " " + " ".join(words + (["--tiny"] if args.tiny else []))
 
