@@ -76,7 +76,7 @@ def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=to
 
 
 def default_chunk(kind, dk):
-    """The forward's chunk size for this variant (kernel_plan.md's rule)."""
+    """The forward's chunk size for this variant (kernels/README.md §8's rule)."""
     from kernels.generalized.fwd import default_chunk as rule
     r_ab, r_kv, _ = VARIANTS["kda" if kind == "rab1" else kind]
     return rule(r_ab, r_kv, dk)

@@ -1,4 +1,4 @@
-"""Float64 PyTorch specification of the chunk backward (issue 11, /work/kernel_plan.md notation).
+"""Float64 PyTorch specification of the chunk backward (issue 11, kernels/README.md §8 notation).
 
 The chunk map of the generalized recurrence (per batch, head and chunk c; scan order inside the
 chunk, padded tokens are identity steps) and its hand-written VJP, which the Triton kernels of
@@ -69,7 +69,7 @@ def chunk_tensors(q, k, v, a, b, g, reverse: bool, c: int):
 
 
 def chunk_intermediates(q, k, v, a, b, g, scale) -> Dict[str, torch.Tensor]:
-    """Every quantity of the chunk map (kernel_plan.md "Notation"), batched over leading dims."""
+    """Every quantity of the chunk map (kernels/README.md §8), batched over leading dims."""
     c, r_kv, r_ab = q.shape[-2], k.shape[-2], a.shape[-2]
     dev = q.device
     G = g.cumsum(-2)

@@ -1,4 +1,4 @@
-"""Backward of the chunk algorithm (issue 11; notation of /work/kernel_plan.md and the float64
+"""Backward of the chunk algorithm (issue 11; notation of kernels/README.md §8 and the float64
 specification ``tests/chunk_bwd_reference.py``, which these kernels follow stage by stage).
 
 Per batch b, head h and chunk c (scan order, C tokens; t = p or T-1-p when reverse):
@@ -228,7 +228,7 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
                          prep=None, stages=None, groups=None, diag_limit=None, diag_paths=None):
     """Gradients of the chunked generalized op by B1 and B2 (module docstring).
 
-    Args (kernel_plan.md): do ``[B, T, H, V]``; dht ``[B, H, K, V]`` or None; q ``[B, T, H, K]``;
+    Args (kernels/README.md §8): do ``[B, T, H, V]``; dht ``[B, H, K, V]`` or None; q ``[B, T, H, K]``;
         k ``[B, T, H, r_kv, K]``, v ``[B, T, H, r_kv, V]``, a, b ``[B, T, H, r_ab, K]`` (HDLA: k
         ``[B, T, H, K]``, v ``[B, T, H, V]``, a = b = None, ``hdla_beta [B, T, H]``); g ``[B, T, H, K]``
         or ``[B, T, H]``; h ``[B, H, NT, K, V]`` the states entering each chunk (the forward's);

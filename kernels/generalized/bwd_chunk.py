@@ -1,4 +1,4 @@
-"""B2, the chunk-local VJP of the chunk64 backward (kernels/README.md §8, /work/kernel_plan.md), as a
+"""B2, the chunk-local VJP of the chunk64 backward (kernels/README.md §8), as a
 sequence of small launches that pass per-chunk tiles through global scratch (no atomics, no walk
 across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank fastest, row t*RP + l):
 
@@ -592,7 +592,7 @@ def _vjp_kernel(
 ):
     """S5, grid (NT, B*H, K/BKS). Per 16-token block, last to first: dq, dk, da, db (HDLA: dk with the
     chain rule through A, B except the full-K sums), dg = the chunk-local reverse cumsum of the
-    dG + dG' cotangents minus dG' (kernel_plan.md), carried from block to block; the e^{G_last}
+    dG + dG' cotangents minus dG' (kernels/README.md §8), carried from block to block; the e^{G_last}
     cotangent (gamma, Kt, At) reaches every step. HDLA and per-head decays store their per-tile partial
     sums in red [blocks, NKT, 2, C] for S6."""
     c = tl.program_id(0)

@@ -833,12 +833,15 @@ def _pow2(n: int) -> int:
 
 
 def default_chunk(r_ab: int, r_kv: int, dk: int) -> int:
-    """C = 64 where r_ab*C <= 128 and r_kv*C <= 128 (K <= 128), else 32, else 16 (kernel_plan.md);
-    at K > 128 the stacks are kept to 64 rows (F1's shared memory on an H100, sm_90 compile)."""
+    """C = 32 where the rank stacks r_ab*C and r_kv*C fit 128 rows (64 at K > 128: F1's shared memory on
+    an H100, sm_90 compile), else 16. 64-token chunks halve the state passes' steps but double the
+    chunk-local work per token, and the chunk-local kernels dominate: on the H100 (2026-11-24,
+    kernels/README.md §8 Status) the forward took 0.78 / 0.99 / 4.73 ms at C = 32 against 1.07 / 1.15 /
+    5.41 at C = 64 (HDLA; vision, high-res, LM shapes) and B2 2.51 against 4.11 ms (HDLA, vision).
+    ``chunk_prepare(chunk=64)`` still runs 64."""
     rows = 128 if dk <= 128 else 64
-    for c in (64, 32):
-        if _pow2(max(r_ab, 1)) * c <= rows and _pow2(r_kv) * c <= rows and (c < 64 or dk <= 128):
-            return c
+    if _pow2(max(r_ab, 1)) * 32 <= rows and _pow2(r_kv) * 32 <= rows:
+        return 32
     return 16
 
 
