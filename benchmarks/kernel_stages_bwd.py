@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from kernels.generalized import bwd
+from hdla_vision.kernels.generalized import bwd
 from tools.provenance import provenance
 
 SHAPES = {"vision": (128, 196, 3, 64), "hires": (8, 4096, 3, 64), "lm": (4, 4096, 16, 128),
@@ -77,7 +77,7 @@ def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=to
 
 def default_chunk(kind, dk):
     """The forward's chunk size for this variant (kernels/README.md §8's rule)."""
-    from kernels.generalized.fwd import default_chunk as rule
+    from hdla_vision.kernels.generalized.fwd import default_chunk as rule
     r_ab, r_kv, _ = VARIANTS["kda" if kind == "rab1" else kind]
     return rule(r_ab, r_kv, dk)
 
@@ -151,7 +151,7 @@ def work_estimate(kind, shape, chunk, dv=None, ds_bytes=2):
     ``shape = (B, T, H, K)`` (bf16 inputs; h, N, Qeff bf16; dS ``ds_bytes`` per element).
     Off-diagonal decay factoring and masking add no FLOPs here: this is the work to judge against
     the H100's peaks, not what a given kernel version executes."""
-    from kernels.generalized import bwd as _bwd
+    from hdla_vision.kernels.generalized import bwd as _bwd
     batch, seq_len, heads, dk = shape
     dv = dv or dk
     r_ab, r_kv, scalar = VARIANTS[kind]

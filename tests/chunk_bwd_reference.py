@@ -14,7 +14,7 @@ from typing import Dict
 import torch
 import torch.nn.functional as F
 
-from kernels.hdla.naive import hdla_decay_factors
+from hdla_vision.kernels.hdla.naive import hdla_decay_factors
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:

@@ -14,10 +14,10 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
-from kernels.generalized.bwd import _chunk_prepare, generalized_backward  # noqa: E402
-from kernels.generalized.fwd import chunk_state_pass  # noqa: E402
-from kernels.generalized.naive import naive_generalized  # noqa: E402
-from kernels.hdla.naive import naive_hdla  # noqa: E402
+from hdla_vision.kernels.generalized.bwd import _chunk_prepare, generalized_backward  # noqa: E402
+from hdla_vision.kernels.generalized.fwd import chunk_state_pass  # noqa: E402
+from hdla_vision.kernels.generalized.naive import naive_generalized  # noqa: E402
+from hdla_vision.kernels.hdla.naive import naive_hdla  # noqa: E402
 from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCALE  # noqa: E402
 from tests.oracle import generalized_problem, hdla_problem, rel_err  # noqa: E402
 

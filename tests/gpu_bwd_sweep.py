@@ -42,8 +42,8 @@ def run_case(name, chunk=None):
     import torch
     import torch.nn.functional as F
 
-    from kernels.generalized.bwd import _chunk_prepare, generalized_backward
-    from kernels.generalized.fwd import chunk_state_pass
+    from hdla_vision.kernels.generalized.bwd import _chunk_prepare, generalized_backward
+    from hdla_vision.kernels.generalized.fwd import chunk_state_pass
     from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
     from tests.oracle import rel_err
 

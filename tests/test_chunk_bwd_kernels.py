@@ -7,8 +7,8 @@ block's path as its gates decide."""
 import pytest
 import torch
 
-from kernels.generalized.naive import naive_generalized
-from kernels.hdla.naive import naive_hdla
+from hdla_vision.kernels.generalized.naive import naive_generalized
+from hdla_vision.kernels.hdla.naive import naive_hdla
 from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
 from tests.chunk_bwd_cases import CASES, DIAG_CASES
 from tests.oracle import generalized_problem, hdla_problem, rel_err
@@ -65,7 +65,7 @@ def test_backward_kernels_match_float64_loop(interpreted_errors, case):
 
 
 def test_bad_shapes_raise_before_launch():
-    from kernels.generalized.bwd import generalized_backward
+    from hdla_vision.kernels.generalized.bwd import generalized_backward
 
     p = generalized_problem(1, 5, 1, 8, 4, 1, 1)
     args = [p[n].float() for n in ("q", "k", "v", "a", "b", "g")]
@@ -123,7 +123,7 @@ def test_diagonal_block_paths_follow_the_gates(diag_results, case):
     """The path each diagonal block took in S2 (four Grams) and S5a (four launches): the product where
     its gates are mild, the token loop where they are fast, per block and K tile; every block through
     the token loop at diag_limit 0 (a decay per head: always the product, exact without a limit)."""
-    from kernels.generalized.bwd_chunk import b2_config
+    from hdla_vision.kernels.generalized.bwd_chunk import b2_config
 
     kind, problem, chunk, *_ = DIAG_CASES[case]
     r_kv, r_ab = (1, 2) if kind == "hdla" else (problem["r_kv"], problem["r_ab"])
@@ -143,7 +143,7 @@ def test_diagonal_block_paths_follow_the_gates(diag_results, case):
 
 
 def test_diag_limit_outside_its_range_raises():
-    from kernels.generalized.bwd import generalized_backward
+    from hdla_vision.kernels.generalized.bwd import generalized_backward
 
     p = generalized_problem(1, 5, 1, 8, 4, 1, 1)
     args = [p[n].float() for n in ("q", "k", "v", "a", "b", "g")]
