@@ -256,6 +256,21 @@ def test_unfinished_run_crosses_device_calls(tmp_path):
     assert mqar_device.restore(second, results, carry) == dict(finished=0, resumed=0), "a DONE run takes no checkpoint"
 
 
+def test_carried_checkpoint_survives_a_call_that_ran_nothing(tmp_path):
+    """A run restored on a machine where it then never writes (it crashed at start) is carried on by
+    that call's export: its record came with its checkpoint."""
+    base = TINY + ["--epochs", "3", "--early-stop", "2", "--mixers", "hdla"]
+    first = tmp_path / "machine1"
+    [record] = mqar_runner.main(base + ["--state-dir", str(first), "--stop-after-epochs", "1"])
+    out, results, carry = tmp_path / "out", tmp_path / "results", tmp_path / "carry"
+    mqar_device.export(first, out, carry_mib=1, part_mib=0.05)
+    mqar_device.collect(out, results, carry)
+    second = tmp_path / "machine2"
+    assert mqar_device.restore(second, results, carry) == dict(finished=0, resumed=1)
+    again = mqar_device.export(second, tmp_path / "out2", carry_mib=1, part_mib=0.05)
+    assert again["carried"] == [record["run_id"]]
+
+
 def test_presets_are_faithful_and_balanced():
     """At the paper's sizes each zoology model lands within 1% of 1.65M parameters; the authors' HDLA
     has a bias-free low-rank decay with lambda ~ 0.5 at init and one norm over all heads."""

@@ -74,7 +74,9 @@ def restore(state: Path, results: Path = RESULTS, carry: Path = CARRY) -> dict:
 
 def unpack_checkpoints(carry: Path, state: Path) -> int:
     """Put each carried ``<run id>/ckpt.pt`` into ``state`` unless the run is DONE there or its
-    ``run.json`` there already has as many epochs; returns how many were put in place."""
+    ``run.json`` there already has as many epochs; returns how many were put in place. The run's record
+    travels with its checkpoint (the manifest) and is put beside it where ``state`` has none, so that a
+    call in which the run never writes (it crashed at start, or found no time) carries it on again."""
     parts = sorted(carry.glob(PART_PREFIX + "*"))
     if not parts:
         return 0
@@ -82,7 +84,9 @@ def unpack_checkpoints(carry: Path, state: Path) -> int:
     placed = 0
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))
-        for run, epochs in manifest.items():
+        for run, entry in manifest.items():
+            record = entry if isinstance(entry, dict) else None  # older carries: {run id: epochs}
+            epochs = record["epochs_run"] if record else entry
             folder = state / run
             local = read_record(folder / "run.json") if (folder / "ckpt.pt").exists() else None
             if (folder / "DONE").exists() or (local and local["epochs_run"] >= epochs):
@@ -91,6 +95,8 @@ def unpack_checkpoints(carry: Path, state: Path) -> int:
             tmp = folder / ".ckpt.pt.carried"
             tmp.write_bytes(tar.extractfile(f"{run}/ckpt.pt").read())
             tmp.replace(folder / "ckpt.pt")
+            if record and not (folder / "run.json").exists():
+                (folder / "run.json").write_text(json.dumps(record, indent=1))
             placed += 1
     return placed
 
@@ -135,12 +141,13 @@ def export(state: Path, out: Path, carry_mib: float = 40, part_mib: float = 15, 
 
 
 def write_parts(state: Path, carried: list, out: Path, part_bytes: int) -> None:
-    """One uncompressed tar (``manifest.json`` = {run id: epochs}, then ``<run id>/ckpt.pt``) cut into parts."""
+    """One uncompressed tar (``manifest.json`` = {run id: its run.json record}, then ``<run id>/ckpt.pt``)
+    cut into parts."""
     if not carried:
         return
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        manifest = json.dumps(dict(carried)).encode()
+        manifest = json.dumps({run: read_record(state / run / "run.json") for run, _ in carried}).encode()
         info = tarfile.TarInfo("manifest.json")
         info.size = len(manifest)
         tar.addfile(info, io.BytesIO(manifest))
