@@ -62,16 +62,18 @@ def _token_offsets(c, C: tl.constexpr, T, H, i_b, i_h, REVERSE: tl.constexpr):
 
 @triton.jit
 def _state_block_step(ds_i, ds_j, n_ptr, n_off, i0, j0, gam_ptr, g_off, qe_i, do, ck, mk_i, mk_j, K,
-                      TWO: tl.constexpr, LOWP: tl.constexpr):
+                      TWO: tl.constexpr, LOWP: tl.constexpr, USE_N: tl.constexpr):
     """One K block i of dS_{c-1} = gamma (.) dS_c - N^T dS_c + Qeff^T dO: ``ds_i`` (rows i0 ..) and,
     when the state is split in two K blocks (TWO), ``ds_j`` (rows j0 ..) of dS_c; N^T's block (i, i)
-    and (i, j) are loaded from ``n_ptr + n_off`` (row-major [K, K])."""
+    and (i, j) are loaded from ``n_ptr + n_off`` (row-major [K, K]). Rank 0 (not USE_N) has no N."""
     rows_i = i0 + ck
     gam = tl.load(gam_ptr + g_off + rows_i, mask=mk_i, other=0.0)
-    n_ii = tl.load(n_ptr + n_off + rows_i[:, None] * K + rows_i[None, :], mask=mk_i[:, None] & mk_i[None, :],
-                   other=0.0)
-    out = gam[:, None] * ds_i - _mm(tl.trans(n_ii), ds_i, LOWP) + _mm(tl.trans(qe_i), do, LOWP)
-    if TWO:
+    out = gam[:, None] * ds_i + _mm(tl.trans(qe_i), do, LOWP)
+    if USE_N:
+        n_ii = tl.load(n_ptr + n_off + rows_i[:, None] * K + rows_i[None, :], mask=mk_i[:, None] & mk_i[None, :],
+                       other=0.0)
+        out -= _mm(tl.trans(n_ii), ds_i, LOWP)
+    if TWO and USE_N:
         rows_j = j0 + ck
         n_ji = tl.load(n_ptr + n_off + rows_j[:, None] * K + rows_i[None, :], mask=mk_j[:, None] & mk_i[None, :],
                        other=0.0)
@@ -84,9 +86,10 @@ def _bwd_state_kernel(
     n_ptr, qeff_ptr, gamma_ptr, do_ptr, dht_ptr, ds_ptr, dh0_ptr,
     T, H, K, V, NT,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TWO: tl.constexpr,
-    REVERSE: tl.constexpr, HAS_DHT: tl.constexpr, LOWP: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_DHT: tl.constexpr, LOWP: tl.constexpr, USE_N: tl.constexpr,
 ):
-    """B1: dS_{c-1} = gamma_c (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, from the last chunk to the first.
+    """B1: dS_{c-1} = gamma_c (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, from the last chunk to the first
+    (rank 0, not USE_N: no N term).
     Stores ds[b, h, c] = dS_c (the cotangent of the state leaving chunk c, in ds's dtype: the input
     dtype) and dh0 (fp32); the carried dS stays fp32. The state's K rows are one block of BK rows, or
     two (TWO, K = 2 BK: K = 256) so that no [K, K] tile of N is ever held: four [BK, BK] blocks."""
@@ -120,11 +123,11 @@ def _bwd_state_kernel(
         q_rows = (bh64 * NT * C + c * C + ct)[:, None] * K
         qe0 = tl.load(qeff_ptr + q_rows + ck[None, :], mask=mk0[None, :], other=0.0)
         new0 = _state_block_step(ds0, ds1, n_ptr, blk * K * K, 0, BK, gamma_ptr, blk * K, qe0, do, ck, mk0, mk1,
-                                 K, TWO, LOWP)
+                                 K, TWO, LOWP, USE_N)
         if TWO:
             qe1 = tl.load(qeff_ptr + q_rows + (BK + ck)[None, :], mask=mk1[None, :], other=0.0)
             ds1 = _state_block_step(ds1, ds0, n_ptr, blk * K * K, BK, 0, gamma_ptr, blk * K, qe1, do, ck, mk1, mk0,
-                                    K, TWO, LOWP)
+                                    K, TWO, LOWP, USE_N)
         ds0 = new0
     tl.store(dh0_ptr + bh64 * K * V + off0, ds0, mask=mk0[:, None] & mv)
     if TWO:
@@ -190,13 +193,9 @@ def _chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None)
     """The forward's chunk preparation (``fwd.chunk_prepare``: N, Qeff, gamma per chunk and the chunk
     size, with the same default chunk rule, so it matches the forward's h; ``chunk`` forces one, for tests). The layouts agree with B1/B2:
     N ``[B, H, NT, K, K]``, Qeff ``[B, H, NT*C, K]`` in scan order, gamma ``[B, H, NT, K]`` fp32. At
-    r_ab = 0 the forward has no N (its state pass skips the product); B1 always reads one, so it gets
-    zeros here. B2 reads none of prep (it recomputes its Gram matrices); G, W, U are not reused."""
-    prep = fwd.chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta, chunk=chunk)
-    if prep["N"] is None:
-        batch, heads, n_chunks, dk = prep["gamma"].shape
-        prep["N"] = prep["Qeff"].new_zeros(batch, heads, n_chunks, dk, dk)
-    return prep
+    r_ab = 0 there is no N (None): the state passes, F2 and B1, skip its product. B2 reads none of prep
+    (it recomputes its Gram matrices); G, W, U are not reused."""
+    return fwd.chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta, chunk=chunk)
 
 
 def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
@@ -264,9 +263,10 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     ds = torch.empty(batch, heads, nt, dk, dv, device=dev, dtype=q.dtype if lowp else torch.float32)
     dh0 = torch.empty(batch, heads, dk, dv, **f32)
     cfg1 = b1_config(dk, dv)
-    b1_args = (prep["N"].contiguous(), prep["Qeff"].contiguous(), prep["gamma"].contiguous(), do,
+    n_mat = prep["N"].contiguous() if r_ab else prep["gamma"]  # rank 0: B1 reads no N (any pointer)
+    b1_args = (n_mat, prep["Qeff"].contiguous(), prep["gamma"].contiguous(), do,
                dht.contiguous() if dht is not None else ds, ds, dh0, seq_len, heads, dk, dv, nt)
-    b1_meta = dict(C=c, REVERSE=reverse, HAS_DHT=dht is not None, LOWP=lowp, **cfg1)
+    b1_meta = dict(C=c, REVERSE=reverse, HAS_DHT=dht is not None, LOWP=lowp, USE_N=r_ab > 0, **cfg1)
 
     programs = batch * heads * triton.cdiv(dv, cfg1["BV"])
     groups = two_level.state_pass_groups(programs, nt, two_level.device_sm_count(dev), dk, groups)
