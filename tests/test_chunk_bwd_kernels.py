@@ -175,13 +175,14 @@ def scratch_results():
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(SCRATCH_CASES))
 def test_lowp_scratch_is_bit_identical(scratch_results, case):
-    """fp16 inputs: every gradient with B2's operand-only scratch in fp16 equals (torch.equal) the one
-    with all scratch fp32, and both are within the fp16 tolerance of the float64 loop."""
-    from hdla_vision.kernels.generalized.bwd_chunk import OPERAND_ONLY
+    """fp16 inputs: every gradient with B2's operand-only scratch in fp16 (S4 reading T and At from fp16
+    copies) equals (torch.equal) the one with all scratch fp32 and no copies, and is within the fp16
+    tolerance of the float64 loop."""
+    from hdla_vision.kernels.generalized.bwd_chunk import OPERAND_COPIES, OPERAND_ONLY
 
     result = scratch_results[case]
     assert len(result["identical"]) >= 6, result
-    assert set(OPERAND_ONLY) | {"dvs"} <= set(result["lowp_scratch"]), result["lowp_scratch"]
+    assert set(OPERAND_ONLY + OPERAND_COPIES) | {"dvs"} <= set(result["lowp_scratch"]), result["lowp_scratch"]
     differ = {name: result["max_diff"][name] for name, same in result["identical"].items() if not same}
     assert not differ, f"{case}: 16-bit scratch changed these gradients (largest difference): {differ}"
     bad = {name: err for name, err in result["error"].items() if not err < FP16_TOL}
@@ -189,15 +190,16 @@ def test_lowp_scratch_is_bit_identical(scratch_results, case):
 
 
 def test_scratch_dtypes_rule(monkeypatch):
-    """Only 16-bit inputs get 16-bit scratch (M_QK only at r_ab = 0, where no fp32 sum reads it; dV's stack
-    in v's dtype); "fp32" turns it off; a bad name raises."""
+    """Only 16-bit inputs get 16-bit scratch and S4's 16-bit copies of T and At (M_QK only at r_ab = 0, where
+    no fp32 sum reads it; dV's stack in v's dtype); "fp32" turns it off; a bad name raises."""
     from hdla_vision.kernels.generalized import bwd_chunk
 
     monkeypatch.delenv("HDLA_VISION_B2_SCRATCH", raising=False)
     bf, fp = torch.bfloat16, torch.float16
     assert bwd_chunk.scratch_dtypes(torch.float32, torch.float32, 2) == {}
     lowp = bwd_chunk.scratch_dtypes(bf, bf, 2)
-    assert set(lowp) == set(bwd_chunk.OPERAND_ONLY) | {"dvs"} and set(lowp.values()) == {bf}
+    assert set(lowp) == set(bwd_chunk.OPERAND_ONLY + bwd_chunk.OPERAND_COPIES) | {"dvs"}
+    assert set(lowp.values()) == {bf}
     assert bwd_chunk.scratch_dtypes(fp, fp, 0)["mqk"] == fp
     assert bwd_chunk.scratch_dtypes(bf, torch.float32, 1)["dvs"] == torch.float32
     monkeypatch.setenv("HDLA_VISION_B2_SCRATCH", "fp32")

@@ -29,8 +29,8 @@ Products take bf16 (fp16) operands with fp32 accumulation for 16-bit inputs and 
 fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs, the factored diagonal
 Gram products tf32x3 (:data:`DIAG_PRECISION`, kernels/README.md §8 Numerics: dg needs their precision).
 Scratch is fp32, except for 16-bit inputs the tensors that only S4's products read (:data:`OPERAND_ONLY`,
-stored in the dtype those products cast them to: the same bits, half the bytes) and dV's stack (dv's
-dtype); :func:`scratch_dtypes`.
+stored in the dtype those products cast them to: the same bits, half the bytes), 16-bit copies of T and
+At that S4 reads instead (:data:`OPERAND_COPIES`), and dV's stack (dv's dtype); :func:`scratch_dtypes`.
 """
 import os
 
@@ -61,7 +61,7 @@ DIAG_PRECISION = "tf32x3"
 #   kf        S1    S2, S5a stack; S5                              fp32
 #   kt        S1    et cin (r_ab > 0; at r_ab = 0 it is et, dvs's operand); S5   fp32
 #   af, bf    S1    S2, S5a stack; S5                              fp32
-#   at        S1    et, du, dw operand; S5                         fp32
+#   at        S1    et, du, dw operand; S5                         fp32, S4 reads its 16-bit copy at16
 #   bh        S1    w operand; S5                                  fp32
 #   vf        S1    dmo, det operand                               16-bit
 #   dos       S1    dqe, dmo, dvs operand                          16-bit
@@ -69,7 +69,7 @@ DIAG_PRECISION = "tf32x3"
 #   mqa       S2    mo, du, dw operand                             16-bit
 #   lab       S2    S3 (ieee / tf32 reads)                         fp32
 #   lkb       S2    u operand                                      16-bit
-#   tm        S3    S3 (earlier rows read back, tf32); w, u, dwp, dup operand   fp32
+#   tm        S3    S3 (earlier rows read back, tf32); w, u, dwp, dup operand   fp32, S4 reads tm16
 #   w         S4    dat, dmqa, dlab operand                        16-bit
 #   u         S4    mo, et, dat, dmqa, dlab operand                16-bit
 #   mo, et    S4    dvs operand                                    16-bit
@@ -89,6 +89,9 @@ DIAG_PRECISION = "tf32x3"
 # round-to-nearest-even conversion), so the gradients are bit-identical to fp32 scratch
 # (tests/test_chunk_bwd_kernels.py::test_lowp_scratch_is_bit_identical).
 OPERAND_ONLY = ("vf", "dos", "mqa", "lkb", "w", "u", "mo", "et", "dn", "du", "dw")
+# fp32 tensors that S4 reads often enough to pay for a 16-bit copy written beside them by their producer
+# (2 bytes written, 2 saved per product that reads it): T (S3; w, u, dwp, dup) and At (S1; et, du, dw).
+OPERAND_COPIES = ("tm16", "at16")
 # "lowp": the above for 16-bit inputs; "fp32": every scratch tensor fp32 (the benchmarks' comparison, the
 # bit-identity test). ``$HDLA_VISION_B2_SCRATCH`` overrides it, read at every chunk_vjp call.
 SCRATCH_MODES = ("lowp", "fp32")
@@ -160,17 +163,27 @@ def _store_rank_rows(ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.constexpr, D, c
 
 
 @triton.jit
+def _store_with_copy(ptr, copy_ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.constexpr, D, cd, md,
+                     COPY: tl.constexpr):
+    """:func:`_store_rank_rows` into ptr and, with COPY, into copy_ptr (S4's 16-bit operand copy)."""
+    _store_rank_rows(ptr, x, blk, l, ct, RP, C, D, cd, md)
+    if COPY:
+        _store_rank_rows(copy_ptr, x, blk, l, ct, RP, C, D, cd, md)
+
+
+@triton.jit
 def _stacks_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, beta_ptr, g_ptr, do_ptr,
-    gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, bh_ptr, vf_ptr, dos_ptr,
+    gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, at16_ptr, bh_ptr, vf_ptr, dos_ptr,
     T, H, K, V, NT, scale,
     C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
-    LOG_ZERO: tl.constexpr,
+    LOG_ZERO: tl.constexpr, AT16: tl.constexpr,
 ):
     """S1, grid (NT, B*H). Writes G, G' ([blocks, C, K] or [blocks, C]), HDLA's s [blocks, C], scale*q
-    [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K], Vbar [blocks, C*RKP, V],
-    dO [blocks, C, V]; padded rank rows and steps past T are 0."""
+    [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K] (AT16: At also into
+    at16, S4's 16-bit copy), Vbar [blocks, C*RKP, V], dO [blocks, C, V]; padded rank rows and steps past
+    T are 0."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -226,8 +239,8 @@ def _stacks_kernel(
             _store_rank_rows(af_ptr, kk, blk, 1, ct, 2, C, K, ck, mk)
             _store_rank_rows(bf_ptr, kk, blk, 0, ct, 2, C, K, ck, mk)
             _store_rank_rows(bf_ptr, b1, blk, 1, ct, 2, C, K, ck, mk)
-            _store_rank_rows(at_ptr, a0 * e_last, blk, 0, ct, 2, C, K, ck, mk)
-            _store_rank_rows(at_ptr, kk * e_last, blk, 1, ct, 2, C, K, ck, mk)
+            _store_with_copy(at_ptr, at16_ptr, a0 * e_last, blk, 0, ct, 2, C, K, ck, mk, AT16)
+            _store_with_copy(at_ptr, at16_ptr, kk * e_last, blk, 1, ct, 2, C, K, ck, mk, AT16)
             _store_rank_rows(bh_ptr, kk * e_excl, blk, 0, ct, 2, C, K, ck, mk)
             _store_rank_rows(bh_ptr, b1 * e_excl, blk, 1, ct, 2, C, K, ck, mk)
         else:
@@ -243,7 +256,7 @@ def _stacks_kernel(
                              other=0.0).to(tl.float32)
                 _store_rank_rows(af_ptr, al, blk, l, ct, RAP, C, K, ck, mk)
                 _store_rank_rows(bf_ptr, bl, blk, l, ct, RAP, C, K, ck, mk)
-                _store_rank_rows(at_ptr, al * e_last, blk, l, ct, RAP, C, K, ck, mk)
+                _store_with_copy(at_ptr, at16_ptr, al * e_last, blk, l, ct, RAP, C, K, ck, mk, AT16)
                 _store_rank_rows(bh_ptr, bl * e_excl, blk, l, ct, RAP, C, K, ck, mk)
     for v0 in range(0, V, BVS):
         cv = v0 + tl.arange(0, BVS)
@@ -409,9 +422,12 @@ def _unit_lower_inverse16(d, RP: tl.constexpr):
 
 
 @triton.jit
-def _inverse_kernel(lab_ptr, t_ptr, NT, C: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr):
+def _inverse_kernel(lab_ptr, t_ptr, t16_ptr, NT, C: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr,
+                    T16: tl.constexpr):
     """S3, grid (NT, B*H): T [blocks, C*RAP, C*RAP] (zero above the diagonal blocks). Row block n's
-    off-diagonal blocks read the earlier rows of T back from scratch (a barrier after each row)."""
+    off-diagonal blocks read the earlier rows of T back from scratch (a barrier after each row). T16:
+    then T, read back once more (this program's own writes), into t16 (S4's 16-bit copy); a copy at
+    the end, not beside each store, keeps the rows' registers as they were."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     NR: tl.constexpr = SUB * RAP
     RA: tl.constexpr = C * RAP
@@ -434,6 +450,12 @@ def _inverse_kernel(lab_ptr, t_ptr, NT, C: tl.constexpr, RAP: tl.constexpr, F32:
             elif m > n:
                 tl.store(t_ptr + base + rn[:, None] * RA + rm[None, :], tl.zeros([NR, NR], dtype=tl.float32))
         tl.debug_barrier()
+    if T16:
+        cols = tl.arange(0, RA)
+        for n in tl.static_range(C // SUB):
+            rn = n * NR + r
+            off = base + rn[:, None] * RA + cols[None, :]
+            tl.store(t16_ptr + off, tl.load(t_ptr + off).to(t16_ptr.dtype.element_ty))
 
 
 # ----------------------------------------------------------------------------- S4: plain products
@@ -846,14 +868,14 @@ def diag_lowp(lowp: int) -> int:
 def scratch_dtypes(q_dtype: torch.dtype, v_dtype: torch.dtype, r_ab: int) -> dict:
     """{scratch name: dtype} for B2's scratch tensors not kept in fp32 (the table above): for 16-bit q
     and :data:`SCRATCH` (or ``$HDLA_VISION_B2_SCRATCH``) "lowp", :data:`OPERAND_ONLY` (and M_QK at
-    r_ab = 0, where it is M_o) in q's dtype, the dtype _dot casts S4's operands to, and dV's stack in
-    v's dtype; empty for fp32 q or "fp32"."""
+    r_ab = 0, where it is M_o) and :data:`OPERAND_COPIES` in q's dtype, the dtype _dot casts S4's operands
+    to, and dV's stack in v's dtype; empty for fp32 q or "fp32" (no copies then)."""
     mode = os.environ.get("HDLA_VISION_B2_SCRATCH") or SCRATCH
     if mode not in SCRATCH_MODES:
         raise ValueError(f"HDLA_VISION_B2_SCRATCH must be one of {list(SCRATCH_MODES)}, got {mode!r}")
     if mode == "fp32" or q_dtype not in (torch.bfloat16, torch.float16):
         return {}
-    names = OPERAND_ONLY + (() if r_ab else ("mqk",))
+    names = OPERAND_ONLY + OPERAND_COPIES + (() if r_ab else ("mqk",))
     return dict({name: q_dtype for name in names}, dvs=v_dtype)
 
 
@@ -906,6 +928,8 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
                             dup=(ra, rk), dlab=(ra, ra), gxqa=(c, dk), gyqa=(ra, dk), gxab=(ra, dk),
                             gyab=(ra, dk), gxkb=(ra, dk), gykb=(rk, dk)).items():
         shapes[name] = shape if r_ab else (0,)
+    for name, shape in dict(tm16=(ra, ra), at16=(ra, dk)).items():  # S4's copies: only where 16-bit
+        shapes[name] = shape if r_ab and name in dtypes else (0,)
     z = {name: sc(*shape, dtype=dtypes.get(name, torch.float32)) for name, shape in shapes.items()}
     dq, dk_, dv_, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
     da = torch.empty_like(a) if r_ab and not hdla else None
@@ -936,25 +960,29 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             BK1=_tile(k1), BK2=_tile(k2), HAS2=len(terms) > 1, HAS_C=cin is not None, MASK=1 if mask else 0,
             RPR=1, RPC=rkp, **prec, num_warps=4, num_stages=cfg["stages_gemm"])
 
+    tm = z["tm16"] if z["tm16"].numel() else z["tm"]  # S4 reads T and At from their 16-bit copies if any
+    at = z["at16"] if z["at16"].numel() else z["at"]
+
     def launch():
         grid = (nt, batch * heads)
         _stacks_kernel[grid](
             q, k, v, a if r_ab and not hdla else empty, b if r_ab and not hdla else empty,
             beta if hdla else empty, g, do, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"], z["af"],
-            z["bf"], z["at"], z["bh"], z["vf"], z["dos"], seq_len, heads, dk, dv, nt, float(scale), C=c,
+            z["bf"], z["at"], z["at16"], z["bh"], z["vf"], z["dos"], seq_len, heads, dk, dv, nt, float(scale), C=c,
             BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse),
-            LOG_ZERO=LOG_ZERO_FP32, num_warps=4)
+            LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0, num_warps=4)
         _gram_kernel[(nt, batch * heads, c // 16)](
             z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"],
             paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap, SCALAR=scalar, **prec,
             **diag, num_warps=cfg["warps_block"])
         hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
         if r_ab:
-            _inverse_kernel[grid](z["lab"], z["tm"], nt, C=c, RAP=rap, F32=f32, num_warps=cfg["warps_block"])
-            gemm(z["w"], ra, dk, [(_v(z["tm"], ra, ra), _v(z["bh"], ra, dk), ra, 1)])
-            gemm(z["u"], ra, rk, [(_v(z["tm"], ra, ra), _v(z["lkb"], ra, rk), ra, 1)])
+            _inverse_kernel[grid](z["lab"], z["tm"], z["tm16"], nt, C=c, RAP=rap, F32=f32, T16=z["tm16"].numel() > 0,
+                                  num_warps=cfg["warps_block"])
+            gemm(z["w"], ra, dk, [(_v(tm, ra, ra), _v(z["bh"], ra, dk), ra, 1)])
+            gemm(z["u"], ra, rk, [(_v(tm, ra, ra), _v(z["lkb"], ra, rk), ra, 1)])
             gemm(z["mo"], c, rk, [(_v(z["mqa"], c, ra), _v(z["u"], ra, rk), ra, -1)], cin=z["mqk"])
-            gemm(z["et"], rk, dk, [(_v(z["u"], ra, rk, True), _v(z["at"], ra, dk), ra, -1)], cin=z["kt"])
+            gemm(z["et"], rk, dk, [(_v(z["u"], ra, rk, True), _v(at, ra, dk), ra, -1)], cin=z["kt"])
             mo, et = z["mo"], z["et"]
         else:
             mo, et = z["mqk"], z["kt"]
@@ -966,14 +994,14 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             gemm(z["dn"], dk, dk, [(hv(ds), hv(h, True), dv, -1)])
             gemm(z["dat"], ra, dk, [(_v(z["u"], ra, rk), _v(z["det"], rk, dk), rk, -1),
                                     (_v(z["w"], ra, dk), _v(z["dn"], dk, dk, True), dk, 1)])
-            gemm(z["du"], ra, rk, [(_v(z["at"], ra, dk), _v(z["det"], rk, dk, True), dk, -1),
+            gemm(z["du"], ra, rk, [(_v(at, ra, dk), _v(z["det"], rk, dk, True), dk, -1),
                                    (_v(z["mqa"], c, ra, True), _v(z["dmo"], c, rk), c, -1)])
-            gemm(z["dw"], ra, dk, [(_v(z["at"], ra, dk), _v(z["dn"], dk, dk), dk, 1),
+            gemm(z["dw"], ra, dk, [(_v(at, ra, dk), _v(z["dn"], dk, dk), dk, 1),
                                    (_v(z["mqa"], c, ra, True), _v(z["dqe"], c, dk), c, -1)])
             gemm(z["dmqa"], c, ra, [(_v(z["dqe"], c, dk), _v(z["w"], ra, dk, True), dk, -1),
                                     (_v(z["dmo"], c, rk), _v(z["u"], ra, rk, True), rk, -1)])
-            gemm(z["dwp"], ra, dk, [(_v(z["tm"], ra, ra, True), _v(z["dw"], ra, dk), ra, 1)])
-            gemm(z["dup"], ra, rk, [(_v(z["tm"], ra, ra, True), _v(z["du"], ra, rk), ra, 1)])
+            gemm(z["dwp"], ra, dk, [(_v(tm, ra, ra, True), _v(z["dw"], ra, dk), ra, 1)])
+            gemm(z["dup"], ra, rk, [(_v(tm, ra, ra, True), _v(z["du"], ra, rk), ra, 1)])
             gemm(z["dlab"], ra, ra, [(_v(z["dwp"], ra, dk), _v(z["w"], ra, dk, True), dk, -1),
                                      (_v(z["dup"], ra, rk), _v(z["u"], ra, rk, True), rk, -1)])
         grams = [("qk", z["dmo"], z["xq"], z["gs"], z["kf"], 1, rkp, False)]
