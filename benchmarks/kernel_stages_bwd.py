@@ -107,7 +107,8 @@ def scratch_mode(mode):
             os.environ[name] = before
 
 
-def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, gates="mild", check_scratch=False):
+def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, gates="mild", check_scratch=False,
+              check_paths=True):
     """do_bench medians of B1 + B2, B1 and B2 (and B2's launches with ``profile``); ``groups``: B1's
     two-level groups (None: the launcher's rule). Other than 1 group, also the relative difference of
     every gradient from the one-level B1's (``two_level_vs_one_level``, bf16 parity). ``diag_limit``:
@@ -115,7 +116,9 @@ def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, g
     ``diag_paths``, the fraction of diagonal blocks (S2 and S5a) that took the product, and where some
     did, ``factored_vs_loop``: every gradient's relative difference from the token loop's (bf16 parity).
     ``check_scratch``: ``lowp_scratch_equal``, whether each gradient with B2's 16-bit scratch equals
-    (torch.equal) the one with all scratch fp32 (the caller's scratch mode is timed)."""
+    (torch.equal) the one with all scratch fp32 (the caller's scratch mode is timed). ``check_paths``
+    False skips ``diag_paths`` and ``factored_vs_loop``, whose kernel variants (the path record, the
+    token loop alone) each compile anew."""
     batch, seq_len, heads, d = shape
     x = _inputs(kind, batch, seq_len, heads, d, chunk, gates=gates)
     timings = {}
@@ -126,13 +129,15 @@ def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, g
                                         hdla_beta=x["beta"], prep=x["prep"], stages=stages, groups=n_groups,
                                         diag_limit=limit, diag_paths=paths)
 
-    paths = {}
-    out = full(paths=paths)
-    timings["diag_paths"] = {name: round(((t == 1).sum() / (t >= 0).sum()).item(), 4) for name, t in paths.items()}
-    if any(fraction > 0 for fraction in timings["diag_paths"].values()):
-        ref = full(limit=0.0)
-        timings["factored_vs_loop"] = {f"d{i}": _rel(o, r) for i, (o, r) in enumerate(zip(out, ref))
-                                       if o is not None}
+    if check_paths:
+        paths = {}
+        out = full(paths=paths)
+        timings["diag_paths"] = {name: round(((t == 1).sum() / (t >= 0).sum()).item(), 4)
+                                 for name, t in paths.items()}
+        if any(fraction > 0 for fraction in timings["diag_paths"].values()):
+            ref = full(limit=0.0)
+            timings["factored_vs_loop"] = {f"d{i}": _rel(o, r) for i, (o, r) in enumerate(zip(out, ref))
+                                           if o is not None}
     if check_scratch:
         with scratch_mode("lowp"):
             lowp = full()
@@ -183,7 +188,7 @@ def work_estimate(kind, shape, chunk, dv=None, ds_bytes=2):
     from hdla_vision.kernels.generalized import bwd as _bwd
     batch, seq_len, heads, dk = shape
     dv = dv or dk
-    r_ab, r_kv, scalar = VARIANTS[kind]
+    r_ab, r_kv, scalar = VARIANTS["kda" if kind == "rab1" else kind]
     c, nt = chunk, triton.cdiv(seq_len, chunk)
     r, rk = r_ab * c, r_kv * c
     blocks = batch * heads * nt
@@ -272,6 +277,9 @@ def main():
                         help="B2's diagonal-block limits to time, comma-separated: 'default' or a float (0: the "
                              "token loop everywhere)")
     parser.add_argument("--gates", default="mild", help="comma-separated: mild, fast (GATES)")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="skip the diagonal-path record and the token-loop comparison (their kernel variants "
+                             "compile anew: a cold cache's minutes)")
     parser.add_argument("--scratch", default="default",
                         help="B2's scratch dtypes to time, comma-separated: default (the module's or "
                              "$HDLA_VISION_B2_SCRATCH), lowp, fp32; with both lowp and fp32, lowp's runs also "
@@ -296,7 +304,8 @@ def main():
                         t = time_case(kind, SHAPES[name], chunk, args.profile,
                                       None if groups == "auto" else int(groups),
                                       None if limit == "default" else float(limit), gates,
-                                      check_scratch=scratch == "lowp" and "fp32" in scratches)
+                                      check_scratch=scratch == "lowp" and "fp32" in scratches,
+                                      check_paths=not args.timing_only)
                 except Exception as exc:  # noqa: BLE001  one failing configuration must not end the sweep
                     t = {"error": f"{type(exc).__name__}: {str(exc)[-400:]}"}
                 run = dict(shape=name, bthd=SHAPES[name], kind=kind, chunk=chunk, groups=groups, gates=gates,
