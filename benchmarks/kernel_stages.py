@@ -39,6 +39,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from benchmarks.timing import median_ms
 from tools.provenance import provenance
 
 SHAPES = {"vision": (128, 196, 3, 64), "hires": (8, 4096, 3, 64), "lm": (4, 4096, 16, 128),
@@ -150,11 +151,6 @@ def parity_sweep(workers=8):
 
 
 # ----------------------------------------------------------------------------- timing
-def _bench(fn):
-    import triton
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
 def _timing_inputs(kind, shape, gates="mild", dev="cuda"):
     """bf16 inputs (g fp32) of ``kind``: hdla; kda_like (r_ab = r_kv = 1, vector decay); rank2 (r_ab =
     r_kv = 2, vector decay). Gates: mild, logsigmoid(randn + 2); fast, log lambda uniform in [-20, 0]."""
@@ -216,14 +212,14 @@ def time_forward(shapes, variants):
     for name, shape in shapes.items():
         batch, seq_len, heads, d = shape
         qs = torch.randn(batch, heads, seq_len, d, device="cuda", dtype=torch.bfloat16)
-        sdpa = _bench(lambda: F.scaled_dot_product_attention(qs, qs, qs, is_causal=True))
+        sdpa = median_ms(lambda: F.scaled_dot_product_attention(qs, qs, qs, is_causal=True))
         for kind in ("hdla", "kda_like"):
             p = _timing_inputs(kind, shape)
-            old = _bench(_old_forward(p))
+            old = median_ms(_old_forward(p))
             for chunk, bv, warps in variants(d):
                 try:
                     fns, c = _new_forward_fns(p, chunk, bv, warps)
-                    res = {key: _bench(fn) for key, fn in fns.items()}
+                    res = {key: median_ms(fn) for key, fn in fns.items()}
                 except Exception as exc:  # noqa: BLE001 (a variant that does not compile is recorded)
                     res, c = dict(error=repr(exc)[:300]), chunk
                 row = dict(shape=name, B_T_H_D=shape, kind=kind, chunk=c, f2_bv=bv, f2_warps=warps, ms=res,
@@ -258,7 +254,7 @@ def time_state_pass(shapes, groups_list, kinds=("hdla", "kda_like")):
                 try:
                     h, final = fwd.chunk_state_pass(prep, None, groups=n_groups)
                     res = dict(groups_run=prep["f2_groups"], h_rel=_rel(h, h1), final_rel=_rel(final, final1),
-                               f2_ms=_bench(lambda: fwd.chunk_state_pass(prep, None, groups=n_groups)))
+                               f2_ms=median_ms(lambda: fwd.chunk_state_pass(prep, None, groups=n_groups)))
                 except Exception as exc:  # noqa: BLE001 (a variant that fails is recorded)
                     res = dict(error=repr(exc)[:300])
                 row = dict(shape=name, B_T_H_D=shape, kind=kind, chunk=prep["chunk"], groups=groups, **res)
@@ -316,7 +312,7 @@ def time_f1(shapes, kinds, gates_list, warm_only=False):
                         preps[limit] = f1()
                         if warm_only:
                             continue
-                        res = dict(f1_ms=_bench(f1), f1ab_us=_kernel_us(f1, "chunk_intra_kernel"))
+                        res = dict(f1_ms=median_ms(f1), f1ab_us=_kernel_us(f1, "chunk_intra_kernel"))
                         if limit > 0:
                             res["factored_predicted"] = predicted_share(preps[limit], limit)
                         else:

@@ -15,8 +15,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
-from hdla_vision.kernels.generalized.bwd import _chunk_prepare, generalized_backward  # noqa: E402
-from hdla_vision.kernels.generalized.fwd import chunk_state_pass  # noqa: E402
+from hdla_vision.kernels.generalized.bwd import generalized_backward  # noqa: E402
+from hdla_vision.kernels.generalized.fwd import chunk_prepare, chunk_state_pass  # noqa: E402
 from hdla_vision.kernels.generalized.naive import naive_generalized  # noqa: E402
 from hdla_vision.kernels.hdla.naive import naive_hdla  # noqa: E402
 from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCALE, SCRATCH_CASES  # noqa: E402
@@ -53,7 +53,7 @@ def _kernel_grads(kind, p, chunk, reverse, do, dht, dtype=torch.float32, **b2):
         args, beta = (f["q"], f["k"], f["v"], None, None, f["g"]), f["beta"]
     else:
         args, beta = tuple(f[n] for n in names), None
-    prep = _chunk_prepare(*args, SCALE, reverse, hdla_beta=beta, chunk=chunk)
+    prep = chunk_prepare(*args, SCALE, reverse, hdla_beta=beta, chunk=chunk)
     h, _ = chunk_state_pass(prep, h0f)
     out = generalized_backward(do.to(dtype), None if dht is None else dht.float(), *args, SCALE, h0f, h, reverse,
                                hdla_beta=beta, prep=prep, **b2)

@@ -42,8 +42,8 @@ def run_case(name, chunk=None):
     import torch
     import torch.nn.functional as F
 
-    from hdla_vision.kernels.generalized.bwd import _chunk_prepare, generalized_backward
-    from hdla_vision.kernels.generalized.fwd import chunk_state_pass
+    from hdla_vision.kernels.generalized.bwd import generalized_backward
+    from hdla_vision.kernels.generalized.fwd import chunk_prepare, chunk_state_pass
     from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
     from tests.oracle import rel_err
 
@@ -72,7 +72,7 @@ def run_case(name, chunk=None):
         beta = (2 * unif(batch, seq_len, heads)).float()
         g = gates(batch, seq_len, heads, dk)
         args = (q, k, v, None, None, g)
-        prep = _chunk_prepare(*args, 0.5, reverse, hdla_beta=beta, chunk=chunk)
+        prep = chunk_prepare(*args, 0.5, reverse, hdla_beta=beta, chunk=chunk)
         ref = hdla_backward_reference(do.double(), dht, q.double(), k.double(), v.double(), beta.double(),
                                       g.double(), 0.5, h0, reverse, prep["chunk"])
         names = ["dq", "dk", "dv", "dbeta", "dg", "dh0"]
@@ -84,7 +84,7 @@ def run_case(name, chunk=None):
         b = (rnd(batch, seq_len, heads, r_ab, dk) / dk**0.5).to(bf)
         g = gates(batch, seq_len, heads, *(() if cfg.get("per_head") else (dk,)))
         args = (q, k, v, a, b, g)
-        prep = _chunk_prepare(*args, 0.5, reverse, chunk=chunk)
+        prep = chunk_prepare(*args, 0.5, reverse, chunk=chunk)
         ref = generalized_backward_reference(do.double(), dht, *(x.double() for x in args), 0.5, h0, reverse,
                                              prep["chunk"])
         names = ["dq", "dk", "dv", "da", "db", "dg", "dh0"]

@@ -15,7 +15,7 @@ from hdla_vision.training import runner
 from hdla_vision.training.data import EpochOrder
 from hdla_vision.training.models import create_model
 from hdla_vision.training.records import read_metrics
-from tests.training_helpers import reset_accelerate_state, subset_dataset, tiny_config
+from tests.training_helpers import reset_accelerate_state, subset_dataset, tiny_config, train_killed_after_step
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # Accelerate's singletons, per test
 
@@ -74,18 +74,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(trained_run, data_dir, 
     """
     reference_dir, _ = trained_run
     config = tiny_config(data_dir, train={"checkpoint_every_steps": 2, "keep_checkpoints": 10})
-    real_save = ckpt.save_checkpoint
-
-    def save_then_die(accelerator, output_dir, state, *args, **kwargs):
-        path = real_save(accelerator, output_dir, state, *args, **kwargs)
-        if state.global_step == 4:
-            raise KeyboardInterrupt("simulated kill after step 4")
-        return path
-
-    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        runner.train(config, tmp_path)
-    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    train_killed_after_step(config, tmp_path, 4, monkeypatch)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")][-1] == "step_00000004"
 
     reset_accelerate_state()

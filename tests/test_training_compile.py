@@ -13,7 +13,7 @@ from hdla_vision.training import runner
 from hdla_vision.training.config import config_from_dict
 from hdla_vision.training.models import create_model
 from hdla_vision.training.records import read_metrics
-from tests.training_helpers import reset_accelerate_state, tiny_config
+from tests.training_helpers import reset_accelerate_state, tiny_config, train_killed_after_step
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -75,18 +75,7 @@ def test_compiled_run_saves_plain_state_dicts(runs, data_dir):
 
 def test_compiled_run_resumes_exactly(runs, data_dir, tmp_path, monkeypatch):
     """Killed after the step-4 checkpoint and resumed (compiled again): the uninterrupted compiled run's weights."""
-    real_save = ckpt.save_checkpoint
-
-    def save_then_die(accelerator, output_dir, state, *args, **kwargs):
-        path = real_save(accelerator, output_dir, state, *args, **kwargs)
-        if state.global_step == 4:
-            raise KeyboardInterrupt("simulated kill after step 4")
-        return path
-
-    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        runner.train(_config(data_dir, True), tmp_path)
-    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    train_killed_after_step(_config(data_dir, True), tmp_path, 4, monkeypatch)
     reset_accelerate_state()
     torch._dynamo.reset()  # compile again, as a new process would
     runner.train(_config(data_dir, True), tmp_path, resume="auto")

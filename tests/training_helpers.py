@@ -4,10 +4,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 from accelerate.state import AcceleratorState, GradientState
 
 import hdla_vision  # noqa: F401  (registers the timm models)
+from hdla_vision.training import checkpoint as ckpt
+from hdla_vision.training import runner
 from hdla_vision.training.config import config_from_dict
 from hdla_vision.training.quickstart import CLASS_NAMES, ensure_quickstart_dataset
 
@@ -21,6 +24,23 @@ def reset_accelerate_state() -> None:
     """Accelerate keeps process-wide singletons; each in-process run builds its own Accelerator."""
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+def train_killed_after_step(config, out_dir: Path, step: int, monkeypatch) -> None:
+    """``runner.train(config, out_dir)`` killed (KeyboardInterrupt) right after the checkpoint of global
+    step ``step`` is written, as a killed process would stop; checkpoint saving is restored after."""
+    real_save = ckpt.save_checkpoint
+
+    def save_then_die(accelerator, output_dir, state, *args, **kwargs):
+        path = real_save(accelerator, output_dir, state, *args, **kwargs)
+        if state.global_step == step:
+            raise KeyboardInterrupt(f"simulated kill after step {step}")
+        return path
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        runner.train(config, out_dir)
+    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
 
 
 def tiny_dataset(cache: Path) -> Path:

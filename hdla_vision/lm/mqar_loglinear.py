@@ -229,13 +229,14 @@ def run_id(cell: dict) -> str:
 
 
 def run_text(record) -> str:
-    """A run's cell in the grid: best accuracy, epochs run, how it stopped; ``not run`` without a record."""
+    """A run's cell in a grid: best accuracy, epochs run, how it stopped; ``not run`` without a record
+    (the one format of every MQAR report, :func:`hdla_vision.lm.mqar_report.cell_text` too)."""
     if record is None:
         return "not run"
     acc = f"{100 * run_score(record):.2f}%"
     if record["status"] != "done":
         return f"{acc} (e{record['epochs_run']}/{record['epochs_planned']}, unfinished)"
-    stop = "early stop" if record["stop_reason"] == "early_stop" else "all epochs"
+    stop = {"early_stop": "early stop", "epochs": "all epochs", "steps": "all steps"}[record["stop_reason"]]
     return f"{acc} (e{record['epochs_run']}, {stop})"
 
 

@@ -94,16 +94,6 @@ def record_cell(record: dict) -> dict:
 
 
 # -- tables -------------------------------------------------------------------------------------
-def cell_text(record) -> str:
-    if record is None:
-        return "not run"
-    acc = f"{100 * (record['best_accuracy'] or 0):.2f}%"
-    if record["status"] != "done":
-        return f"{acc} (e{record['epochs_run']}/{record['epochs_planned']}, unfinished)"
-    stop = {"early_stop": "early stop", "epochs": "all epochs", "steps": "all steps"}[record["stop_reason"]]
-    return f"{acc} (e{record['epochs_run']}, {stop})"
-
-
 def grid_table(records: list, cells: list) -> str:
     """One row per (preset, filler, length, model, lr), one column per seed: the planned cells, and
     the runs outside the plan in rows of their own (marked)."""
@@ -120,7 +110,7 @@ def grid_table(records: list, cells: list) -> str:
     lines = ["| preset | filler | L | kv pairs | model | lr | " + " | ".join(f"seed {s}" for s in seeds) + " |",
              "|---|---|---|---|---|---|" + "---|" * len(seeds)]
     for key in sorted(rows, key=lambda k: (k[0], k[1], k[2], k[4], k[5])):
-        texts = [cell_text(rows[key][s]) if s in rows[key] else "-" for s in seeds]
+        texts = [mqar_loglinear.run_text(rows[key][s]) if s in rows[key] else "-" for s in seeds]
         marker = "" if key in planned_rows else " (outside the plan)"
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]}{marker} | {key[5]:.3g} | "
                      + " | ".join(texts) + " |")

@@ -189,15 +189,6 @@ def _pow2(n: int) -> int:
     return 1 if n <= 1 else triton.next_power_of_2(n)
 
 
-def _chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None):
-    """The forward's chunk preparation (``fwd.chunk_prepare``: N, Qeff, gamma per chunk and the chunk
-    size, with the same default chunk rule, so it matches the forward's h; ``chunk`` forces one, for tests). The layouts agree with B1/B2:
-    N ``[B, H, NT, K, K]``, Qeff ``[B, H, NT*C, K]`` in scan order, gamma ``[B, H, NT, K]`` fp32. At
-    r_ab = 0 there is no N (None): the state passes, F2 and B1, skip its product. B2 reads none of prep
-    (it recomputes its Gram matrices); G, W, U are not reused."""
-    return fwd.chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta, chunk=chunk)
-
-
 def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
     """Shape checks (ValueError naming the argument) before any launch."""
     batch, seq_len, heads, dk = q.shape
@@ -231,7 +222,9 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
         k ``[B, T, H, r_kv, K]``, v ``[B, T, H, r_kv, V]``, a, b ``[B, T, H, r_ab, K]`` (HDLA: k
         ``[B, T, H, K]``, v ``[B, T, H, V]``, a = b = None, ``hdla_beta [B, T, H]``); g ``[B, T, H, K]``
         or ``[B, T, H]``; h ``[B, H, NT, K, V]`` the states entering each chunk (the forward's);
-        prep: the forward's ``chunk_prepare`` dict if the caller kept it (else recomputed).
+        prep: the forward's ``fwd.chunk_prepare`` dict (N ``[B, H, NT, K, K]``, None at r_ab = 0;
+            Qeff ``[B, H, NT*C, K]`` in scan order; gamma ``[B, H, NT, K]`` fp32) if the caller kept it
+            (else recomputed with the same chunk rule, so that it matches h).
         stages: a dict that, if given, receives ``b1`` and ``b2``: closures that relaunch each kernel
             with the same arguments (per-kernel timing, benchmarks/kernel_stages_bwd.py), and
             ``b1_groups``, the group count B1 ran with.
@@ -250,7 +243,7 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     if prep is None:
-        prep = _chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta)
+        prep = fwd.chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta)
     c = prep["chunk"]
     nt = triton.cdiv(seq_len, c)
     if h.shape[2] != nt:
