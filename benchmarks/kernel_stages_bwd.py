@@ -7,6 +7,9 @@
         # B2's diagonal Gram blocks: the factored product (default limit) against the token loop (0),
         # with mild gates (every block factored) and fast ones (log-decay uniform in [-20, 0]: every
         # vector-decay block falls back to the token loop)
+    python -m benchmarks.kernel_stages_bwd --scratch lowp,fp32 --profile
+        # B2's operand-only scratch in 16 bits (the default) against all scratch fp32 (bwd_chunk.scratch_dtypes),
+        # with every gradient of the two compared bit for bit (lowp_scratch_equal)
     python -m benchmarks.kernel_stages_bwd --aot [--kinds hdla,kda] [--no-head-dims]   # no GPU
 
 --aot compiles the kernels for the H100 (tools/aot_check.py) and prints registers, spills, shared
@@ -20,6 +23,7 @@ the kernels' run time does not depend on their values, and the backward is timed
 (the forward's kernels: ``benchmarks.kernel_stages``). Variants: HDLA, and r_ab = 1 with vector decay.
 """
 import argparse
+import contextlib
 import json
 import os
 
@@ -87,13 +91,34 @@ def _rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, gates="mild"):
+@contextlib.contextmanager
+def scratch_mode(mode):
+    """B2's scratch dtypes (``$HDLA_VISION_B2_SCRATCH``: lowp or fp32; None: leave it) inside the block."""
+    name = "HDLA_VISION_B2_SCRATCH"
+    before = os.environ.get(name)
+    if mode is not None:
+        os.environ[name] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, gates="mild", check_scratch=False,
+              check_paths=True):
     """do_bench medians of B1 + B2, B1 and B2 (and B2's launches with ``profile``); ``groups``: B1's
     two-level groups (None: the launcher's rule). Other than 1 group, also the relative difference of
     every gradient from the one-level B1's (``two_level_vs_one_level``, bf16 parity). ``diag_limit``:
     B2's bound for the factored diagonal Gram blocks (None: the default; 0: all token by token), and
     ``diag_paths``, the fraction of diagonal blocks (S2 and S5a) that took the product, and where some
-    did, ``factored_vs_loop``: every gradient's relative difference from the token loop's (bf16 parity)."""
+    did, ``factored_vs_loop``: every gradient's relative difference from the token loop's (bf16 parity).
+    ``check_scratch``: ``lowp_scratch_equal``, whether each gradient with B2's 16-bit scratch equals
+    (torch.equal) the one with all scratch fp32 (the caller's scratch mode is timed). ``check_paths``
+    False skips ``diag_paths`` and ``factored_vs_loop``, whose kernel variants (the path record, the
+    token loop alone) each compile anew."""
     batch, seq_len, heads, d = shape
     x = _inputs(kind, batch, seq_len, heads, d, chunk, gates=gates)
     timings = {}
@@ -104,13 +129,22 @@ def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, g
                                         hdla_beta=x["beta"], prep=x["prep"], stages=stages, groups=n_groups,
                                         diag_limit=limit, diag_paths=paths)
 
-    paths = {}
-    out = full(paths=paths)
-    timings["diag_paths"] = {name: round(((t == 1).sum() / (t >= 0).sum()).item(), 4) for name, t in paths.items()}
-    if any(fraction > 0 for fraction in timings["diag_paths"].values()):
-        ref = full(limit=0.0)
-        timings["factored_vs_loop"] = {f"d{i}": _rel(o, r) for i, (o, r) in enumerate(zip(out, ref))
-                                       if o is not None}
+    if check_paths:
+        paths = {}
+        out = full(paths=paths)
+        timings["diag_paths"] = {name: round(((t == 1).sum() / (t >= 0).sum()).item(), 4)
+                                 for name, t in paths.items()}
+        if any(fraction > 0 for fraction in timings["diag_paths"].values()):
+            ref = full(limit=0.0)
+            timings["factored_vs_loop"] = {f"d{i}": _rel(o, r) for i, (o, r) in enumerate(zip(out, ref))
+                                           if o is not None}
+    if check_scratch:
+        with scratch_mode("lowp"):
+            lowp = full()
+        with scratch_mode("fp32"):
+            ref = full()
+        timings["lowp_scratch_equal"] = {f"d{i}": torch.equal(o, r) for i, (o, r) in enumerate(zip(lowp, ref))
+                                         if o is not None}
     stages.clear()
 
     out = full()
@@ -154,7 +188,7 @@ def work_estimate(kind, shape, chunk, dv=None, ds_bytes=2):
     from hdla_vision.kernels.generalized import bwd as _bwd
     batch, seq_len, heads, dk = shape
     dv = dv or dk
-    r_ab, r_kv, scalar = VARIANTS[kind]
+    r_ab, r_kv, scalar = VARIANTS["kda" if kind == "rab1" else kind]
     c, nt = chunk, triton.cdiv(seq_len, chunk)
     r, rk = r_ab * c, r_kv * c
     blocks = batch * heads * nt
@@ -243,24 +277,39 @@ def main():
                         help="B2's diagonal-block limits to time, comma-separated: 'default' or a float (0: the "
                              "token loop everywhere)")
     parser.add_argument("--gates", default="mild", help="comma-separated: mild, fast (GATES)")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="skip the diagonal-path record and the token-loop comparison (their kernel variants "
+                             "compile anew: a cold cache's minutes)")
+    parser.add_argument("--scratch", default="default",
+                        help="B2's scratch dtypes to time, comma-separated: default (the module's or "
+                             "$HDLA_VISION_B2_SCRATCH), lowp, fp32; with both lowp and fp32, lowp's runs also "
+                             "compare the two bit for bit")
     args = parser.parse_args()
     if args.aot:
         kinds = "hdla,kda,gla,gdn,gdp" if args.kinds == "hdla,rab1" else args.kinds
         aot_report(kinds.split(","), args.shapes.split(","), not args.no_head_dims, getattr(torch, args.dtype))
         return
+    scratches = args.scratch.split(",")
+    unknown = set(scratches) - {"default", "lowp", "fp32"}
+    if unknown:
+        raise ValueError(f"--scratch: unknown modes {sorted(unknown)} (default, lowp, fp32)")
     results = dict(provenance(torch.cuda.get_device_name()), runs=[])
     for name in args.shapes.split(","):
         for kind in args.kinds.split(","):
-            for chunk, groups, gates, limit in ((int(c), g, gt, lim) for c in args.chunks.split(",")
-                                                 for g in args.groups.split(",") for gt in args.gates.split(",")
-                                                 for lim in args.diag_limits.split(",")):
+            for chunk, groups, gates, limit, scratch in (
+                    (int(c), g, gt, lim, sc) for c in args.chunks.split(",") for g in args.groups.split(",")
+                    for gt in args.gates.split(",") for lim in args.diag_limits.split(",") for sc in scratches):
                 try:
-                    t = time_case(kind, SHAPES[name], chunk, args.profile, None if groups == "auto" else int(groups),
-                                  None if limit == "default" else float(limit), gates)
+                    with scratch_mode(None if scratch == "default" else scratch):
+                        t = time_case(kind, SHAPES[name], chunk, args.profile,
+                                      None if groups == "auto" else int(groups),
+                                      None if limit == "default" else float(limit), gates,
+                                      check_scratch=scratch == "lowp" and "fp32" in scratches,
+                                      check_paths=not args.timing_only)
                 except Exception as exc:  # noqa: BLE001  one failing configuration must not end the sweep
                     t = {"error": f"{type(exc).__name__}: {str(exc)[-400:]}"}
                 run = dict(shape=name, bthd=SHAPES[name], kind=kind, chunk=chunk, groups=groups, gates=gates,
-                           diag_limit=limit, **t)
+                           diag_limit=limit, scratch=scratch, **t)
                 results["runs"].append(run)
                 print(json.dumps(run), flush=True)
                 with open(args.out, "w") as f:

@@ -5,6 +5,7 @@ never import it from a test.
 
     python -m tests.chunk_bwd_worker [NAME ...]          # CASES (fp32)
     python -m tests.chunk_bwd_worker --diag [NAME ...]   # DIAG_CASES: default and forced token loop, paths
+    python -m tests.chunk_bwd_worker --scratch [NAME ...]   # SCRATCH_CASES: fp16, B2's scratch fp32 and 16-bit
 """
 import json
 import os
@@ -18,7 +19,7 @@ from hdla_vision.kernels.generalized.bwd import generalized_backward  # noqa: E4
 from hdla_vision.kernels.generalized.fwd import chunk_prepare, chunk_state_pass  # noqa: E402
 from hdla_vision.kernels.generalized.naive import naive_generalized  # noqa: E402
 from hdla_vision.kernels.hdla.naive import naive_hdla  # noqa: E402
-from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCALE  # noqa: E402
+from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCALE, SCRATCH_CASES  # noqa: E402
 from tests.oracle import generalized_problem, hdla_problem, rel_err  # noqa: E402
 
 
@@ -108,10 +109,33 @@ def _run_diag(kind, problem, chunk, reverse, dtype, gates):
     return result
 
 
+def _run_scratch(kind, problem, chunk, reverse):
+    """One SCRATCH_CASES entry on fp16 inputs, B2 with every scratch tensor fp32 and with the operand-only
+    ones 16-bit ($HDLA_VISION_B2_SCRATCH): per gradient, whether the two are bit-identical, their largest
+    difference and the 16-bit run's error against the float64 loop; and the scratch tensors held in 16 bits."""
+    from hdla_vision.kernels.generalized.bwd_chunk import scratch_dtypes
+
+    make = hdla_problem if kind == "hdla" else generalized_problem
+    p = {n: None if x is None else x.half().double() for n, x in make(**problem).items()}  # what the kernels get
+    do, dht, ref = _loop_grads(kind, p, reverse, True)
+    runs = {}
+    for mode in ("fp32", "lowp"):
+        os.environ["HDLA_VISION_B2_SCRATCH"] = mode
+        runs[mode] = _kernel_grads(kind, p, chunk, reverse, do, dht, torch.float16)
+    del os.environ["HDLA_VISION_B2_SCRATCH"]
+    grad_names = _names(kind) + ["h0"]
+    r_ab = 2 if kind == "hdla" else problem["r_ab"]
+    return {"identical": {n: torch.equal(m, r) for n, m, r in zip(grad_names, runs["lowp"], runs["fp32"])},
+            "max_diff": {n: (m.double() - r.double()).abs().max().item() if m.numel() else 0.0
+                         for n, m, r in zip(grad_names, runs["lowp"], runs["fp32"])},
+            "error": {n: rel_err(m, r) for n, m, r in zip(grad_names, runs["lowp"], ref)},
+            "lowp_scratch": sorted(scratch_dtypes(torch.float16, torch.float16, r_ab))}
+
+
 def main(args):
-    diag = "--diag" in args
-    names = [a for a in args if a != "--diag"]
-    cases, run = (DIAG_CASES, _run_diag) if diag else (CASES, _run)
+    modes = {"--diag": (DIAG_CASES, _run_diag), "--scratch": (SCRATCH_CASES, _run_scratch)}
+    names = [a for a in args if a not in modes]
+    cases, run = next((modes[a] for a in args if a in modes), (CASES, _run))
     json.dump({name: run(*case) for name, case in cases.items() if not names or name in names}, sys.stdout)
 
 

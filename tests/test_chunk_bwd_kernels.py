@@ -2,7 +2,7 @@
 and the Triton kernels of kernels/generalized/bwd.py under TRITON_INTERPRET=1 (fp32, CPU, in a
 subprocess: tests/chunk_bwd_worker.py) against the same, relative error < 1e-4 for every gradient;
 B2's diagonal Gram blocks on both of their paths (the factored product and the token loop), each
-block's path as its gates decide."""
+block's path as its gates decide; B2's 16-bit scratch bit-identical to fp32 scratch (fp16 inputs)."""
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ import torch
 from hdla_vision.kernels.generalized.naive import naive_generalized
 from hdla_vision.kernels.hdla.naive import naive_hdla
 from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
-from tests.chunk_bwd_cases import CASES, DIAG_CASES
+from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCRATCH_CASES
 from tests.oracle import generalized_problem, hdla_problem, rel_err
 from tests.interpreted import run_interpreted_json
 
@@ -165,3 +165,45 @@ def test_diag_precision_rule(monkeypatch):
     monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "fp8")
     with pytest.raises(ValueError, match="HDLA_VISION_DIAG_PRECISION"):
         bwd_chunk.diag_lowp(1)
+
+
+@pytest.fixture(scope="module")
+def scratch_results():
+    return run_interpreted_json("tests.chunk_bwd_worker", args=["--scratch"])
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(SCRATCH_CASES))
+def test_lowp_scratch_is_bit_identical(scratch_results, case):
+    """fp16 inputs: every gradient with B2's operand-only scratch in fp16 (S4 reading T and At from fp16
+    copies) equals (torch.equal) the one with all scratch fp32 and no copies, and is within the fp16
+    tolerance of the float64 loop."""
+    from hdla_vision.kernels.generalized.bwd_chunk import OPERAND_COPIES, OPERAND_ONLY
+
+    result = scratch_results[case]
+    assert len(result["identical"]) >= 6, result
+    assert set(OPERAND_ONLY + OPERAND_COPIES) | {"dvs"} <= set(result["lowp_scratch"]), result["lowp_scratch"]
+    differ = {name: result["max_diff"][name] for name, same in result["identical"].items() if not same}
+    assert not differ, f"{case}: 16-bit scratch changed these gradients (largest difference): {differ}"
+    bad = {name: err for name, err in result["error"].items() if not err < FP16_TOL}
+    assert not bad, f"{case}: relative errors above {FP16_TOL}: {bad}"
+
+
+def test_scratch_dtypes_rule(monkeypatch):
+    """Only 16-bit inputs get 16-bit scratch and S4's 16-bit copies of T and At (M_QK only at r_ab = 0, where
+    no fp32 sum reads it; dV's stack in v's dtype); "fp32" turns it off; a bad name raises."""
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    monkeypatch.delenv("HDLA_VISION_B2_SCRATCH", raising=False)
+    bf, fp = torch.bfloat16, torch.float16
+    assert bwd_chunk.scratch_dtypes(torch.float32, torch.float32, 2) == {}
+    lowp = bwd_chunk.scratch_dtypes(bf, bf, 2)
+    assert set(lowp) == set(bwd_chunk.OPERAND_ONLY + bwd_chunk.OPERAND_COPIES) | {"dvs"}
+    assert set(lowp.values()) == {bf}
+    assert bwd_chunk.scratch_dtypes(fp, fp, 0)["mqk"] == fp
+    assert bwd_chunk.scratch_dtypes(bf, torch.float32, 1)["dvs"] == torch.float32
+    monkeypatch.setenv("HDLA_VISION_B2_SCRATCH", "fp32")
+    assert bwd_chunk.scratch_dtypes(bf, bf, 2) == {}
+    monkeypatch.setenv("HDLA_VISION_B2_SCRATCH", "fp8")
+    with pytest.raises(ValueError, match="HDLA_VISION_B2_SCRATCH"):
+        bwd_chunk.scratch_dtypes(bf, bf, 2)

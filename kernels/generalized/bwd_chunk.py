@@ -28,7 +28,9 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
 Products take bf16 (fp16) operands with fp32 accumulation for 16-bit inputs and exact fp32 (ieee) for
 fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs, the factored diagonal
 Gram products tf32x3 (:data:`DIAG_PRECISION`, kernels/README.md §8 Numerics: dg needs their precision).
-Scratch is fp32.
+Scratch is fp32, except for 16-bit inputs the tensors that only S4's products read (:data:`OPERAND_ONLY`,
+stored in the dtype those products cast them to: the same bits, half the bytes), 16-bit copies of T and
+At that S4 reads instead (:data:`OPERAND_COPIES`), and dV's stack (dv's dtype); :func:`scratch_dtypes`.
 """
 import os
 
@@ -47,6 +49,53 @@ DIAG_LIMIT = 30.0
 # ``$HDLA_VISION_DIAG_PRECISION`` (bf16 / tf32 / tf32x3) overrides it, for the stage benchmarks.
 DIAG_PRECISIONS = {"bf16": 1, "tf32": 0, "tf32x3": 3}
 DIAG_PRECISION = "tf32x3"
+
+# B2's scratch (chunk_vjp's z[...], per chunk) by producer and consumers. "operand": an S4 product's
+# operand, which _dot casts to the input's 16-bit dtype for 16-bit inputs (_gemm_part's load, then _dot
+# with LOWP); "cin": S4's fp32 addend; "stack": a Gram's x or y stack, multiplied by its exp factors before
+# the product (S2, S5a); "D": a Gram VJP's cotangent (S5a: the factored diagonal block takes it as a
+# DLOWP = tf32x3 operand, the per-head decay and the token loop elementwise); "S5"/"S6": elementwise reads.
+#   gs, gps   S1    S2, S5a, S5 (exp arguments)                   fp32
+#   s         S1    S5, S6 (HDLA)                                  fp32
+#   xq        S1    S2, S5a stack; S5                              fp32
+#   kf        S1    S2, S5a stack; S5                              fp32
+#   kt        S1    et cin (r_ab > 0; at r_ab = 0 it is et, dvs's operand); S5   fp32
+#   af, bf    S1    S2, S5a stack; S5                              fp32
+#   at        S1    et, du, dw operand; S5                         fp32, S4 reads its 16-bit copy at16
+#   bh        S1    w operand; S5                                  fp32
+#   vf        S1    dmo, det operand                               16-bit
+#   dos       S1    dqe, dmo, dvs operand                          16-bit
+#   mqk       S2    mo cin (r_ab > 0); dvs operand (r_ab = 0: mo)  16-bit at r_ab = 0, else fp32
+#   mqa       S2    mo, du, dw operand                             16-bit
+#   lab       S2    S3 (ieee / tf32 reads)                         fp32
+#   lkb       S2    u operand                                      16-bit
+#   tm        S3    S3 (earlier rows read back, tf32); w, u, dwp, dup operand   fp32, S4 reads tm16
+#   w         S4    dat, dmqa, dlab operand                        16-bit
+#   u         S4    mo, et, dat, dmqa, dlab operand                16-bit
+#   mo, et    S4    dvs operand                                    16-bit
+#   dqe       S4    dw, dmqa operand; S5                           fp32
+#   dmo       S4    du, dmqa operand; D of M_QK                    fp32
+#   det       S4    dat, du operand; S5                            fp32
+#   dvs       S4    S7, which casts it to dv's dtype               dv's dtype (one rounding either way)
+#   dn        S4    dat, dw operand                                16-bit
+#   dat, dwp  S4    S5                                             fp32
+#   du, dw    S4    dup, dwp operand                               16-bit
+#   dmqa      S4    D of M_QA                                      fp32
+#   dup       S4    dlab operand; D of L_KB                        fp32
+#   dlab      S4    D of L_AB                                      fp32
+#   gx*, gy*  S5a   S5                                             fp32
+#   red       S5    S6                                             fp32
+# A 16-bit tensor is rounded once where it is stored instead of at each product that reads it (the same
+# round-to-nearest-even conversion), so the gradients are bit-identical to fp32 scratch
+# (tests/test_chunk_bwd_kernels.py::test_lowp_scratch_is_bit_identical).
+OPERAND_ONLY = ("vf", "dos", "mqa", "lkb", "w", "u", "mo", "et", "dn", "du", "dw")
+# fp32 tensors that S4 reads often enough to pay for a 16-bit copy written beside them by their producer
+# (2 bytes written, 2 saved per product that reads it): T (S3; w, u, dwp, dup) and At (S1; et, du, dw).
+OPERAND_COPIES = ("tm16", "at16")
+# "lowp": the above for 16-bit inputs; "fp32": every scratch tensor fp32 (the benchmarks' comparison, the
+# bit-identity test). ``$HDLA_VISION_B2_SCRATCH`` overrides it, read at every chunk_vjp call.
+SCRATCH_MODES = ("lowp", "fp32")
+SCRATCH = "lowp"
 
 
 @triton.jit
@@ -109,21 +158,32 @@ def _load_tile(ptr, blk, rows, NROWS: tl.constexpr, K, ck, mk):
 @triton.jit
 def _store_rank_rows(ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.constexpr, D, cd, md):
     """Store per-token rows x [C, BD] as rank l of a [blocks, C*RP, D] stack."""
-    tl.store(ptr + (blk * C * RP + ct * RP + l)[:, None] * D + cd[None, :], x, mask=md[None, :])
+    tl.store(ptr + (blk * C * RP + ct * RP + l)[:, None] * D + cd[None, :], x.to(ptr.dtype.element_ty),
+             mask=md[None, :])
+
+
+@triton.jit
+def _store_with_copy(ptr, copy_ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.constexpr, D, cd, md,
+                     COPY: tl.constexpr):
+    """:func:`_store_rank_rows` into ptr and, with COPY, into copy_ptr (S4's 16-bit operand copy)."""
+    _store_rank_rows(ptr, x, blk, l, ct, RP, C, D, cd, md)
+    if COPY:
+        _store_rank_rows(copy_ptr, x, blk, l, ct, RP, C, D, cd, md)
 
 
 @triton.jit
 def _stacks_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, beta_ptr, g_ptr, do_ptr,
-    gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, bh_ptr, vf_ptr, dos_ptr,
+    gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, at16_ptr, bh_ptr, vf_ptr, dos_ptr,
     T, H, K, V, NT, scale,
     C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
-    LOG_ZERO: tl.constexpr,
+    LOG_ZERO: tl.constexpr, AT16: tl.constexpr,
 ):
     """S1, grid (NT, B*H). Writes G, G' ([blocks, C, K] or [blocks, C]), HDLA's s [blocks, C], scale*q
-    [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K], Vbar [blocks, C*RKP, V],
-    dO [blocks, C, V]; padded rank rows and steps past T are 0."""
+    [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K] (AT16: At also into
+    at16, S4's 16-bit copy), Vbar [blocks, C*RKP, V], dO [blocks, C, V]; padded rank rows and steps past
+    T are 0."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -179,8 +239,8 @@ def _stacks_kernel(
             _store_rank_rows(af_ptr, kk, blk, 1, ct, 2, C, K, ck, mk)
             _store_rank_rows(bf_ptr, kk, blk, 0, ct, 2, C, K, ck, mk)
             _store_rank_rows(bf_ptr, b1, blk, 1, ct, 2, C, K, ck, mk)
-            _store_rank_rows(at_ptr, a0 * e_last, blk, 0, ct, 2, C, K, ck, mk)
-            _store_rank_rows(at_ptr, kk * e_last, blk, 1, ct, 2, C, K, ck, mk)
+            _store_with_copy(at_ptr, at16_ptr, a0 * e_last, blk, 0, ct, 2, C, K, ck, mk, AT16)
+            _store_with_copy(at_ptr, at16_ptr, kk * e_last, blk, 1, ct, 2, C, K, ck, mk, AT16)
             _store_rank_rows(bh_ptr, kk * e_excl, blk, 0, ct, 2, C, K, ck, mk)
             _store_rank_rows(bh_ptr, b1 * e_excl, blk, 1, ct, 2, C, K, ck, mk)
         else:
@@ -196,14 +256,15 @@ def _stacks_kernel(
                              other=0.0).to(tl.float32)
                 _store_rank_rows(af_ptr, al, blk, l, ct, RAP, C, K, ck, mk)
                 _store_rank_rows(bf_ptr, bl, blk, l, ct, RAP, C, K, ck, mk)
-                _store_rank_rows(at_ptr, al * e_last, blk, l, ct, RAP, C, K, ck, mk)
+                _store_with_copy(at_ptr, at16_ptr, al * e_last, blk, l, ct, RAP, C, K, ck, mk, AT16)
                 _store_rank_rows(bh_ptr, bl * e_excl, blk, l, ct, RAP, C, K, ck, mk)
     for v0 in range(0, V, BVS):
         cv = v0 + tl.arange(0, BVS)
         mv = cv < V
         m = valid[:, None] & mv[None, :]
         dov = tl.load(do_ptr + tok[:, None] * V + cv[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(dos_ptr + (blk * C + ct)[:, None] * V + cv[None, :], dov, mask=mv[None, :])
+        tl.store(dos_ptr + (blk * C + ct)[:, None] * V + cv[None, :], dov.to(dos_ptr.dtype.element_ty),
+                 mask=mv[None, :])
         for l in tl.static_range(RKP):
             vl = tl.load(v_ptr + (tok * RKV + l)[:, None] * V + cv[None, :], mask=m & (l < RKV),
                          other=0.0).to(tl.float32)
@@ -317,7 +378,7 @@ def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, path_ptr, blk, n, K, C: tl.co
                 Xs = tl.load(xg_ptr + blk * C + tx)
                 Ys = tl.load(g_ptr + blk * C + ry // RY)
                 acc = acc * tl.exp(tl.where(live, Xs[:, None] - Ys[None, :], float("-inf")))
-        tl.store(o_rows + ry[None, :], acc)
+        tl.store(o_rows + ry[None, :], acc.to(o_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -326,7 +387,8 @@ def _gram_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_p
                  RAP: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr,
                  DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
     """S2, grid (NT, B*H, C/16): row block n of M_QK [C, C*RKP], M_QA [C, C*RAP], L_AB [C*RAP, C*RAP]
-    (strictly lower by token) and L_KB [C*RAP, C*RKP] (strictly lower), fp32 scratch; Grams 0..3 of
+    (strictly lower by token) and L_KB [C*RAP, C*RKP] (strictly lower), scratch in the dtypes of
+    :func:`scratch_dtypes` (fp32 but M_QA, L_KB and, at r_ab = 0, M_QK for 16-bit inputs); Grams 0..3 of
     the path record."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     n = tl.program_id(2)
@@ -360,9 +422,12 @@ def _unit_lower_inverse16(d, RP: tl.constexpr):
 
 
 @triton.jit
-def _inverse_kernel(lab_ptr, t_ptr, NT, C: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr):
+def _inverse_kernel(lab_ptr, t_ptr, t16_ptr, NT, C: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr,
+                    T16: tl.constexpr):
     """S3, grid (NT, B*H): T [blocks, C*RAP, C*RAP] (zero above the diagonal blocks). Row block n's
-    off-diagonal blocks read the earlier rows of T back from scratch (a barrier after each row)."""
+    off-diagonal blocks read the earlier rows of T back from scratch (a barrier after each row). T16:
+    then T, read back once more (this program's own writes), into t16 (S4's 16-bit copy); a copy at
+    the end, not beside each store, keeps the rows' registers as they were."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     NR: tl.constexpr = SUB * RAP
     RA: tl.constexpr = C * RAP
@@ -385,20 +450,26 @@ def _inverse_kernel(lab_ptr, t_ptr, NT, C: tl.constexpr, RAP: tl.constexpr, F32:
             elif m > n:
                 tl.store(t_ptr + base + rn[:, None] * RA + rm[None, :], tl.zeros([NR, NR], dtype=tl.float32))
         tl.debug_barrier()
+    if T16:
+        cols = tl.arange(0, RA)
+        for n in tl.static_range(C // SUB):
+            rn = n * NR + r
+            off = base + rn[:, None] * RA + cols[None, :]
+            tl.store(t16_ptr + off, tl.load(t_ptr + off).to(t16_ptr.dtype.element_ty))
 
 
 # ----------------------------------------------------------------------------- S4: plain products
 @triton.jit
 def _gemm_part(a_ptr, sar, sac, b_ptr, sbr, sbc, rm, rn, mm, mn, KD, BKD: tl.constexpr, F32: tl.constexpr,
                LOWP: tl.constexpr):
-    """sum_k a[rm, k] b[k, rn] over k < KD (strided operands, masked): [BM, BN] fp32."""
+    """sum_k a[rm, k] b[k, rn] over k < KD (strided operands, fp32 or 16-bit, masked): [BM, BN] fp32."""
     acc = tl.zeros([rm.shape[0], rn.shape[0]], dtype=tl.float32)
     for k0 in range(0, KD, BKD):
         ck = k0 + tl.arange(0, BKD)
         mk = ck < KD
         a = tl.load(a_ptr + rm[:, None] * sar + ck[None, :] * sac, mask=mm[:, None] & mk[None, :], other=0.0)
         b = tl.load(b_ptr + ck[:, None] * sbr + rn[None, :] * sbc, mask=mk[:, None] & mn[None, :], other=0.0)
-        acc += _dot(a.to(tl.float32), b.to(tl.float32), F32, LOWP)
+        acc += _dot(a, b, F32, LOWP)  # 16-bit inputs: _dot casts (a no-op on 16-bit scratch)
     return acc
 
 
@@ -410,7 +481,8 @@ def _gemm_kernel(o_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, c_ptr,
                  HAS_C: tl.constexpr, MASK: tl.constexpr, RPR: tl.constexpr, RPC: tl.constexpr,
                  F32: tl.constexpr, LOWP: tl.constexpr):
     """S4, grid (blocks, M/BM, N/BN): o = al1 a1 b1 (+ al2 a2 b2) (+ c) per chunk, o and c dense
-    [blocks, M, N] fp32, operands strided (chunk, row, column strides: a transpose is a stride swap).
+    [blocks, M, N] (c fp32, o fp32 or the 16-bit dtype of :func:`scratch_dtypes`, rounded once at the
+    store), operands strided (chunk, row, column strides: a transpose is a stride swap) in any dtype.
     MASK 1 keeps column token <= row token (rows RPR, columns RPC rank rows per token)."""
     blk = tl.program_id(0).to(tl.int64)
     rm = tl.program_id(1) * BM + tl.arange(0, BM)
@@ -428,7 +500,7 @@ def _gemm_kernel(o_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, c_ptr,
         acc += tl.load(c_ptr + off, mask=m2, other=0.0)
     if MASK == 1:
         acc = tl.where((rn // RPC)[None, :] <= (rm // RPR)[:, None], acc, 0.0)
-    tl.store(o_ptr + off, acc, mask=m2)
+    tl.store(o_ptr + off, acc.to(o_ptr.dtype.element_ty), mask=m2)
 
 
 # ----------------------------------------------------------------------------- S5: Gram VJP, decays, dg
@@ -765,13 +837,20 @@ def _v(t, rows, cols, trans=False):
     return (t, rows * cols, 1, cols) if trans else (t, rows * cols, cols, 1)
 
 
-def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int) -> dict:
+def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: bool = False) -> dict:
     """B2's column tiles and warps, the one place to tune them: BKS of S2 (K columns per step of the Gram
     products), BK1 of S1 (the stacks), BKV of S5 (K columns per program), BVS (V columns per step);
-    diag_limit, the bound below which a diagonal token block takes the factored product (S2, S5a)."""
+    diag_limit, the bound below which a diagonal token block takes the factored product (S2, S5a);
+    stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
+    dM_QA's, spilled a register on sm_90a), else 3; ``$HDLA_VISION_B2_GEMM_STAGES`` overrides it (the
+    benchmarks). Its K loops take 1 to 4 steps of 64, so a third stage rarely has a load to hold; the
+    stage count moves loads, never the products' order (the gradients are the same bits)."""
     rows = chunk * max(_pow2(r_ab), _pow2(r_kv), 1)
+    stages = os.environ.get("HDLA_VISION_B2_GEMM_STAGES") or (2 if lowp_scratch else 3)
+    if str(stages) not in ("1", "2", "3", "4"):
+        raise ValueError(f"HDLA_VISION_B2_GEMM_STAGES must be 1 to 4, got {stages!r}")
     return dict(BKS=_tile(dk, 64), BK1=_tile(dk, 32), BKV=_tile(dk, 32), BVS=_tile(dv, 64),
-                warps_vjp=4 if rows <= 64 else 8, stages_vjp=1,
+                warps_vjp=4 if rows <= 64 else 8, stages_vjp=1, stages_gemm=int(stages),
                 warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4, diag_limit=DIAG_LIMIT)
 
 
@@ -784,6 +863,20 @@ def diag_lowp(lowp: int) -> int:
         raise ValueError(f"HDLA_VISION_DIAG_PRECISION must be one of {sorted(DIAG_PRECISIONS)}, got {name!r}")
     code = DIAG_PRECISIONS[name]
     return 0 if code == 1 and lowp == 2 else code
+
+
+def scratch_dtypes(q_dtype: torch.dtype, v_dtype: torch.dtype, r_ab: int) -> dict:
+    """{scratch name: dtype} for B2's scratch tensors not kept in fp32 (the table above): for 16-bit q
+    and :data:`SCRATCH` (or ``$HDLA_VISION_B2_SCRATCH``) "lowp", :data:`OPERAND_ONLY` (and M_QK at
+    r_ab = 0, where it is M_o) and :data:`OPERAND_COPIES` in q's dtype, the dtype _dot casts S4's operands
+    to, and dV's stack in v's dtype; empty for fp32 q or "fp32" (no copies then)."""
+    mode = os.environ.get("HDLA_VISION_B2_SCRATCH") or SCRATCH
+    if mode not in SCRATCH_MODES:
+        raise ValueError(f"HDLA_VISION_B2_SCRATCH must be one of {list(SCRATCH_MODES)}, got {mode!r}")
+    if mode == "fp32" or q_dtype not in (torch.bfloat16, torch.float16):
+        return {}
+    names = OPERAND_ONLY + OPERAND_COPIES + (() if r_ab else ("mqk",))
+    return dict({name: q_dtype for name in names}, dvs=v_dtype)
 
 
 def check_diag_limit(diag_limit) -> float:
@@ -820,20 +913,24 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     scalar = g.dim() == 3
     f32 = q.dtype == torch.float32
     lowp = 0 if f32 else (1 if q.dtype == torch.bfloat16 else 2)
-    cfg = b2_config(dk, dv, c, r_kv, r_ab)
+    dtypes = scratch_dtypes(q.dtype, v.dtype, r_ab)
+    cfg = b2_config(dk, dv, c, r_kv, r_ab, lowp_scratch=bool(dtypes))
     limit = check_diag_limit(cfg["diag_limit"] if diag_limit is None else diag_limit)
     dev = q.device
-    sc = lambda *shape: torch.empty(blocks, *shape, device=dev, dtype=torch.float32)  # noqa: E731
+    sc = lambda *shape, dtype=torch.float32: torch.empty(blocks, *shape, device=dev, dtype=dtype)  # noqa: E731
     gshape = (c,) if scalar else (c, dk)
-    z = dict(gs=sc(*gshape), gps=sc(*gshape), s=sc(c) if hdla else sc(0), xq=sc(c, dk), kf=sc(rk, dk),
-             kt=sc(rk, dk), vf=sc(rk, dv), dos=sc(c, dv), mqk=sc(c, rk), dqe=sc(c, dk), dmo=sc(c, rk),
-             det=sc(rk, dk), dvs=sc(rk, dv), gxqk=sc(c, dk), gyqk=sc(rk, dk))
+    shapes = dict(gs=gshape, gps=gshape, s=(c,) if hdla else (0,), xq=(c, dk), kf=(rk, dk), kt=(rk, dk),
+                  vf=(rk, dv), dos=(c, dv), mqk=(c, rk), dqe=(c, dk), dmo=(c, rk), det=(rk, dk), dvs=(rk, dv),
+                  gxqk=(c, dk), gyqk=(rk, dk))
     for name, shape in dict(af=(ra, dk), bf=(ra, dk), at=(ra, dk), bh=(ra, dk), mqa=(c, ra), lab=(ra, ra),
                             lkb=(ra, rk), tm=(ra, ra), w=(ra, dk), u=(ra, rk), mo=(c, rk), et=(rk, dk),
                             dn=(dk, dk), dat=(ra, dk), du=(ra, rk), dw=(ra, dk), dmqa=(c, ra), dwp=(ra, dk),
                             dup=(ra, rk), dlab=(ra, ra), gxqa=(c, dk), gyqa=(ra, dk), gxab=(ra, dk),
                             gyab=(ra, dk), gxkb=(ra, dk), gykb=(rk, dk)).items():
-        z[name] = sc(*shape) if r_ab else sc(0)
+        shapes[name] = shape if r_ab else (0,)
+    for name, shape in dict(tm16=(ra, ra), at16=(ra, dk)).items():  # S4's copies: only where 16-bit
+        shapes[name] = shape if r_ab and name in dtypes else (0,)
+    z = {name: sc(*shape, dtype=dtypes.get(name, torch.float32)) for name, shape in shapes.items()}
     dq, dk_, dv_, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
     da = torch.empty_like(a) if r_ab and not hdla else None
     db = torch.empty_like(b) if r_ab and not hdla else None
@@ -861,27 +958,31 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             out, a1, b1, a2, b2, cin if cin is not None else out, sa1b, sa1r, sa1c, sb1b, sb1r, sb1c,
             sa2b, sa2r, sa2c, sb2b, sb2r, sb2c, m, n, k1, k2, float(al1), float(al2), BM=bm, BN=bn,
             BK1=_tile(k1), BK2=_tile(k2), HAS2=len(terms) > 1, HAS_C=cin is not None, MASK=1 if mask else 0,
-            RPR=1, RPC=rkp, **prec, num_warps=4)
+            RPR=1, RPC=rkp, **prec, num_warps=4, num_stages=cfg["stages_gemm"])
+
+    tm = z["tm16"] if z["tm16"].numel() else z["tm"]  # S4 reads T and At from their 16-bit copies if any
+    at = z["at16"] if z["at16"].numel() else z["at"]
 
     def launch():
         grid = (nt, batch * heads)
         _stacks_kernel[grid](
             q, k, v, a if r_ab and not hdla else empty, b if r_ab and not hdla else empty,
             beta if hdla else empty, g, do, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"], z["af"],
-            z["bf"], z["at"], z["bh"], z["vf"], z["dos"], seq_len, heads, dk, dv, nt, float(scale), C=c,
+            z["bf"], z["at"], z["at16"], z["bh"], z["vf"], z["dos"], seq_len, heads, dk, dv, nt, float(scale), C=c,
             BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse),
-            LOG_ZERO=LOG_ZERO_FP32, num_warps=4)
+            LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0, num_warps=4)
         _gram_kernel[(nt, batch * heads, c // 16)](
             z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"],
             paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap, SCALAR=scalar, **prec,
             **diag, num_warps=cfg["warps_block"])
         hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
         if r_ab:
-            _inverse_kernel[grid](z["lab"], z["tm"], nt, C=c, RAP=rap, F32=f32, num_warps=cfg["warps_block"])
-            gemm(z["w"], ra, dk, [(_v(z["tm"], ra, ra), _v(z["bh"], ra, dk), ra, 1)])
-            gemm(z["u"], ra, rk, [(_v(z["tm"], ra, ra), _v(z["lkb"], ra, rk), ra, 1)])
+            _inverse_kernel[grid](z["lab"], z["tm"], z["tm16"], nt, C=c, RAP=rap, F32=f32, T16=z["tm16"].numel() > 0,
+                                  num_warps=cfg["warps_block"])
+            gemm(z["w"], ra, dk, [(_v(tm, ra, ra), _v(z["bh"], ra, dk), ra, 1)])
+            gemm(z["u"], ra, rk, [(_v(tm, ra, ra), _v(z["lkb"], ra, rk), ra, 1)])
             gemm(z["mo"], c, rk, [(_v(z["mqa"], c, ra), _v(z["u"], ra, rk), ra, -1)], cin=z["mqk"])
-            gemm(z["et"], rk, dk, [(_v(z["u"], ra, rk, True), _v(z["at"], ra, dk), ra, -1)], cin=z["kt"])
+            gemm(z["et"], rk, dk, [(_v(z["u"], ra, rk, True), _v(at, ra, dk), ra, -1)], cin=z["kt"])
             mo, et = z["mo"], z["et"]
         else:
             mo, et = z["mqk"], z["kt"]
@@ -893,14 +994,14 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             gemm(z["dn"], dk, dk, [(hv(ds), hv(h, True), dv, -1)])
             gemm(z["dat"], ra, dk, [(_v(z["u"], ra, rk), _v(z["det"], rk, dk), rk, -1),
                                     (_v(z["w"], ra, dk), _v(z["dn"], dk, dk, True), dk, 1)])
-            gemm(z["du"], ra, rk, [(_v(z["at"], ra, dk), _v(z["det"], rk, dk, True), dk, -1),
+            gemm(z["du"], ra, rk, [(_v(at, ra, dk), _v(z["det"], rk, dk, True), dk, -1),
                                    (_v(z["mqa"], c, ra, True), _v(z["dmo"], c, rk), c, -1)])
-            gemm(z["dw"], ra, dk, [(_v(z["at"], ra, dk), _v(z["dn"], dk, dk), dk, 1),
+            gemm(z["dw"], ra, dk, [(_v(at, ra, dk), _v(z["dn"], dk, dk), dk, 1),
                                    (_v(z["mqa"], c, ra, True), _v(z["dqe"], c, dk), c, -1)])
             gemm(z["dmqa"], c, ra, [(_v(z["dqe"], c, dk), _v(z["w"], ra, dk, True), dk, -1),
                                     (_v(z["dmo"], c, rk), _v(z["u"], ra, rk, True), rk, -1)])
-            gemm(z["dwp"], ra, dk, [(_v(z["tm"], ra, ra, True), _v(z["dw"], ra, dk), ra, 1)])
-            gemm(z["dup"], ra, rk, [(_v(z["tm"], ra, ra, True), _v(z["du"], ra, rk), ra, 1)])
+            gemm(z["dwp"], ra, dk, [(_v(tm, ra, ra, True), _v(z["dw"], ra, dk), ra, 1)])
+            gemm(z["dup"], ra, rk, [(_v(tm, ra, ra, True), _v(z["du"], ra, rk), ra, 1)])
             gemm(z["dlab"], ra, ra, [(_v(z["dwp"], ra, dk), _v(z["w"], ra, dk, True), dk, -1),
                                      (_v(z["dup"], ra, rk), _v(z["u"], ra, rk, True), rk, -1)])
         grams = [("qk", z["dmo"], z["xq"], z["gs"], z["kf"], 1, rkp, False)]
