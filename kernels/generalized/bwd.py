@@ -8,6 +8,8 @@ Per batch b, head h and chunk c (scan order, C tokens; t = p or T-1-p when rever
 B1 (``_bwd_state_kernel``, grid V/BV x B*H, serial over chunks): the cotangent of the state leaving
 each chunk, dS_{c-1} = gamma (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, stored per chunk, and dh0. With
 few programs it runs as a two-level scan over groups of chunks (``b1_two_level``, two_level.py).
+It runs between B2's stages: those that need no dS (stacks, Grams, T, W, U, Mo, E) also form N_c, Qeff_c
+and gamma_c, so the backward does not run the forward's F1 a second time.
 
 B2 (``bwd_chunk.chunk_vjp``, no atomics, no walk across chunks): the chunk VJP given S_{c-1} (the
 forward's h) and dS_c, as small launches through per-chunk scratch: the stacks and cumsums, the Gram
@@ -156,19 +158,21 @@ def _bwd_rhs_kernel(qeff_ptr, do_ptr, rhs_ptr, T, H, K, V, NT,
     tl.store(rhs_ptr + blk * K * V + ck[:, None] * V + cv[None, :], rhs, mask=(ck < K)[:, None] & mv)
 
 
-def b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, bv, use_n=True):
-    """B1 as a two-level scan (two_level.py) over ``groups`` groups of chunks: Qeff^T dO per chunk in
+def b1_two_level(state_inputs, do, dht, ds, dh0, reverse, lowp, groups, bv, use_n=True):
+    """B1 as a two-level scan (two_level.py) over ``groups`` groups of chunks, on ``state_inputs``
+    (N, Qeff, gamma, chunk as :func:`generalized_backward` gets them): Qeff^T dO per chunk in
     parallel, then the chain dS <- gamma (.) dS - N^T dS + Qeff^T dO from the last chunk to the first
     (without the N term when not ``use_n``: rank 0). Writes ds ``[B, H, NT, K, V]`` and dh0
     ``[B, H, K, V]`` fp32 as the one-level B1 does."""
     batch, heads, n_chunks, dk, dv = ds.shape
-    c = prep["chunk"]
+    c = state_inputs["chunk"]
     rhs = torch.empty(batch, heads, n_chunks, dk, dv, device=ds.device, dtype=torch.float32)
     bk = max(16, triton.next_power_of_2(dk))
     _bwd_rhs_kernel[(n_chunks, triton.cdiv(dv, bv), batch * heads)](
-        prep["Qeff"].contiguous(), do, rhs, do.shape[1], heads, dk, dv, n_chunks,
+        state_inputs["Qeff"].contiguous(), do, rhs, do.shape[1], heads, dk, dv, n_chunks,
         C=c, BK=bk, BV=bv, REVERSE=reverse, LOWP=lowp, num_warps=4)
-    two_level.two_level_chain(prep["N"].contiguous() if use_n else None, rhs, prep["gamma"].contiguous(),
+    two_level.two_level_chain(state_inputs["N"].contiguous() if use_n else None, rhs,
+                              state_inputs["gamma"].contiguous(),
                               dht.contiguous() if dht is not None else None, ds, dh0, groups, bv,
                               trans=True, reverse=True, lowp=lowp, num_warps=4 if bk <= 64 else 8)
 
@@ -187,6 +191,19 @@ def b1_config(dk: int, dv: int) -> dict:
 
 def _pow2(n: int) -> int:
     return 1 if n <= 1 else triton.next_power_of_2(n)
+
+
+def forward_chunk(seq_len: int, n_chunks: int, planned: int) -> int:
+    """The chunk size the forward ran with, from the number of chunks in its h: ``planned``
+    (fwd.planned_chunk) when it gives that count, else the size in fwd.CHUNKS that does (the forward
+    fell back to a smaller chunk). Two sizes of CHUNKS give the same count >= 2 for no T; at one chunk h
+    holds only the initial state, the same for every size >= T."""
+    if triton.cdiv(seq_len, planned) == n_chunks:
+        return planned
+    for c in sorted(fwd.CHUNKS, reverse=True):
+        if triton.cdiv(seq_len, c) == n_chunks:
+            return c
+    return planned  # no size fits: the caller's check names the mismatch
 
 
 def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
@@ -215,16 +232,16 @@ def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
 
 
 def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, reverse, hdla_beta=None,
-                         prep=None, stages=None, groups=None, diag_limit=None, diag_paths=None):
+                         stages=None, groups=None, diag_limit=None, diag_paths=None):
     """Gradients of the chunked generalized op by B1 and B2 (module docstring).
 
     Args (kernels/README.md §8): do ``[B, T, H, V]``; dht ``[B, H, K, V]`` or None; q ``[B, T, H, K]``;
         k ``[B, T, H, r_kv, K]``, v ``[B, T, H, r_kv, V]``, a, b ``[B, T, H, r_ab, K]`` (HDLA: k
         ``[B, T, H, K]``, v ``[B, T, H, V]``, a = b = None, ``hdla_beta [B, T, H]``); g ``[B, T, H, K]``
         or ``[B, T, H]``; h ``[B, H, NT, K, V]`` the states entering each chunk (the forward's);
-        prep: the forward's ``fwd.chunk_prepare`` dict (N ``[B, H, NT, K, K]``, None at r_ab = 0;
-            Qeff ``[B, H, NT*C, K]`` in scan order; gamma ``[B, H, NT, K]`` fp32) if the caller kept it
-            (else recomputed with the same chunk rule, so that it matches h).
+        B1's inputs N, Qeff and gamma (``fwd.chunk_prepare``'s) come from B2's first stages
+        (``bwd_chunk.chunk_vjp``'s ``state_pass``) with the chunk size the forward used
+        (:func:`forward_chunk`): F1 does not run again.
         stages: a dict that, if given, receives ``b1`` and ``b2``: closures that relaunch each kernel
             with the same arguments (per-kernel timing, benchmarks/kernel_stages_bwd.py), and
             ``b1_groups``, the group count B1 ran with.
@@ -242,45 +259,42 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     check_diag_limit(diag_limit)
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
-    if prep is None:
-        prep = fwd.chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta)
-    c = prep["chunk"]
+    r_ab = 2 if hdla else a.shape[3]
+    r_kv = 1 if hdla else k.shape[3]
+    c = forward_chunk(seq_len, h.shape[2], fwd.planned_chunk(r_ab, r_kv, dk, dv, g.dim() == 3, hdla, q.dtype))
     nt = triton.cdiv(seq_len, c)
     if h.shape[2] != nt:
         raise ValueError(f"h has {h.shape[2]} chunks; the chunk size {c} gives {nt}")
-    r_ab = 2 if hdla else a.shape[3]
     lowp = {torch.bfloat16: 1, torch.float16: 2}.get(q.dtype, 0)
     dev = q.device
     q, k, v, g, do = (x.contiguous() for x in (q, k, v, g, do))
-    f32 = dict(device=dev, dtype=torch.float32)
     ds = torch.empty(batch, heads, nt, dk, dv, device=dev, dtype=q.dtype if lowp else torch.float32)
-    dh0 = torch.empty(batch, heads, dk, dv, **f32)
+    dh0 = torch.empty(batch, heads, dk, dv, device=dev, dtype=torch.float32)
     cfg1 = b1_config(dk, dv)
-    n_mat = prep["N"].contiguous() if r_ab else prep["gamma"]  # rank 0: B1 reads no N (any pointer)
-    b1_args = (n_mat, prep["Qeff"].contiguous(), prep["gamma"].contiguous(), do,
-               dht.contiguous() if dht is not None else ds, ds, dh0, seq_len, heads, dk, dv, nt)
-    b1_meta = dict(C=c, REVERSE=reverse, HAS_DHT=dht is not None, LOWP=lowp, USE_N=r_ab > 0, **cfg1)
-
     programs = batch * heads * triton.cdiv(dv, cfg1["BV"])
     groups = two_level.state_pass_groups(programs, nt, two_level.device_sm_count(dev), dk, groups)
     if stages is not None:
         stages["b1_groups"] = groups
 
-    def b1():
+    def b1(state_inputs):
         if groups > 1:
-            b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, cfg1["BV"], use_n=r_ab > 0)
-        else:
-            _bwd_state_kernel[(triton.cdiv(dv, cfg1["BV"]), batch * heads)](*b1_args, **b1_meta)
+            b1_two_level(state_inputs, do, dht, ds, dh0, reverse, lowp, groups, cfg1["BV"], use_n=r_ab > 0)
+            return
+        n_mat = state_inputs["N"].contiguous() if r_ab else state_inputs["gamma"]  # rank 0: no N (any pointer)
+        _bwd_state_kernel[(triton.cdiv(dv, cfg1["BV"]), batch * heads)](
+            n_mat, state_inputs["Qeff"].contiguous(), state_inputs["gamma"].contiguous(), do,
+            dht.contiguous() if dht is not None else ds, ds, dh0, seq_len, heads, dk, dv, nt,
+            C=c, REVERSE=reverse, HAS_DHT=dht is not None, LOWP=lowp, USE_N=r_ab > 0, **cfg1)
 
-    b1()
+    b1_inputs = []
     b2_runs = []
-    dq, dk_, dv_, da, db, dbeta, dg = chunk_vjp(do, q, k, v, None if hdla else a.contiguous(),
-                                                None if hdla else b.contiguous(), g,
-                                                hdla_beta.contiguous() if hdla else None, h.contiguous(), ds,
-                                                scale, reverse, c, stages=b2_runs, diag_limit=diag_limit,
-                                                diag_paths=diag_paths)
+    dq, dk_, dv_, da, db, dbeta, dg = chunk_vjp(
+        do, q, k, v, None if hdla else a.contiguous(), None if hdla else b.contiguous(), g,
+        hdla_beta.contiguous() if hdla else None, h.contiguous(), ds, scale, reverse, c, stages=b2_runs,
+        diag_limit=diag_limit, diag_paths=diag_paths,
+        state_pass=lambda x: (b1_inputs.append(x), b1(x)))
     if stages is not None:
-        stages.update(b1=b1, b2=b2_runs[0])
+        stages.update(b1=lambda: b1(b1_inputs[0]), b2=b2_runs[0])
     dh0 = dh0 if initial_state is not None else None
     if hdla:
         return dq, dk_, dv_, dbeta, dg, dh0

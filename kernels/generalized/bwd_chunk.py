@@ -175,15 +175,17 @@ def _store_with_copy(ptr, copy_ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.const
 def _stacks_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, beta_ptr, g_ptr, do_ptr,
     gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, at16_ptr, bh_ptr, vf_ptr, dos_ptr,
+    qh_ptr, gamma_ptr,
     T, H, K, V, NT, scale,
     C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
-    LOG_ZERO: tl.constexpr, AT16: tl.constexpr,
+    LOG_ZERO: tl.constexpr, AT16: tl.constexpr, STATE_INPUTS: tl.constexpr,
 ):
     """S1, grid (NT, B*H). Writes G, G' ([blocks, C, K] or [blocks, C]), HDLA's s [blocks, C], scale*q
     [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K] (AT16: At also into
     at16, S4's 16-bit copy), Vbar [blocks, C*RKP, V], dO [blocks, C, V]; padded rank rows and steps past
-    T are 0."""
+    T are 0. STATE_INPUTS: also B1's Qh = scale q e^G [blocks, C, K] (Qeff at r_ab = 0) and gamma = e^{G_last}
+    [blocks, K] (fp32), so that the backward needs no second run of the forward's F1."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -226,6 +228,10 @@ def _stacks_kernel(
             tl.store(gps_ptr + (blk * C + ct)[:, None] * K + ck[None, :], Gp, mask=mk[None, :])
         xq = scale * tl.load(q_ptr + tok[:, None] * K + ck[None, :], mask=m, other=0.0).to(tl.float32)
         tl.store(xq_ptr + (blk * C + ct)[:, None] * K + ck[None, :], xq, mask=mk[None, :])
+        if STATE_INPUTS:
+            tl.store(qh_ptr + (blk * C + ct)[:, None] * K + ck[None, :], (xq * tl.exp(G)).to(qh_ptr.dtype.element_ty),
+                     mask=mk[None, :])
+            tl.store(gamma_ptr + blk * K + ck, tl.exp(GL), mask=mk)
         e_last = tl.exp(GL[None, :] - G)  # e^{G_last - G_i} <= 1
         e_excl = tl.exp(Gp)  # e^{G'_t} <= 1
         if HDLA:
@@ -891,11 +897,16 @@ def check_diag_limit(diag_limit) -> float:
 
 
 def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=None, diag_limit=None,
-              diag_paths=None):
+              diag_paths=None, state_pass=None):
     """B2: the chunk-local VJP given h (the states entering each chunk) and ds (B1's dS_c), both
     ``[B, H, NT, K, V]``. Shapes as ``bwd.generalized_backward`` (contiguous; HDLA: a = b = None, beta
     [B, T, H]). Returns (dq, dk, dv, da, db, dbeta, dg): HDLA has da = db = None, the others dbeta = None;
-    at r_ab = 0 da = db = None. ``stages`` (a list), if given, receives a closure that relaunches B2.
+    at r_ab = 0 da = db = None. ``state_pass``, if given, is B1: B2's stages that need no dS (S1-S3 and
+    the products W, U, Mo, E) also form B1's inputs, N = At^T W ``[B, H, NT, K, K]`` (None at r_ab = 0),
+    Qeff = Qh - M_QA W ``[B, H, NT*C, K]`` (16-bit for 16-bit q) and gamma ``[B, H, NT, K]`` fp32 (the
+    quantities of ``fwd.chunk_prepare``), and ``state_pass(dict(N=, Qeff=, gamma=, chunk=))`` fills ds
+    before the stages that read it. ``stages`` (a list), if given, receives a closure that relaunches B2
+    (without B1).
     ``diag_limit`` (None: b2_config's; 0: every diagonal block token by token) bounds the factored
     diagonal products. ``diag_paths`` (tests), a dict, receives the path each diagonal block took (1 a
     product, 0 the token loop, -1 a Gram this rank has not): ``gram`` [blocks, 4, C/16, K/BKS] for S2's
@@ -962,15 +973,18 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
 
     tm = z["tm16"] if z["tm16"].numel() else z["tm"]  # S4 reads T and At from their 16-bit copies if any
     at = z["at16"] if z["at16"].numel() else z["at"]
+    state_inputs = _state_inputs(q, dk, nt, c, r_ab) if state_pass is not None else None
+    qh, gamma = (state_inputs["Qh"], state_inputs["gamma"]) if state_inputs else (empty, empty)
 
-    def launch():
+    def launch(with_state_pass):
         grid = (nt, batch * heads)
         _stacks_kernel[grid](
             q, k, v, a if r_ab and not hdla else empty, b if r_ab and not hdla else empty,
             beta if hdla else empty, g, do, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"], z["af"],
-            z["bf"], z["at"], z["at16"], z["bh"], z["vf"], z["dos"], seq_len, heads, dk, dv, nt, float(scale), C=c,
-            BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse),
-            LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0, num_warps=4)
+            z["bf"], z["at"], z["at16"], z["bh"], z["vf"], z["dos"], qh, gamma, seq_len, heads, dk, dv, nt,
+            float(scale), C=c, BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar,
+            REVERSE=bool(reverse), LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0,
+            STATE_INPUTS=state_inputs is not None, num_warps=4)
         _gram_kernel[(nt, batch * heads, c // 16)](
             z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"],
             paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap, SCALAR=scalar, **prec,
@@ -986,6 +1000,11 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             mo, et = z["mo"], z["et"]
         else:
             mo, et = z["mqk"], z["kt"]
+        if state_inputs is not None and r_ab:
+            gemm(state_inputs["Qeff"], c, dk, [(_v(z["mqa"], c, ra), _v(z["w"], ra, dk), ra, -1)], cin=qh)
+            gemm(state_inputs["N"], dk, dk, [(_v(at, ra, dk, True), _v(z["w"], ra, dk), ra, 1)])
+        if with_state_pass:
+            state_pass(dict(N=state_inputs["N"], Qeff=state_inputs["Qeff"], gamma=gamma, chunk=c))
         gemm(z["dqe"], c, dk, [(_v(z["dos"], c, dv), hv(h, True), dv, 1)])
         gemm(z["dmo"], c, rk, [(_v(z["dos"], c, dv), _v(z["vf"], rk, dv, True), dv, 1)], mask=True)
         gemm(z["det"], rk, dk, [(_v(z["vf"], rk, dv), hv(ds, True), dv, 1)])
@@ -1029,7 +1048,19 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
         _unstack_kernel[grid](z["dvs"], dv_, seq_len, heads, dv, nt, C=c, RP=rkp, R=r_kv, BD=cfg["BVS"],
                               REVERSE=bool(reverse), num_warps=4)
 
-    launch()
+    launch(state_pass is not None)
     if stages is not None:
-        stages.append(launch)
+        stages.append(lambda: launch(False))
     return dq, dk_, dv_, da, db, dbeta, dg
+
+
+def _state_inputs(q, dk, nt, c, r_ab) -> dict:
+    """B1's inputs as B2 forms them (:func:`chunk_vjp`'s ``state_pass``): Qh fp32 (Qeff itself at
+    r_ab = 0), Qeff and N in q's dtype if 16-bit (as the forward's F1 stores them), gamma fp32."""
+    batch, _, heads, _ = q.shape
+    store = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    dev = q.device
+    qh = torch.empty(batch, heads, nt * c, dk, device=dev, dtype=torch.float32)
+    return dict(Qh=qh, gamma=torch.empty(batch, heads, nt, dk, device=dev, dtype=torch.float32),
+                Qeff=torch.empty(batch, heads, nt * c, dk, device=dev, dtype=store) if r_ab else qh,
+                N=torch.empty(batch, heads, nt, dk, dk, device=dev, dtype=store) if r_ab else None)
