@@ -10,18 +10,24 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 # The Triton kernel family of the chunk ops (kernels/README.md §8):
-#   chunk16: the 16-token chunk kernels (generalized/chunk.py, scan.py; hdla/chunk.py), the default until
-#            the chunk64 kernels have passed the GPU parity sweep and the benchmark;
-#   chunk64: the chunk kernels of issue 11 (generalized/fwd.py, bwd.py): 64-token chunks where the ranks
-#            allow, one [K x K] . [K x BV] product per chunk on the state chain, a chunk-local backward.
+#   chunk16: the 16-token chunk kernels (generalized/chunk.py, scan.py; hdla/chunk.py);
+#   chunk64: the chunk kernels of issue 11 (generalized/fwd.py, bwd.py): 32- or 64-token chunks, one
+#            [K x K] . [K x BV] product per chunk on the state chain, a chunk-local backward;
+#   auto (the default): chunk64 from CHUNK64_MIN_TOKENS tokens on, chunk16 below.
 KERNEL_FAMILY_ENV = "HDLA_VISION_KERNELS"
-KERNEL_FAMILIES = ("chunk16", "chunk64")
-DEFAULT_KERNEL_FAMILY = "chunk16"
+KERNEL_FAMILIES = ("auto", "chunk16", "chunk64")
+DEFAULT_KERNEL_FAMILY = "auto"
+# chunk_hdla fwd+bwd on an H100 (bf16, H = 3, d = 64, ~25-33k tokens per call; 2026-11-24, commits da9490a
+# and d296277, benchmarks/results/crossover_h100 and b1_inputs_h100): chunk16 / chunk64 took 3.87 / 4.28 ms
+# at T = 196, 4.06 / 4.06 at 576, 4.76 / 3.66 at 1024, 5.38 / 3.72 at 2048, 7.79 / 4.47 at 4096; at the LM
+# shape (T = 4096, H = 16, d = 128) 29.1 / 19.0 ms. Below ~576 tokens chunk16's shorter chunks win.
+# (custom_ops picks the family per call, and the other one where the first cannot run the ranks or dtype.)
+CHUNK64_MIN_TOKENS = 576
 
 
 def kernel_family() -> str:
-    """The kernel family the chunk ops' Triton path runs: ``$HDLA_VISION_KERNELS`` (unset or empty: the
-    default, chunk16). Read at every op call, so set it before the first call (a compiled graph keeps
+    """The kernel family setting of the chunk ops' Triton path: ``$HDLA_VISION_KERNELS`` (unset or empty:
+    the default, auto). Read at every op call, so set it before the first call (a compiled graph keeps
     the family it was traced with). Any other value raises ValueError."""
     family = os.environ.get(KERNEL_FAMILY_ENV, "") or DEFAULT_KERNEL_FAMILY
     if family not in KERNEL_FAMILIES:
