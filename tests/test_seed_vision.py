@@ -113,3 +113,16 @@ def test_scalar_decay_mixers_pass_g_per_head(name, monkeypatch):
     mixer(x).sum().backward()
     expected = (1, 9, 2) if DECAY_PER_HEAD[name] else (1, 9, 2, 8)
     assert shapes == [expected, expected]  # forward and backward scans
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "kda", "hdla"])
+def test_projections_keep_the_projection_dtype_when_the_norm_runs_in_fp32(name, monkeypatch):
+    """Under CUDA autocast F.normalize runs in fp32 (CPU autocast keeps bf16, so the fp32 norm is
+    imitated here): q and k must still leave ``projections`` in the projection's dtype, else the op
+    runs in q's dtype, fp32 (measured on an H100: gdn_tiny's B1 75x slower than in bf16)."""
+    torch.manual_seed(0)
+    mixer = create_mixer(name, dim=32, num_heads=2, directions=BIDIRECTIONAL).to(torch.bfloat16)
+    normalize = torch.nn.functional.normalize
+    monkeypatch.setattr(torch.nn.functional, "normalize", lambda t, *a, **kw: normalize(t.float(), *a, **kw))
+    q, k, v = mixer.projections(torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    assert (q.dtype, k.dtype, v.dtype) == (torch.bfloat16,) * 3

@@ -347,11 +347,13 @@ class LinearAttentionMixer(nn.Module):
         k = k.reshape(batch, seq_len, heads, n, self.head_dim)
         v = v.reshape(batch, seq_len, heads, n, self.head_dim_v)
         if self.qkv_activation == "silu":
+            dtype = proj.dtype
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
+            # cast back: under CUDA autocast the norm runs in fp32, and a fp32 q would send the whole op
+            # to the fp32 kernels (the ops run in q's dtype)
             if self.normalize_q:
-                q = F.normalize(q, p=2.0, dim=-1, eps=self.norm_eps)
-            # cast back: under CUDA autocast the norm runs in fp32, and the ops want k in q's dtype
-            k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(q.dtype)
+                q = F.normalize(q, p=2.0, dim=-1, eps=self.norm_eps).to(dtype)
+            k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(dtype)
         return q.contiguous(), k, v
 
     def check_input(self, x: torch.Tensor, attention_mask, cache) -> None:
