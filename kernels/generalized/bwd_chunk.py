@@ -280,13 +280,33 @@ def _stacks_kernel(
 
 # ----------------------------------------------------------------------------- S2: Gram matrices
 @triton.jit
-def _token_mask(tx, ty, STRICT):
-    """[len(tx), len(ty)]: the Gram entries kept, column token < row token (STRICT) or <=. STRICT is a
-    constexpr, or a runtime flag for M_QK when both directions run (the reversed scan's own write)."""
-    if STRICT:
-        return ty[None, :] < tx[:, None]
+def _later(x, y, STRICT):
+    """``x > y`` (STRICT) or ``x >= y``, elementwise. STRICT is a constexpr, or a runtime flag (M_QK when
+    both directions run: the reversed scan leaves out its own write), then applied as ``x >= y + STRICT``:
+    a branch on it would carry i1 tiles through control flow, which the GPU compiler refuses."""
+    if isinstance(STRICT, tl.tensor):
+        return x >= y + STRICT.to(tl.int32)
+    elif STRICT:
+        return x > y
     else:
-        return ty[None, :] <= tx[:, None]
+        return x >= y
+
+
+@triton.jit
+def _earlier(x, y, STRICT):
+    """``x < y`` (STRICT) or ``x <= y``: :func:`_later` with the operands the other way round."""
+    if isinstance(STRICT, tl.tensor):
+        return x + STRICT.to(tl.int32) <= y
+    elif STRICT:
+        return x < y
+    else:
+        return x <= y
+
+
+@triton.jit
+def _token_mask(tx, ty, STRICT):
+    """[len(tx), len(ty)]: the Gram entries kept, column token < row token (STRICT) or <= (:func:`_earlier`)."""
+    return _earlier(ty[None, :], tx[:, None], STRICT)
 
 
 @triton.jit
@@ -316,10 +336,7 @@ def _gram_diag_loop(acc, x, X, y_ptr, g_ptr, blk, m, tx, cy, K, ck, mk, C: tl.co
     for j in range(SUB):
         tj = m * SUB + j
         Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, False)
-        if STRICT:
-            live = tx > tj
-        else:
-            live = tx >= tj
+        live = _later(tx, tj, STRICT)
         xe = x * tl.exp(tl.where(live[:, None], X - Yj[None, :], float("-inf")))
         for l in tl.static_range(RY):
             yl = tl.load(y_ptr + (blk * C * RY + m * SUB * RY + j * RY + l) * K + ck, mask=mk, other=0.0)
@@ -534,12 +551,8 @@ def _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb
         tj = b * SUB + j
         Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, False)
         Xj = _load_g_row(xg_ptr, blk, tj, C, K, ck, mk, BKS, False)
-        if STRICT:
-            live_x = txb > tj
-            live_y = tyb < tj
-        else:
-            live_x = txb >= tj
-            live_y = tyb <= tj
+        live_x = _later(txb, tj, STRICT)
+        live_y = _earlier(tyb, tj, STRICT)
         ex = tl.exp(tl.where(live_x[:, None], Xb - Yj[None, :], float("-inf")))
         ey = tl.exp(tl.where(live_y[:, None], Xj[None, :] - Yb, float("-inf")))
         for l in tl.static_range(RY):
