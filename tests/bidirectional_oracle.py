@@ -62,25 +62,33 @@ def bidirectional_loop(kind, problem, scale=None, output_final_state=True):
     return outs[0] + outs[1] - own, (torch.stack(states) if output_final_state else None)
 
 
-def compare_bidirectional(op, kind, problem, scale=None, dtype=torch.float32, seed=1):
-    """Run ``op(**inputs, scale=, output_final_state=True)`` in ``dtype`` and :func:`bidirectional_loop`
-    in float64 on the same inputs; return the relative errors of y, the final states and every input's
-    gradient (random cotangents of y and of the final states)."""
+def compare_bidirectional(op, kind, problem, scale=None, dtype=torch.float32, seed=1, device="cpu",
+                          round_reference=False, gate_dtype=None):
+    """Run ``op(**inputs, scale=, output_final_state=True)`` in ``dtype`` (the gates g, beta in
+    ``gate_dtype``, default ``dtype``) on ``device`` and :func:`bidirectional_loop` in float64 on the same
+    inputs; return the relative errors of y, the final states and every input's gradient (random
+    cotangents of y and of the final states). ``round_reference``: the loop runs on the inputs rounded
+    to the op's dtypes (the errors then measure the op, not the rounding of its inputs)."""
     names = [n for n in (HDLA_INPUTS if kind == "hdla" else GENERALIZED_INPUTS)
              if problem[n] is not None and problem[n].numel() > 0]
+    dtypes = {n: (gate_dtype or dtype) if n in ("g", "beta") else dtype for n in problem}
+    problem = {n: None if x is None else x.to(device) for n, x in problem.items()}
+    if round_reference:
+        problem = {n: None if x is None else x.to(dtypes[n]).double() for n, x in problem.items()}
 
     def run(fn, cast):
-        leaves = {n: None if x is None else cast(x) for n, x in problem.items()}
+        leaves = {n: None if x is None else cast(n, x) for n, x in problem.items()}
         for n in names:
             leaves[n].requires_grad_()
         return leaves, fn(leaves)
 
-    ref_leaves, (ref_y, ref_s) = run(lambda ins: bidirectional_loop(kind, ins, scale), lambda x: x.clone())
+    ref_leaves, (ref_y, ref_s) = run(lambda ins: bidirectional_loop(kind, ins, scale), lambda n, x: x.clone())
     gen = torch.Generator().manual_seed(seed)
-    dy = torch.randn(ref_y.shape, generator=gen, dtype=torch.float64)
-    ds = torch.randn(ref_s.shape, generator=gen, dtype=torch.float64)
+    dy = torch.randn(ref_y.shape, generator=gen, dtype=torch.float64).to(device)
+    ds = torch.randn(ref_s.shape, generator=gen, dtype=torch.float64).to(device)
     ref_grads = torch.autograd.grad((ref_y * dy).sum() + (ref_s * ds).sum(), [ref_leaves[n] for n in names])
-    leaves, (y, s) = run(lambda ins: op(**ins, scale=scale, output_final_state=True), lambda x: x.detach().to(dtype))
+    leaves, (y, s) = run(lambda ins: op(**ins, scale=scale, output_final_state=True),
+                         lambda n, x: x.detach().to(dtypes[n]))
     grads = torch.autograd.grad((y.double() * dy).sum() + (s.double() * ds).sum(), [leaves[n] for n in names],
                                 allow_unused=True)
     errors = {"y": rel_err(y, ref_y), "final_state": rel_err(s, ref_s)}
