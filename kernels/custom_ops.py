@@ -202,6 +202,12 @@ def chunk_generalized_op(
     """The generalized op on checked inputs (``ops.chunk_generalized``): ``(o, state, x)``, see the
     module docstring."""
     check_log_decay(g)
+    return run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+
+
+def run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
+    """The body of :func:`chunk_generalized_op` on the path :func:`_generalized_path` picks (also one
+    direction of the bidirectional op's unfused path, ``bidirectional_ops.py``)."""
     path = _generalized_path(q, k, a)
     if path == "chunk64":
         from .generalized import fwd
@@ -235,6 +241,12 @@ def chunk_generalized_backward_op(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, da, db, dg, dh0)`` in the inputs' dtypes and shapes (dg in g's shape); dh0 is
     empty without an initial state. ``dht`` is the final state's cotangent or None."""
+    return run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse)
+
+
+def run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse):
+    """The body of :func:`chunk_generalized_backward_op` (also one direction of the bidirectional op's
+    unfused path)."""
     path = _generalized_path(q, k, a)
     if path == "chunk64":
         from .generalized import bwd
@@ -287,6 +299,11 @@ def chunk_hdla_op(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The HDLA op on checked inputs (``ops.chunk_hdla``): ``(o, state, x)``, see the module docstring."""
     check_log_decay(g)
+    return run_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
+
+
+def run_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse):
+    """The body of :func:`chunk_hdla_op` (also one direction of the bidirectional op's unfused path)."""
     path = _hdla_path(q)
     if path == "chunk64":
         from .generalized import fwd
@@ -313,6 +330,11 @@ def chunk_hdla_backward_op(
     initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, reverse: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dbeta, dg, dh0)`` in the inputs' dtypes; dh0 is empty without an initial state."""
+    return run_hdla_backward(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse)
+
+
+def run_hdla_backward(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse):
+    """The body of :func:`chunk_hdla_backward_op` (also one direction of the bidirectional op's unfused path)."""
     path = _hdla_path(q)
     if path == "chunk64":
         from .generalized import bwd

@@ -8,7 +8,7 @@ import hdla_vision  # noqa: F401  registers the timm models
 from hdla_vision.backbones.loglinear import LOG_LINEAR_MODELS
 from hdla_vision.backbones.seed import SEED_MODELS
 from hdla_vision.layers import GeneralizedMixer, create_mixer, list_mixers
-from hdla_vision.kernels import chunk_generalized
+from hdla_vision.kernels import chunk_generalized_bidirectional
 
 BIDIRECTIONAL = ("fwd", "bwd")
 
@@ -98,21 +98,22 @@ DECAY_PER_HEAD = {"gla": False, "deltanet": True, "gated_deltanet": True, "kda":
 
 @pytest.mark.parametrize("name", list(DECAY_PER_HEAD))
 def test_scalar_decay_mixers_pass_g_per_head(name, monkeypatch):
-    """The mixers whose decay is one scalar per head hand chunk_generalized g [B, T, H] (no expanded
-    [B, T, H, K] copy); per-channel ones g [B, T, H, K]. The calls are recorded from the mixer itself."""
+    """The mixers whose decay is one scalar per head hand the bidirectional op g [2, B, T, H] (both
+    directions; no expanded [.., K] copy); per-channel ones g [2, B, T, H, K]. The calls are recorded
+    from the mixer itself: one call for both scan directions."""
     import hdla_vision.layers.seed as seed
 
     shapes = []
 
     def recording(q, k, v, a, b, g, **kw):
         shapes.append(tuple(g.shape))
-        return chunk_generalized(q, k, v, a, b, g, **kw)
+        return chunk_generalized_bidirectional(q, k, v, a, b, g, **kw)
 
-    monkeypatch.setattr(seed, "chunk_generalized", recording)
+    monkeypatch.setattr(seed, "chunk_generalized_bidirectional", recording)
     mixer, x = _bidirectional_case(name)
     mixer(x).sum().backward()
-    expected = (1, 9, 2) if DECAY_PER_HEAD[name] else (1, 9, 2, 8)
-    assert shapes == [expected, expected]  # forward and backward scans
+    expected = (2, 1, 9, 2) if DECAY_PER_HEAD[name] else (2, 1, 9, 2, 8)
+    assert shapes == [expected]
 
 
 @pytest.mark.parametrize("name", ["gated_deltanet", "kda", "hdla"])

@@ -9,6 +9,10 @@ One class per mixer serves both uses (as timm's ``Attention(is_causal=...)`` and
   ``scale * q_t^T K_t V_t^T``; with per-direction gates the two writes differ, so the mixer
   subtracts the backward scan's: the backward scan reads the later tokens through token t's own
   (backward) transition, and the token itself is read once, through the forward scan's write.
+  The mixers run this sum as one bidirectional op (:meth:`LinearAttentionMixer.bidirectional_scan`:
+  ``chunk_hdla_bidirectional`` / ``chunk_generalized_bidirectional``, kernels/README.md §9), which on
+  the chunk64 kernels runs both scans in one launch per stage and writes y once;
+  :meth:`LinearAttentionMixer.two_scans` is the definition it equals.
 - ``("fwd",)`` (causal LM): one forward scan, with padding (``attention_mask``), an optional short
   causal convolution and a recurrent-state cache (prefill with the chunk op continuing the cached
   state, decoding with the decoding ops ``fused_recurrent_hdla`` / ``fused_recurrent_generalized``).
@@ -160,8 +164,8 @@ class LinearAttentionMixer(nn.Module):
 
     Subclasses set ``mixer_name``, ``qkv_activation`` ("silu" or "identity"), ``normalize_q``,
     ``scale`` (None: 1), and implement :meth:`make_gates` (one direction's gate modules),
-    :meth:`features` (one direction's recurrence inputs), :meth:`scan`, :meth:`loglinear_scan` and
-    :meth:`own_write`.
+    :meth:`features` (one direction's recurrence inputs), :meth:`scan`, :meth:`loglinear_scan`,
+    :meth:`own_write` and, for the bidirectional op, :meth:`bidirectional_scan`.
     """
 
     mixer_name = "base"
@@ -296,6 +300,19 @@ class LinearAttentionMixer(nn.Module):
         """The token's own contribution to a scan ``scale * q_t^T K_t V_t^T``: ``[B, N, H, V]``."""
         raise NotImplementedError
 
+    def two_scans(self, q: torch.Tensor, fwd: NamedTuple, bwd: NamedTuple) -> torch.Tensor:
+        """The bidirectional sum by its definition: the forward scan with ``fwd``'s inputs, the reversed
+        scan with ``bwd``'s, minus the reversed scan's own write: ``y [B, N, H, V]``."""
+        y_fwd, _ = self.scan(q, fwd, reverse=False)
+        y_bwd, _ = self.scan(q, bwd, reverse=True)
+        return y_fwd + y_bwd - self.own_write(q, bwd)
+
+    def bidirectional_scan(self, q: torch.Tensor, fwd: NamedTuple, bwd: NamedTuple) -> torch.Tensor:
+        """The bidirectional sum of :meth:`two_scans` as the mixer runs it: subclasses call the
+        bidirectional op (one node, one launch per stage on the chunk64 kernels); the base class, and
+        every mixer under :func:`set_chunk_backend` ``("torch")``, runs :meth:`two_scans`."""
+        return self.two_scans(q, fwd, bwd)
+
     # -- output stage ------------------------------------------------------------------------
     def build_output(self, proj_bias: bool) -> None:
         """The output gate ``W_g``, the per-head norm and the output projection ``W_o``."""
@@ -385,9 +402,7 @@ class LinearAttentionMixer(nn.Module):
         bwd = self.features(x, q, k, v, self.directions[1])
         if self.log_linear:
             return self.loglinear_mix(x, q, fwd, bwd)
-        y_fwd, _ = self.scan(q, fwd, reverse=False)
-        y_bwd, _ = self.scan(q, bwd, reverse=True)
-        return y_fwd + y_bwd - self.own_write(q, bwd)
+        return self.bidirectional_scan(q, fwd, bwd)
 
     def loglinear_mix(self, x: torch.Tensor, q: torch.Tensor, fwd: NamedTuple, bwd: NamedTuple) -> torch.Tensor:
         """Both log-linear scans on one absolute grid (module docstring): ``y [B, N, H, V]``."""
