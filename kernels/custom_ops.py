@@ -29,10 +29,10 @@ family ``utils.kernel_family`` names (env ``HDLA_VISION_KERNELS`` = ``auto``, th
 ``utils.CHUNK64_MIN_TOKENS`` tokens on, chunk16 below; or ``chunk16`` / ``chunk64``), else the PyTorch
 chunk form. chunk16 cannot run the ranks ``utils.triton_supports_ranks`` excludes; chunk64 runs r_ab
 0..4, r_kv 1..4 at every head dim (``utils.chunk64_supports_ranks``) but not float64 inputs (its
-kernels run fp32/bf16/fp16); ``auto`` then takes the other family, a named family the chunk form. The shape, dtype and device checks stay in
-the public functions, before the op is called; the value check ``g <= 0`` (CPU tensors) runs inside
-the ops, where it sees real tensors in eager and compiled code alike (traced by dynamo it would be a
-data-dependent branch, i.e. a graph break).
+kernels run fp32/bf16/fp16); ``auto`` then takes the other family, a named family the chunk form.
+The shape, dtype and device checks stay in the public functions, before the op is called; the value
+check ``g <= 0`` (CPU tensors) runs inside the ops, where it sees real tensors in eager and compiled
+code alike (traced by dynamo it would be a data-dependent branch, i.e. a graph break).
 
 ``chunk_generalized`` takes ``g`` per key channel ``[B, T, H, K]`` or per head ``[B, T, H]`` (its
 gradient comes back in g's shape). The chunk16 kernels get a per-head g broadcast to
