@@ -154,10 +154,6 @@ def _per_batch_slice_directions(op, shared: dict, stacked: dict, heads: int):
     return y, (torch.cat([p[1] for p in parts], dim=1) if parts[0][1].numel() else parts[0][1])
 
 
-def _bidirectional_final(state: torch.Tensor, q: torch.Tensor, output_final_state: bool) -> Optional[torch.Tensor]:
-    return state.to(q.dtype) if output_final_state else None
-
-
 def chunk_hdla_bidirectional(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -175,8 +171,9 @@ def chunk_hdla_bidirectional(
           + chunk_hdla(q, k, v, beta[1], g[1], scale, reverse=True)[0]   # t = T-1 .. 0
           - scale * (q . k) v                                            # the own write, counted once
 
-    On the chunk64 kernels (``HDLA_VISION_KERNELS=chunk64``, CUDA or the interpreter) every launch covers
-    both directions and y is written once; elsewhere it is computed as written above.
+    Where the op runs the chunk64 kernels (CUDA or the interpreter; by default from 576 tokens on, or
+    with ``HDLA_VISION_KERNELS=chunk64``) every launch covers both directions and y is written once;
+    elsewhere it is computed as written above.
 
     Args:
         q, k: ``[B, T, H, K]`` (k L2-normalised), v: ``[B, T, H, V]``, shared by both directions.
@@ -197,14 +194,14 @@ def chunk_hdla_bidirectional(
         parts = [exportable_hdla(q, k, v, beta[d], g[d], _scale(scale), direction(initial_state, d), d == 1)
                  for d in (0, 1)]
         y = parts[0][0] + parts[1][0] - own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), _scale(scale)).to(q.dtype)
-        return y, _bidirectional_final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
+        return y, _final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
 
     def op(q, k, v, beta, g, initial_state):
         return chunk_hdla_bidirectional_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state)[:2]
 
     y, state = _per_batch_slice_directions(op, dict(q=q, k=k, v=v), dict(beta=beta, g=g, initial_state=initial_state),
                                            q.shape[2])
-    return y, _bidirectional_final(state, q, output_final_state)
+    return y, _final(state, q, output_final_state)
 
 
 def chunk_generalized_bidirectional(
@@ -247,7 +244,7 @@ def chunk_generalized_bidirectional(
                                         _scale(scale), direction(initial_state, d), d == 1) for d in (0, 1)]
         own = own_write(q, direction(k, 1, stacked["k"]), direction(v, 1, stacked["v"]), _scale(scale))
         y = parts[0][0] + parts[1][0] - own.to(q.dtype)
-        return y, _bidirectional_final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
+        return y, _final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
 
     def op(q, k, v, a, b, g, initial_state):
         return chunk_generalized_bidirectional_op(q, k, v, a, b, g, _scale(scale), initial_state,
@@ -258,4 +255,4 @@ def chunk_generalized_bidirectional(
     for name, x in dict(k=k, v=v, a=a, b=b).items():
         (stacked if per_direction(x, 5) else shared)[name] = x
     y, state = _per_batch_slice_directions(op, shared, stacked, q.shape[2])
-    return y, _bidirectional_final(state, q, output_final_state)
+    return y, _final(state, q, output_final_state)
