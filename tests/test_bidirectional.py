@@ -17,12 +17,11 @@ import os
 
 import pytest
 import torch
-from functorch.compile import make_boxed_func
-from torch._functorch.aot_autograd import aot_module_simplified
 
 from hdla_vision.kernels import chunk_generalized_bidirectional, chunk_hdla_bidirectional
 from hdla_vision.layers import create_mixer
 from tests.bidirectional_oracle import bidirectional_problem, compare_bidirectional
+from tests.graph_capture import GraphCapture, count_nodes
 from tests.interpreted import run_interpreted_checks
 from tests.oracle import rel_err
 
@@ -180,28 +179,6 @@ def test_mixer_forward_calls_the_op(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- torch.compile
-class GraphCapture:
-    """A torch.compile backend keeping dynamo's graph and AOTAutograd's forward and backward graphs."""
-
-    def __init__(self):
-        self.dynamo, self.forward, self.backward = [], [], []
-
-    def __call__(self, gm, example_inputs):
-        self.dynamo.append(gm)
-
-        def keep(graphs):
-            def compiler(graph, _):
-                graphs.append(graph)
-                return make_boxed_func(graph)
-            return compiler
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=keep(self.forward), bw_compiler=keep(self.backward))
-
-
-def _count(graphs, op) -> int:
-    return sum(node.target == op for gm in graphs for node in gm.graph.nodes)
-
-
 @cpu_path
 @pytest.mark.parametrize("name, op", [("hdla", "chunk_hdla_bidirectional"),
                                       ("kda", "chunk_generalized_bidirectional")])
@@ -220,10 +197,10 @@ def test_compiled_mixer_is_one_op_node_and_equals_eager(name, op):
         y.square().sum().backward()
         results.append((y.detach(), leaf.grad))
     assert len(capture.dynamo) == len(capture.forward) == len(capture.backward) == 1
-    assert _count(capture.forward, getattr(OPS, op).default) == 1
-    assert _count(capture.backward, getattr(OPS, op + "_backward").default) == 1
+    assert count_nodes(capture.forward, getattr(OPS, op).default) == 1
+    assert count_nodes(capture.backward, getattr(OPS, op + "_backward").default) == 1
     single = "chunk_hdla" if name == "hdla" else "chunk_generalized"
-    assert _count(capture.forward, getattr(OPS, single).default) == 0
+    assert count_nodes(capture.forward, getattr(OPS, single).default) == 0
     (y_eager, dx_eager), (y_compiled, dx_compiled) = results
     torch.testing.assert_close(y_compiled, y_eager)
     torch.testing.assert_close(dx_compiled, dx_eager)

@@ -10,39 +10,15 @@ own opcheck is in tests/ops/):
 import pytest
 import timm
 import torch
-from functorch.compile import make_boxed_func
-from torch._functorch.aot_autograd import aot_module_simplified
 
 import hdla_vision  # noqa: F401  registers the timm models
 from hdla_vision.layers import create_mixer
+from tests.graph_capture import GraphCapture, count_nodes
 
 OPS = torch.ops.hdla_vision
 
 
 # ----------------------------------------------------------------------------- graphs
-class GraphCapture:
-    """A torch.compile backend that keeps dynamo's graph and AOTAutograd's forward and backward graphs
-    (runs them uncompiled)."""
-
-    def __init__(self):
-        self.dynamo, self.forward, self.backward = [], [], []
-
-    def __call__(self, gm, example_inputs):
-        self.dynamo.append(gm)
-
-        def keep(graphs):
-            def compiler(graph, _):
-                graphs.append(graph)
-                return make_boxed_func(graph)
-            return compiler
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=keep(self.forward), bw_compiler=keep(self.backward))
-
-
-def _count(graphs, op) -> int:
-    return sum(node.target == op for gm in graphs for node in gm.graph.nodes)
-
-
 def _hdla_mixer(seed=0):
     torch.manual_seed(seed)
     return create_mixer("hdla", dim=32, num_heads=2, directions=("fwd", "bwd"))
@@ -62,8 +38,8 @@ def _graph_sizes(seq_len: int):
     compiled = torch.compile(_hdla_mixer(), backend=capture, fullgraph=True)
     compiled(torch.randn(1, seq_len, 32, requires_grad=True)).sum().backward()
     assert len(capture.dynamo) == len(capture.forward) == len(capture.backward) == 1
-    assert _count(capture.forward, OPS.chunk_hdla_bidirectional.default) == 1  # both scan directions
-    assert _count(capture.backward, OPS.chunk_hdla_bidirectional_backward.default) == 1
+    assert count_nodes(capture.forward, OPS.chunk_hdla_bidirectional.default) == 1  # both scan directions
+    assert count_nodes(capture.backward, OPS.chunk_hdla_bidirectional_backward.default) == 1
     return tuple(len(gm.graph.nodes) for gm in (capture.dynamo[0], capture.forward[0], capture.backward[0]))
 
 
