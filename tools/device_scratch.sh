@@ -6,7 +6,7 @@
 #                     512 px batch 64 and 1024 px batch 16 (the training batches of benchmarks/models.py):
 #                     fwd+bwd ms and peak MiB above the inputs at budgets 0 (one launch), 2048, 1024, 512 MiB
 #   budget0/, default/   benchmarks.kernels (chunk_hdla fwd+bwd, chunk64) at the high-res and LM shapes
-#                     with no budget and with the default one (the LM shape's scratch is ~1.6 GB per batch)
+#                     with no budget and with the default one (the LM shape: ~1.6 GB of scratch per batch element)
 #   timeline.txt
 source tools/device_setup.sh
 export HDLA_VISION_KERNELS=chunk64

@@ -36,7 +36,11 @@ from .bwd_chunk import check_diag_limit, chunk_vjp, scratch_bytes_per_block
 from .directions import scan_time, split_direction
 
 SUB = 16  # token sub-block of the exact decays
-SCRATCH_BUDGET_MIB = 1024  # B2's scratch per launch; larger batches run in slices (scratch_batch_slices)
+# B2's scratch per launch; larger batches run in slices (scratch_batch_slices). On the H100 the fused
+# bidirectional op's peak at the training batches of 224 / 512 / 1024 px fell from 4.8 / 5.5 / 5.5 GB to
+# 1.8 / 2.1 / 2.2 GB for 5-6% more time; at 1024 MiB 1024 px took twice as long (B1's serial pass runs
+# once per slice): benchmarks/results/b2_scratch_slices_h100.
+SCRATCH_BUDGET_MIB = 2048
 SCRATCH_BUDGET_ENV = "HDLA_VISION_B2_SCRATCH_MIB"
 
 
