@@ -1,15 +1,16 @@
 """What autograd keeps for the backward: bytes per token of one block (or the whole model), by tensor.
 
 The activations a training step holds between its forward and its backward are the tensors autograd saves
-(``torch.autograd.graph.saved_tensors_hooks`` sees each one as it is packed) plus the inputs that
-``torch.utils.checkpoint`` keeps for its recomputation. This tool runs one forward of a vision backbone's
+(``torch.autograd.graph.saved_tensors_hooks`` sees each one as it is packed, the inputs that the
+non-reentrant ``torch.utils.checkpoint`` keeps for its recomputation included). This tool runs one forward of a vision backbone's
 block (``--whole``: the whole model on images) and counts each saved storage once, with
 
 * ``bytes``, ``shape``, ``dtype`` (the storage's size; the shape of its first saved view);
 * ``producer``: the aten or custom op that allocated the storage (views leave it to their base), and the
   module that ran it;
 * ``savers``: the torch functions that packed it (``linear``, ``silu``, ``hdla_vision.chunk_hdla``,
-  ``checkpoint`` ...), as many times as it was packed.
+  ``checkpoint``: the inputs ``torch.utils.checkpoint`` keeps for its recomputation ...), as many times as
+  it was packed (``?``: by no torch function, e.g. an ``autograd.Function`` of its own).
 
 Modes (``--mode``):
 
@@ -134,9 +135,9 @@ class ProducerLog(TorchDispatchMode):
         from_weights = bool(inputs) and inputs <= self.parameters | self.weight_copies
         for t in torch.utils._pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor) and storage_key(t) not in inputs:
-                self.producers[storage_key(t)] = (op_name(func), self.modules.current())
-                if from_weights:
-                    self.weight_copies.add(storage_key(t))
+                key = storage_key(t)  # a freed storage's key may come back: overwrite what it said
+                self.producers[key] = (op_name(func), self.modules.current())
+                (self.weight_copies.add if from_weights else self.weight_copies.discard)(key)
         return out
 
 
@@ -193,13 +194,15 @@ class Ledger:
         return t
 
     def checkpoint(self, original):
-        """``torch.utils.checkpoint.checkpoint`` that records the tensors it keeps for its recomputation."""
-        def counted(function, *args, **kwargs):
-            for t in torch.utils._pytree.tree_leaves((args, kwargs)):
-                if isinstance(t, torch.Tensor):
-                    self.record(t, "checkpoint")
-            return original(function, *args, **kwargs)
-        return counted
+        """``torch.utils.checkpoint.checkpoint`` whose saves are named ``checkpoint``: the non-reentrant one
+        packs its inputs for the recomputation through the hooks (the region's own saves go to its hooks)."""
+        def named(function, *args, **kwargs):
+            outer, self.savers.current = self.savers.current, "checkpoint"
+            try:
+                return original(function, *args, **kwargs)
+            finally:
+                self.savers.current = outer
+        return named
 
     def __enter__(self):
         self.stack.enter_context(self.modules)
