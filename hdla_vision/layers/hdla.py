@@ -103,6 +103,9 @@ class HDLAMixer(LinearAttentionMixer):
     def own_write(self, q, feats):
         return (q * feats.k).sum(-1, keepdim=True) * feats.v
 
+    def op_inputs(self, q, feats):
+        return feats._replace(beta=feats.beta.contiguous())
+
 
 @register_mixer("hdla_authors")
 class AuthorsHDLAMixer(HDLAMixer):

@@ -56,12 +56,29 @@ with ``level(t, s) = min(bit_length(t XOR s), num_levels - 1)`` on absolute posi
   ``t XOR s``. The backward level-0 weight is 0, so the token's own write is counted once (by
   the forward scan) and nothing is subtracted: ``y_t = y^fwd_t + y^bwd_t``.
 The log-linear ops run the public linear ops once per level whatever :func:`set_chunk_backend` says.
+
+Recomputed activations (training memory, issue 12 part 4). With grad enabled and
+:func:`set_activation_recompute` on (the default), two stages of the mixer keep only their inputs for the
+backward and recompute what lies inside (:func:`recompute`, PyTorch's non-reentrant checkpoint):
+
+- the prologue of the bidirectional scans, ``x -> q`` and each direction's op inputs (:meth:`op_inputs`):
+  the projections, SiLU and L2 norms, the gates (their low-rank projections, logsigmoid, sigmoid, fp32
+  casts) and the factor functions. Autograd keeps ``x`` and what the ops save (q, k, v, the gates as
+  the ops take them), not the projections' outputs, the activations' inputs, the fp32 gate logits, nor
+  one copy of k and v per direction and one for the own write;
+- the output stage before ``W_o``: the per-head RMS norm, ``x W_g`` and its activation, their product.
+  Autograd keeps y and x.
+The recomputation runs the same ops on the same inputs, so outputs and gradients are those of the plain
+forward, bit for bit; the backward runs the stages' forward ops a second time (the q/k/v and gate GEMMs,
+a few elementwise kernels). The causal use recomputes only the output stage: its prologue may read and
+advance a cache.
 """
 from typing import NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from .gates import GateModule, LevelScales
 
@@ -76,6 +93,7 @@ DEFAULT_NUM_LEVELS = 16
 # PyTorch chunk form called directly on any device (differentiable by autograd, traced by dynamo).
 CHUNK_BACKENDS = ("auto", "torch")
 _chunk_backend = "auto"
+_activation_recompute = True
 
 
 def set_chunk_backend(name: str) -> None:
@@ -88,6 +106,30 @@ def set_chunk_backend(name: str) -> None:
 
 def chunk_backend() -> str:
     return _chunk_backend
+
+
+def set_activation_recompute(enabled: bool) -> None:
+    """Recompute the mixers' prologue and output stage in the backward (True, the default) or save
+    their activations (False: more memory, no second forward of those ops); module docstring."""
+    global _activation_recompute
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled must be a bool, got {enabled!r}")
+    _activation_recompute = enabled
+
+
+def activation_recompute() -> bool:
+    return _activation_recompute
+
+
+def recompute(function, *args, random: bool = False):
+    """``function(*args)`` keeping only ``args`` (and what later ops save of its outputs) for the
+    backward, which reruns ``function`` to rebuild the rest (non-reentrant ``torch.utils.checkpoint``:
+    the recomputed graph is the original one, autocast state included). A plain call when grad is off
+    or :func:`set_activation_recompute` is off. ``random``: ``function`` draws random numbers (dropout),
+    so the RNG state is stashed and replayed for the recomputation."""
+    if not (_activation_recompute and torch.is_grad_enabled()):
+        return function(*args)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=random)
 
 
 class MixerCache(Protocol):
@@ -296,6 +338,11 @@ class LinearAttentionMixer(nn.Module):
         """The token's own contribution to a scan ``scale * q_t^T K_t V_t^T``: ``[B, N, H, V]``."""
         raise NotImplementedError
 
+    def op_inputs(self, q: torch.Tensor, feats: NamedTuple) -> NamedTuple:
+        """``feats`` in the layout and dtypes the ops take (what :meth:`scan` would make of them, so that
+        it and :meth:`own_write` make no copy of their own); the identity unless a mixer converts."""
+        return feats
+
     # -- output stage ------------------------------------------------------------------------
     def build_output(self, proj_bias: bool) -> None:
         """The output gate ``W_g``, the per-head norm and the output projection ``W_o``."""
@@ -312,12 +359,16 @@ class LinearAttentionMixer(nn.Module):
         return gate
 
     def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``y [B, N, H, V]``, ``x [B, N, C]`` -> ``W_o (RMSNorm_head(y) * act_g(x W_g))  [B, N, C]``."""
+        """``y [B, N, H, V]``, ``x [B, N, C]`` -> ``W_o (RMSNorm_head(y) * act_g(x W_g))  [B, N, C]``;
+        the gated norm is recomputed in the backward (module docstring)."""
+        return self.proj_drop(self.proj(recompute(self.gated_norm, y, x)))
+
+    def gated_norm(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``RMSNorm_head(y) * act_g(x W_g)``: ``[B, N, H * V]``."""
         # weight cast to y's dtype: under autocast y is bf16 and rms_norm's fused kernel (fp32
         # accumulation inside) needs matching dtypes
         y = F.rms_norm(y, (self.head_dim_v,), self.norm.weight.to(y.dtype), self.norm_eps)
-        y = y.reshape(*x.shape[:2], -1) * self.gate_activation(self.gate(x))
-        return self.proj_drop(self.proj(y))
+        return y.reshape(*x.shape[:2], -1) * self.gate_activation(self.gate(x))
 
     # -- shared ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -376,11 +427,18 @@ class LinearAttentionMixer(nn.Module):
             x = x * attention_mask.to(x.dtype)[..., None]
         return self.output(self.causal_mix(x, attention_mask, cache), x)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
-        """The bidirectional sum before norm and gate: ``x [B, N, C] -> y [B, N, H, V]``."""
+    def scan_inputs(self, x: torch.Tensor) -> Tuple[torch.Tensor, NamedTuple, NamedTuple]:
+        """The prologue of the bidirectional scans: ``x [B, N, C] -> (q, forward inputs, backward inputs)``
+        as the ops take them (:meth:`op_inputs`)."""
         q, k, v = self.projections(x)
-        fwd = self.features(x, q, k, v, self.directions[0])
-        bwd = self.features(x, q, k, v, self.directions[1])
+        fwd = self.op_inputs(q, self.features(x, q, k, v, self.directions[0]))
+        bwd = self.op_inputs(q, self.features(x, q, k, v, self.directions[1]))
+        return q, fwd, bwd
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        """The bidirectional sum before norm and gate: ``x [B, N, C] -> y [B, N, H, V]``; the prologue
+        is recomputed in the backward (module docstring)."""
+        q, fwd, bwd = recompute(self.scan_inputs, x)
         if self.log_linear:
             return self.loglinear_mix(x, q, fwd, bwd)
         y_fwd, _ = self.scan(q, fwd, reverse=False)

@@ -58,6 +58,9 @@ class GeneralizedMixer(LinearAttentionMixer):
         """k, v, a, b of ``step`` in q's dtype, contiguous (the ops' layout)."""
         return tuple(t.to(q.dtype).contiguous() for t in (step.k, step.v, step.a, step.b))
 
+    def op_inputs(self, q, feats):
+        return sm.GeneralizedStep(*self.kernel_inputs(q, feats), feats.g.contiguous())
+
     def scan(self, q, feats, reverse=False, initial_state=None, output_final_state=False, recurrent=False):
         k, v, a, b = self.kernel_inputs(q, feats)
         g = feats.g.contiguous()
