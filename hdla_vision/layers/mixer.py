@@ -386,8 +386,8 @@ class LinearAttentionMixer(nn.Module):
         return F.conv1d(seq, self.conv.weight, groups=seq.shape[1]).transpose(1, 2)
 
     def projections(self, x: torch.Tensor, cache: Optional[MixerCache] = None):
-        """q ``[B, N, H, K]`` (contiguous); k ``[B, N, H, n, K]``, v ``[B, N, H, n, V]``, activated
-        (n = ``num_keys``); k (and q where ``normalize_q``) L2-normalised after a SiLU activation."""
+        """q ``[B, N, H, K]``, k ``[B, N, H, n, K]``, v ``[B, N, H, n, V]``, activated (n = ``num_keys``),
+        contiguous; k (and q where ``normalize_q``) L2-normalised after a SiLU activation."""
         batch, seq_len, _ = x.shape
         heads, n = self.num_heads, self.num_keys
         proj = self.qkv(x)
@@ -403,7 +403,8 @@ class LinearAttentionMixer(nn.Module):
                 q = F.normalize(q, p=2.0, dim=-1, eps=self.norm_eps)
             # cast back: under CUDA autocast the norm runs in fp32, and the ops want k in q's dtype
             k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(q.dtype)
-        return q.contiguous(), k, v
+        # one contiguous k and v for both directions' ops and the own write (views of the projection otherwise)
+        return q.contiguous(), k.contiguous(), v.contiguous()
 
     def check_input(self, x: torch.Tensor, attention_mask, cache) -> None:
         if x.dim() != 3 or x.shape[-1] != self.dim:

@@ -55,8 +55,13 @@ class GeneralizedMixer(LinearAttentionMixer):
         return self.head_dim ** -0.5
 
     def kernel_inputs(self, q: torch.Tensor, step: sm.GeneralizedStep):
-        """k, v, a, b of ``step`` in q's dtype, contiguous (the ops' layout)."""
-        return tuple(t.to(q.dtype).contiguous() for t in (step.k, step.v, step.a, step.b))
+        """k, v, a, b of ``step`` in q's dtype, contiguous (the ops' layout); a tensor that fills two of
+        them (KDA's and DeltaNet's ``beta k`` is both k and a) is converted once, so the op saves it once."""
+        converted = {}
+        for t in (step.k, step.v, step.a, step.b):
+            if id(t) not in converted:
+                converted[id(t)] = t.to(q.dtype).contiguous()
+        return tuple(converted[id(t)] for t in (step.k, step.v, step.a, step.b))
 
     def op_inputs(self, q, feats):
         return sm.GeneralizedStep(*self.kernel_inputs(q, feats), feats.g.contiguous())
