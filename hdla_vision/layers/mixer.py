@@ -387,7 +387,8 @@ class LinearAttentionMixer(nn.Module):
 
     def projections(self, x: torch.Tensor, cache: Optional[MixerCache] = None):
         """q ``[B, N, H, K]``, k ``[B, N, H, n, K]``, v ``[B, N, H, n, V]``, activated (n = ``num_keys``),
-        contiguous; k (and q where ``normalize_q``) L2-normalised after a SiLU activation."""
+        contiguous, in the projection's dtype; k (and q where ``normalize_q``) L2-normalised after a SiLU
+        activation."""
         batch, seq_len, _ = x.shape
         heads, n = self.num_heads, self.num_keys
         proj = self.qkv(x)
@@ -399,10 +400,10 @@ class LinearAttentionMixer(nn.Module):
         v = v.reshape(batch, seq_len, heads, n, self.head_dim_v)
         if self.qkv_activation == "silu":
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
+            # cast back: under CUDA autocast the norms run in fp32; the ops take q, k, v in one (16-bit) dtype
             if self.normalize_q:
-                q = F.normalize(q, p=2.0, dim=-1, eps=self.norm_eps)
-            # cast back: under CUDA autocast the norm runs in fp32, and the ops want k in q's dtype
-            k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(q.dtype)
+                q = F.normalize(q, p=2.0, dim=-1, eps=self.norm_eps).to(v.dtype)
+            k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(v.dtype)
         # one contiguous k and v for both directions' ops and the own write (views of the projection otherwise)
         return q.contiguous(), k.contiguous(), v.contiguous()
 
