@@ -135,15 +135,17 @@ class MixerBlock(Block):
         self.num_prefix_tokens = num_prefix_tokens
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
-        """``attn`` with the class token (first in ``x [B, 1 + N, C]``) scanned at index ``N // 2``."""
+        """``attn(norm1(x))`` for the block's input ``x``, with the class token (first in ``x [B, 1 + N, C]``)
+        scanned at index ``N // 2``. The mixer applies ``norm1`` itself, inside its recomputed stages
+        (:mod:`hdla_vision.layers.mixer`): the normalised tokens are not kept for the backward."""
         if not self.num_prefix_tokens:
-            return self.attn(x)
-        cls, patches = split_class_token(self.attn(insert_class_token(x[:, 1:], x[:, :1])))
+            return self.attn(x, norm=self.norm1)
+        cls, patches = split_class_token(self.attn(insert_class_token(x[:, 1:], x[:, :1]), norm=self.norm1))
         return torch.cat([cls, patches], dim=1)
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
         check_no_mask(attn_mask, is_causal)
-        x = x + self.drop_path1(self.ls1(self.mix(self.norm1(x))))
+        x = x + self.drop_path1(self.ls1(self.mix(x)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 

@@ -68,11 +68,14 @@ backward and recompute what lies inside (:func:`recompute`, PyTorch's non-reentr
   one copy of k and v per direction and one for the own write;
 - the output stage before ``W_o``: the per-head RMS norm, ``x W_g`` and its activation, their product.
   Autograd keeps y and x.
+A pre-norm block passes its norm (``forward(x, norm=...)``): both stages apply it to x themselves, so
+autograd keeps the block's input (which the residual path needs anyway), not the normalised x.
 The recomputation runs the same ops on the same inputs, so outputs and gradients are those of the plain
 forward, bit for bit; the backward runs the stages' forward ops a second time (the q/k/v and gate GEMMs,
 a few elementwise kernels). The causal use recomputes only the output stage: its prologue may read and
 advance a cache.
 """
+from functools import partial
 from typing import NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import torch
@@ -358,13 +361,14 @@ class LinearAttentionMixer(nn.Module):
             return torch.sigmoid(gate)
         return gate
 
-    def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``y [B, N, H, V]``, ``x [B, N, C]`` -> ``W_o (RMSNorm_head(y) * act_g(x W_g))  [B, N, C]``;
-        the gated norm is recomputed in the backward (module docstring)."""
-        return self.proj_drop(self.proj(recompute(self.gated_norm, y, x)))
+    def output(self, y: torch.Tensor, x: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """``y [B, N, H, V]``, ``x [B, N, C]`` -> ``W_o (RMSNorm_head(y) * act_g(x' W_g))  [B, N, C]`` with
+        ``x' = norm(x)`` (x without a norm); the gated norm is recomputed in the backward (module docstring)."""
+        return self.proj_drop(self.proj(recompute(partial(self.gated_norm, norm=norm), y, x)))
 
-    def gated_norm(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``RMSNorm_head(y) * act_g(x W_g)``: ``[B, N, H * V]``."""
+    def gated_norm(self, y: torch.Tensor, x: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """``RMSNorm_head(y) * act_g(norm(x) W_g)``: ``[B, N, H * V]``."""
+        x = x if norm is None else norm(x)
         # weight cast to y's dtype: under autocast y is bf16 and rms_norm's fused kernel (fp32
         # accumulation inside) needs matching dtypes
         y = F.rms_norm(y, (self.head_dim_v,), self.norm.weight.to(y.dtype), self.norm_eps)
@@ -419,30 +423,37 @@ class LinearAttentionMixer(nn.Module):
             check_loglinear_padding(attention_mask, cache)
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                cache: Optional[MixerCache] = None) -> torch.Tensor:
+                cache: Optional[MixerCache] = None, norm: Optional[nn.Module] = None) -> torch.Tensor:
         """``x [B, N, C] -> [B, N, C]``; ``attention_mask [B, N]`` (1 = token, 0 = pad) and ``cache``
-        for the causal use only."""
+        for the causal use only. ``norm``: a per-token module (a pre-norm block's norm) the mixer applies
+        to x first; the bidirectional use applies it inside its recomputed stages, so that the
+        normalised x is not kept for the backward (module docstring)."""
         self.check_input(x, attention_mask, cache)
         if self.bidirectional:
-            return self.output(self.mix(x), x)
+            return self.output(self.mix(x, norm), x, norm)
+        x = x if norm is None else norm(x)
         if attention_mask is not None:
             x = x * attention_mask.to(x.dtype)[..., None]
         return self.output(self.causal_mix(x, attention_mask, cache), x)
 
-    def scan_inputs(self, x: torch.Tensor) -> Tuple[torch.Tensor, NamedTuple, NamedTuple]:
+    def scan_inputs(self, x: torch.Tensor, norm: Optional[nn.Module] = None
+                    ) -> Tuple[torch.Tensor, NamedTuple, NamedTuple]:
         """The prologue of the bidirectional scans: ``x [B, N, C] -> (q, forward inputs, backward inputs)``
-        as the ops take them (:meth:`op_inputs`)."""
+        as the ops take them (:meth:`op_inputs`), of ``norm(x)`` (x without a norm)."""
+        x = x if norm is None else norm(x)
         q, k, v = self.projections(x)
         fwd = self.op_inputs(q, self.features(x, q, k, v, self.directions[0]))
         bwd = self.op_inputs(q, self.features(x, q, k, v, self.directions[1]))
         return q, fwd, bwd
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
-        """The bidirectional sum before norm and gate: ``x [B, N, C] -> y [B, N, H, V]``; the prologue
-        is recomputed in the backward (module docstring)."""
-        q, fwd, bwd = recompute(self.scan_inputs, x)
-        if self.log_linear:
+    def mix(self, x: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """The bidirectional sum before norm and gate: ``x [B, N, C] -> y [B, N, H, V]`` (of ``norm(x)``);
+        the prologue is recomputed in the backward (module docstring)."""
+        if self.log_linear:  # the level weights read the normalised x too: normalise it once, up front
+            x = x if norm is None else norm(x)
+            q, fwd, bwd = recompute(self.scan_inputs, x)
             return self.loglinear_mix(x, q, fwd, bwd)
+        q, fwd, bwd = recompute(partial(self.scan_inputs, norm=norm), x)
         y_fwd, _ = self.scan(q, fwd, reverse=False)
         y_bwd, _ = self.scan(q, bwd, reverse=True)
         return y_fwd + y_bwd - self.own_write(q, bwd)
