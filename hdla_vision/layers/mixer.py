@@ -59,7 +59,8 @@ The log-linear ops run the public linear ops once per level whatever :func:`set_
 
 Recomputed activations (training memory, issue 12 part 4). With grad enabled and
 :func:`set_activation_recompute` on (the default), two stages of the mixer keep only their inputs for the
-backward and recompute what lies inside (:func:`recompute`, PyTorch's non-reentrant checkpoint):
+backward and recompute what lies inside (:func:`recompute`, PyTorch's non-reentrant checkpoint; the
+vision backbones' blocks recompute their MLP's activation the same way):
 
 - the prologue of the bidirectional scans, ``x -> q`` and each direction's op inputs (:meth:`op_inputs`):
   the projections, SiLU and L2 norms, the gates (their low-rank projections, logsigmoid, sigmoid, fp32
