@@ -5,11 +5,23 @@ import json
 import pytest
 import torch
 
+from hdla_vision.layers.mixer import set_activation_recompute
 from tests.interpreted import run_interpreted
-from tools.saved_memory import BASELINE, Setting, ratio_to_baseline, saved_by_block, saved_by_model
+from tools.saved_memory import BASELINE, BATCH_SIZES, Setting, ratio_to_baseline, saved_by_block, saved_by_model
 
 C, HEADS, HIDDEN = 192, 3, 768  # the tiny models: width, heads, MLP width
 FP32, BF16 = 4, 2  # bytes
+MIXER_MODELS = ("hdla_tiny", "gla_tiny", "gdn_tiny", "kda_tiny")
+TARGET = 1.5  # issue 12 part 4: peak training memory at most 1.5x deit_tiny's
+
+
+@pytest.fixture
+def saving_activations():
+    """The mixers and blocks save their activations instead of recomputing them (the state before issue 12
+    part 4), for the duration of the test."""
+    set_activation_recompute(False)
+    yield
+    set_activation_recompute(True)
 
 
 def chunk_states(account, op="hdla_vision.chunk_hdla"):
@@ -67,3 +79,44 @@ def test_interpreted_kernels_save_what_the_fake_run_counts(tmp_path):
     real_states = sorted((tuple(s["shape"]), s["dtype"]) for s in real["storages"]
                          if s["producer"] == "hdla_vision.chunk_hdla")
     assert real_states == [((2, HEADS, 1, 64, 64), "float32")] * 2
+
+
+@pytest.mark.parametrize("family", ["chunk16", "chunk64"])
+def test_hdla_block_saves_exactly_what_its_backward_needs(family, monkeypatch):
+    """hdla_tiny's block under CUDA bf16 autocast, from first principles per token: the block's input (which
+    the recomputed mixer stages keep, norm1 inside them) and the residual after the mixer (norm2's input),
+    with norm2's mean and rstd; q, k, v in bf16 (shared by the directions and the own write); per direction
+    g (fp32, per channel) and beta (fp32, per head); the own write's q.k (fp32 under autocast, per head);
+    y (fp32: the own write is) for the recomputed output stage; proj's and fc1's bf16 inputs; fc1's output,
+    from which the MLP's activation is recomputed. Plus the op's states per direction: chunk16's reads X
+    ``[B, T, H, 2, V]`` fp32, chunk64's ``h [B, H, NT, K, V]`` in bf16 (one 64-token chunk here)."""
+    monkeypatch.setenv("HDLA_VISION_KERNELS", family)
+    account = saved_by_block("hdla_tiny", 64, 2)
+    per_token = (FP32 * C + FP32 * C + 2 * FP32 + 3 * BF16 * C + 2 * (FP32 * C + FP32 * HEADS) + FP32 * HEADS
+                 + FP32 * C + BF16 * C + BF16 * C + BF16 * HIDDEN)
+    states = 2 * (2 * 16 * HEADS * 2 * 64 * FP32 if family == "chunk16" else 2 * HEADS * 1 * 64 * 64 * BF16)
+    assert account.total_bytes == 2 * 16 * per_token + states
+
+
+@pytest.mark.parametrize("family", ["chunk16", "chunk64"])
+@pytest.mark.parametrize("img_size", [224, 1024])
+def test_mixer_models_within_the_target_of_deit(img_size, family, monkeypatch):
+    """Whole models at 224 and 1024 px with benchmarks.models' batches (256 and 16): saved activations plus
+    16 bytes per parameter at most 1.5x deit_tiny's, and so is each block's saved bytes per image."""
+    monkeypatch.setenv("HDLA_VISION_KERNELS", family)
+    batch = BATCH_SIZES[img_size]
+    models = [saved_by_model(name, img_size, batch) for name in (*MIXER_MODELS, BASELINE)]
+    blocks = [saved_by_block(name, img_size, batch) for name in (*MIXER_MODELS, BASELINE)]
+    for row in ratio_to_baseline(models):
+        assert row["predicted_peak_ratio"] <= TARGET, row
+    for row in ratio_to_baseline(blocks):
+        assert row["saved_ratio"] <= TARGET, row
+
+
+def test_saving_every_activation_is_what_the_target_rules_out(saving_activations):
+    """The accounting tells the two apart: with the activations saved (the mixers before issue 12 part 4),
+    hdla_tiny keeps more than 2.4x deit_tiny's bytes, and its block saves the projection before SiLU."""
+    (row,) = ratio_to_baseline([saved_by_model("hdla_tiny", 224, 256), saved_by_model(BASELINE, 224, 256)])
+    assert row["predicted_peak_ratio"] > 2.4, row
+    block = saved_by_block("hdla_tiny", 64, 2)
+    assert any(s.module.endswith("attn.qkv") and "silu" in s.savers for s in block.saved.values())
