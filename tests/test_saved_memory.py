@@ -120,3 +120,16 @@ def test_saving_every_activation_is_what_the_target_rules_out(saving_activations
     assert row["predicted_peak_ratio"] > 2.4, row
     block = saved_by_block("hdla_tiny", 64, 2)
     assert any(s.module.endswith("attn.qkv") and "silu" in s.savers for s in block.saved.values())
+
+
+@pytest.mark.parametrize("family", ["chunk16", "chunk64"])
+def test_backward_scratch_holds_at_least_the_gradients(family):
+    """``--op-scratch``: the peak one HDLA scan's Triton backward allocates (interpreted, bf16) counts at least
+    the gradients it returns (dq, dk, dv in bf16, dbeta per head and dg per channel in fp32)."""
+    proc = run_interpreted(["-m", "tools.saved_memory", "--op-scratch", "--kernels", family, "--resolutions", "64",
+                            "--batch", "1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["kernels"] == family and result["tokens"] == 16
+    gradients = 3 * BF16 * C + FP32 * HEADS + FP32 * C
+    assert result["backward_scratch_bytes_per_token"] > gradients

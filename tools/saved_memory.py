@@ -29,12 +29,15 @@ Parameters are not counted, nor tensors computed from parameters alone (autocast
 weights, counted apart as ``weight_bytes``: they grow with the parameters, not with the tokens); the block's
 input is. :meth:`Account.predicted_peak_bytes` turns whole-model counts into a peak-memory estimate: saved
 bytes, the weight copies, and 16 bytes per parameter (fp32 weight, gradient and AdamW's two moments); its
-ratio to deit_tiny's is ``predicted_peak_ratio``.
+ratio to deit_tiny's is ``predicted_peak_ratio``. It leaves out the backward's transients, of which the
+largest is the workspace of one scan's Triton backward: ``--op-scratch`` (:func:`hdla_backward_scratch`)
+measures it per token, on CPU tensors with the kernels interpreted.
 
     python -m tools.saved_memory                                      # hdla/gla/gdn/kda/deit tiny blocks, 224 px
     python -m tools.saved_memory --models hdla_tiny --resolutions 1024 --batch 16 --top 20
     python -m tools.saved_memory --whole --resolutions 224 1024       # the whole models, and predicted ratios
     python -m tools.saved_memory --kernels chunk64                    # the chunk64 family's saved states
+    TRITON_INTERPRET=1 python -m tools.saved_memory --op-scratch --kernels chunk64   # one HDLA backward's transient
     TRITON_INTERPRET=1 python -m tools.saved_memory --mode cpu --kernels chunk64 --resolutions 64 --batch 2
 """
 import argparse
@@ -42,6 +45,7 @@ import contextlib
 import json
 import os
 import sys
+import weakref
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -311,6 +315,58 @@ def saved_by_model(name: str, img_size: int, batch: int, setting: Setting = Sett
                    sum(p.numel() for p in model.parameters()), ledger.weight_bytes)
 
 
+class LiveStorages(TorchDispatchMode):
+    """The storages the ops create while it is entered and that are still alive (weak references): the
+    peak of their bytes (:attr:`peak`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: Dict[int, int] = {}
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {storage_key(t) for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and storage_key(t) not in inputs and storage_key(t) not in self.live:
+                storage = t.untyped_storage()
+                self.live[storage_key(t)] = storage.nbytes()
+                weakref.finalize(storage, self.live.pop, storage_key(t), None)
+        self.peak = max(self.peak, sum(self.live.values()))
+        return out
+
+
+def hdla_backward_scratch(family: str, batch: int, tokens: int, heads: int = 3, dim: int = 64) -> int:
+    """Peak bytes the Triton backward of one HDLA scan allocates (workspaces and gradients) for bf16 inputs
+    ``[batch, tokens, heads, dim]``: the transient on top of what is saved, once per op call. Runs the
+    family's forward and backward functions (not the custom op, which a dispatch mode sees as one call)
+    on CPU tensors: needs ``TRITON_INTERPRET=1``."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("hdla_backward_scratch runs the kernels on the CPU: set TRITON_INTERPRET=1")
+    gen = torch.Generator().manual_seed(0)
+    shape = (batch, tokens, heads, dim)
+    q, v = (torch.randn(shape, generator=gen).bfloat16() for _ in range(2))
+    k = F.normalize(torch.randn(shape, generator=gen), dim=-1).bfloat16()
+    beta, g = 2 * torch.rand(shape[:3], generator=gen), -torch.rand(shape, generator=gen)
+    do = torch.randn(shape, generator=gen).bfloat16()
+    live = LiveStorages()
+    if family == "chunk64":
+        from hdla_vision.kernels.generalized import bwd, fwd
+
+        _, _, h = fwd.generalized_forward(q, k, v, None, None, g, 1.0, None, False, hdla_beta=beta)
+        with live:
+            bwd.generalized_backward(do, None, q, k, v, None, None, g, 1.0, None, h, False, hdla_beta=beta)
+    elif family == "chunk16":
+        from hdla_vision.kernels.hdla import chunk
+
+        _, final, x = chunk.triton_hdla_forward(q, k, v, beta, g, 1.0, None, False)
+        with live:
+            chunk.triton_hdla_backward(do, None, q, k, v, beta, g, None, x, final, 1.0, False)
+    else:
+        raise ValueError(f"family must be 'chunk16' or 'chunk64', got {family!r}")
+    return live.peak
+
+
 @dataclass
 class Account:
     """The saved storages of one forward and their totals."""
@@ -400,6 +456,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--kernels", choices=("chunk16", "chunk64"), default=None,
                         help="the Triton kernel family (sets HDLA_VISION_KERNELS; default: as the environment says)")
     parser.add_argument("--out", default=None, help="write the summaries and ratios as JSON here")
+    parser.add_argument("--op-scratch", action="store_true",
+                        help="instead: the peak bytes per token one HDLA scan's Triton backward allocates (bf16, 3 "
+                             "heads of 64, the first resolution's tokens, --batch or 2; needs TRITON_INTERPRET=1)")
     return parser.parse_args(argv)
 
 
@@ -408,6 +467,13 @@ def main(argv=None) -> int:
     if args.kernels:
         os.environ["HDLA_VISION_KERNELS"] = args.kernels
     setting = Setting(args.mode, torch.bfloat16 if args.dtype == "bf16" else None)
+    if args.op_scratch:
+        family, batch = os.environ.get("HDLA_VISION_KERNELS") or "chunk16", args.batch or 2
+        tokens = (args.resolutions[0] // 16) ** 2
+        peak = hdla_backward_scratch(family, batch, tokens)
+        print(json.dumps(dict(kernels=family, batch=batch, tokens=tokens, backward_scratch_bytes_per_token=round(
+            peak / (batch * tokens)))))
+        return 0
     accounts = []
     for res in args.resolutions:
         batch = args.batch or BATCH_SIZES.get(res, 1)
