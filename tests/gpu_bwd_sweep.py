@@ -90,7 +90,7 @@ def run_case(name, chunk=None):
         names = ["dq", "dk", "dv", "da", "db", "dg", "dh0"]
         beta = None
     h, _ = chunk_state_pass(prep, h0.float())
-    out = generalized_backward(do, dht.float(), *args, 0.5, h0.float(), h, reverse, hdla_beta=beta, prep=prep)
+    out = generalized_backward(do, dht.float(), *args, 0.5, h0.float(), h, reverse, hdla_beta=beta)
     torch.cuda.synchronize()
     errs = {n: rel_err(m.float(), r) for n, m, r in zip(names, out, ref)}
     errs["nan"] = float(any(bool(torch.isnan(m).any()) for m in out if m is not None))
