@@ -24,9 +24,10 @@ def saving_activations():
     set_activation_recompute(True)
 
 
-def chunk_states(account, op="hdla_vision.chunk_hdla"):
-    """The storages the chunk op itself allocated and saved (its ``x``): ``[(shape, dtype), ...]``."""
-    return sorted((s.shape, s.dtype) for s in account.saved.values() if s.producer == op)
+def chunk_states(account, op="hdla_vision.chunk_hdla_bidirectional"):
+    """The storages the bidirectional op itself allocated and saved (its ``x``; its y is saved by the output
+    stage): ``[(shape, dtype), ...]``."""
+    return sorted((s.shape, s.dtype) for s in account.saved.values() if s.producer == op and op in s.savers)
 
 
 def test_deit_block_saves_exactly_what_its_ops_need():
@@ -48,11 +49,12 @@ def test_deit_block_saves_exactly_what_its_ops_need():
     ("chunk64", None, ((2, HEADS, 1, 64, 64), "float32")),
 ])
 def test_the_ops_saved_states_are_counted(family, autocast, expected, monkeypatch):
-    """What the Triton backward needs from the forward (the op's ``x`` output) is counted once per direction,
-    in the family's layout and dtype."""
+    """What the Triton backward needs from the forward (the bidirectional op's ``x`` output) is counted once,
+    both directions stacked, in the family's layout and dtype."""
     monkeypatch.setenv("HDLA_VISION_KERNELS", family)
     account = saved_by_block("hdla_tiny", 64, 2, Setting(autocast=autocast))
-    assert chunk_states(account) == [expected, expected]
+    shape, dtype = expected
+    assert chunk_states(account) == [((2, *shape), dtype)]
 
 
 def test_block_and_model_accounts_agree():
@@ -77,23 +79,24 @@ def test_interpreted_kernels_save_what_the_fake_run_counts(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (real,) = json.loads(out.read_text())["accounts"]
     real_states = sorted((tuple(s["shape"]), s["dtype"]) for s in real["storages"]
-                         if s["producer"] == "hdla_vision.chunk_hdla")
-    assert real_states == [((2, HEADS, 1, 64, 64), "float32")] * 2
+                         if s["producer"] == "hdla_vision.chunk_hdla_bidirectional"
+                         and "hdla_vision.chunk_hdla_bidirectional" in s["savers"])
+    assert real_states == [((2, 2, HEADS, 1, 64, 64), "float32")]
 
 
 @pytest.mark.parametrize("family", ["chunk16", "chunk64"])
 def test_hdla_block_saves_exactly_what_its_backward_needs(family, monkeypatch):
     """hdla_tiny's block under CUDA bf16 autocast, from first principles per token: the block's input (which
     the recomputed mixer stages keep, norm1 inside them) and the residual after the mixer (norm2's input),
-    with norm2's mean and rstd; q, k, v in bf16 (shared by the directions and the own write); per direction
-    g (fp32, per channel) and beta (fp32, per head); the own write's q.k (fp32 under autocast, per head);
-    y (fp32: the own write is) for the recomputed output stage; proj's and fc1's bf16 inputs; fc1's output,
+    with norm2's mean and rstd; q, k, v in bf16 (shared by the directions); per direction g (fp32, per
+    channel) and beta (fp32, per head), stacked for the bidirectional op (which computes the own write
+    itself); the op's y (bf16) for the recomputed output stage; proj's and fc1's bf16 inputs; fc1's output,
     from which the MLP's activation is recomputed. Plus the op's states per direction: chunk16's reads X
     ``[B, T, H, 2, V]`` fp32, chunk64's ``h [B, H, NT, K, V]`` in bf16 (one 64-token chunk here)."""
     monkeypatch.setenv("HDLA_VISION_KERNELS", family)
     account = saved_by_block("hdla_tiny", 64, 2)
-    per_token = (FP32 * C + FP32 * C + 2 * FP32 + 3 * BF16 * C + 2 * (FP32 * C + FP32 * HEADS) + FP32 * HEADS
-                 + FP32 * C + BF16 * C + BF16 * C + BF16 * HIDDEN)
+    per_token = (FP32 * C + FP32 * C + 2 * FP32 + 3 * BF16 * C + 2 * (FP32 * C + FP32 * HEADS)
+                 + BF16 * C + BF16 * C + BF16 * C + BF16 * HIDDEN)
     states = 2 * (2 * 16 * HEADS * 2 * 64 * FP32 if family == "chunk16" else 2 * HEADS * 1 * 64 * 64 * BF16)
     assert account.total_bytes == 2 * 16 * per_token + states
 

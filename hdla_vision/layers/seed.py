@@ -97,13 +97,18 @@ class GeneralizedMixer(LinearAttentionMixer):
 
     def bidirectional_scan(self, q, fwd, bwd):
         """:meth:`two_scans` as one ``chunk_generalized_bidirectional``: the ``shared_fields`` once (the
-        forward step's), the other fields and g stacked ``[2, ...]`` (forward, reversed)."""
+        forward step's), the other fields and g stacked ``[2, ...]`` (forward, reversed); a tensor that
+        fills two fields in both directions (:meth:`kernel_inputs`) is stacked once."""
         if chunk_backend() == "torch":
             return self.two_scans(q, fwd, bwd)
-        inputs = {}
+        inputs, made = {}, {}  # made: one op input per pair of tensors, so the op saves it once
         for name, x_fwd, x_bwd in zip(("k", "v", "a", "b"), fwd[:4], bwd[:4]):
-            x_fwd = x_fwd.to(q.dtype)
-            inputs[name] = x_fwd.contiguous() if name in self.shared_fields else torch.stack([x_fwd, x_bwd.to(q.dtype)])
+            shared = name in self.shared_fields
+            key = (id(x_fwd), None if shared else id(x_bwd))
+            if key not in made:  # KDA's and DeltaNet's beta k is both k and a
+                x_fwd = x_fwd.to(q.dtype)
+                made[key] = x_fwd.contiguous() if shared else torch.stack([x_fwd, x_bwd.to(q.dtype)])
+            inputs[name] = made[key]
         g = torch.stack([fwd.g, bwd.g])
         return chunk_generalized_bidirectional(q, **inputs, g=g, scale=self.scale)[0]
 
