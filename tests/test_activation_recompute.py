@@ -1,10 +1,14 @@
 """The recomputed stages of the mixers and blocks (issue 12 part 4, hdla_vision/layers/mixer.py): the same
 outputs and gradients as saving the activations, and as the definition before them (the block's norm
 outside the mixer, timm's Mlp called whole)."""
+import collections
+import re
+
 import pytest
 import timm
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import hdla_vision  # noqa: F401  registers the timm models
 from hdla_vision.layers import create_mixer
@@ -51,6 +55,59 @@ def test_recomputing_changes_no_bit(name):
     saved = outputs_and_grads(model, x)
     assert_same(recomputed, saved)
     assert saved[1]["blocks.0.attn.qkv.weight"].abs().max() > 0
+
+
+class OurOpCalls(TorchDispatchMode):
+    """Counts the calls of the ``hdla_vision`` ops (the scans' forward and backward) while entered."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "hdla_vision":
+            self.calls[func.name()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def training_step_calls(model, x):
+    """One forward and backward of ``model(x).sum()``: (the hdla_vision op calls, how often each Linear was
+    entered; a pre-hook: the checkpoint's recomputation stops inside the last layer that saves a tensor)."""
+    linear_calls = collections.Counter()
+    hooks = [m.register_forward_pre_hook(lambda m, args, n=n: linear_calls.update([n]))
+             for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    with OurOpCalls() as ops:
+        model(x).sum().backward()
+    for hook in hooks:
+        hook.remove()
+    return ops.calls, linear_calls
+
+
+# the Linear layers inside the recomputed stages: the prologue (qkv, the gates), the output stage's W_g, and the
+# MLP after fc1 (fc2 reruns because the checkpoint re-saves its input by calling it)
+RECOMPUTED_LINEAR = re.compile(r"blocks\.\d+\.(attn\.(qkv|gate|directions\..+)|mlp\.fc2)")
+
+
+@pytest.mark.parametrize("name, op", [("hdla_tiny", "chunk_hdla_bidirectional"),
+                                      ("gla_tiny", "chunk_generalized_bidirectional"),
+                                      ("gdn_tiny", "chunk_generalized_bidirectional"),
+                                      ("kda_tiny", "chunk_generalized_bidirectional")])
+def test_backward_reruns_no_scan(name, op):
+    """A training step (2 blocks) calls the bidirectional op once per block forward and its backward once per
+    block, with the stages recomputed and with their activations saved: the recomputation reruns only the
+    Linear layers of the prologue, the output stage's gate and fc2, never the scan, W_o, fc1 or the head."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, img_size=32, depth=2, num_classes=10)
+    x = torch.randn(2, 3, 32, 32)
+    ops_on, linear_on = training_step_calls(model, x)
+    set_activation_recompute(False)
+    ops_off, linear_off = training_step_calls(model, x)
+    assert ops_on == ops_off == {f"hdla_vision::{op}": 2, f"hdla_vision::{op}_backward": 2}
+    assert set(linear_off.values()) == {1}
+    rerun = {n for n, calls in linear_on.items() if calls == 2}
+    assert rerun == {n for n in linear_on if RECOMPUTED_LINEAR.fullmatch(n)}
+    assert {"blocks.1.attn.qkv", "blocks.1.attn.gate", "blocks.1.mlp.fc2"} <= rerun
+    assert set(linear_on.values()) == {1, 2}
 
 
 def test_recomputed_mlp_replays_its_dropout():
