@@ -13,6 +13,7 @@ the step, model and optimizer state included.
     python -m benchmarks.models --engine        # also the training engine's own step (Accelerate, EMA)
     python -m benchmarks.models --compile       # also each cell with torch.compile(model) (inductor)
     python -m benchmarks.models --cuda-graphs   # also with torch.compile(mode="reduce-overhead"): CUDA graphs
+    python -m benchmarks.models --no-activation-recompute   # the mixers save their activations (more memory)
 
 Compiled cells (``--compile [MODE ...]``, ``--cuda-graphs``) compile the model alone (the loss and the
 optimizer step stay eager), with static shapes (``dynamic=False``) and a fresh dynamo cache per cell;
@@ -40,6 +41,8 @@ import triton.testing
 from torch._dynamo.utils import counters
 
 import hdla_vision  # noqa: F401  registers hdla_tiny
+from hdla_vision.kernels.utils import kernel_family
+from hdla_vision.layers.mixer import activation_recompute, set_activation_recompute
 from tools.provenance import provenance
 
 MODELS = ("hdla_tiny", "deit_tiny_patch16_224")
@@ -276,6 +279,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="also measure torch.compile(model, mode='reduce-overhead') (CUDA graphs)")
     parser.add_argument("--no-eager", action="store_true", help="leave out the eager cells (with --compile)")
+    parser.add_argument("--no-activation-recompute", action="store_true",
+                        help="the mixers and blocks save their activations instead of recomputing their prologue, "
+                             "output stage and MLP activation in the backward (hdla_vision.layers.mixer)")
     args = parser.parse_args(argv)
     args.compile_modes = compile_settings(args)
     if not args.compile_modes:
@@ -355,6 +361,7 @@ def main(argv=None) -> int:
         print("python -m benchmarks.models needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
+    set_activation_recompute(not args.no_activation_recompute)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     rows = []
@@ -371,6 +378,7 @@ def main(argv=None) -> int:
         **provenance(torch.cuda.get_device_name(device)),
         torch=torch.__version__, timm=timm.__version__, triton=triton.__version__,
         autocast="bfloat16", timing="triton.testing.do_bench median", compile_settings=args.compile_modes,
+        activation_recompute=activation_recompute(), kernels=kernel_family(),
         compiled="torch.compile(model, mode=<compile>, dynamic=False); loss and optimizer step eager",
         rows=rows, ratios=ratios,
     )

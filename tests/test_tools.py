@@ -189,6 +189,8 @@ def test_models_benchmark_compares_compiled_cells_with_eager_and_deit(tmp_path, 
         "max-autotune"]
     with pytest.raises(SystemExit):
         models.parse_args(["--resolutions", "224", "--no-eager"])
+    assert not models.parse_args(["--resolutions", "224"]).no_activation_recompute
+    assert models.parse_args(["--resolutions", "224", "--no-activation-recompute"]).no_activation_recompute
 
     def row(model, compile_mode, images_per_s, mem, **extra):
         return dict(model=model, mode="train", compile=compile_mode, resolution=224, batch=256, tokens=196,
