@@ -127,3 +127,24 @@ def test_projections_keep_the_projection_dtype_when_the_norm_runs_in_fp32(name, 
     monkeypatch.setattr(torch.nn.functional, "normalize", lambda t, *a, **kw: normalize(t.float(), *a, **kw))
     q, k, v = mixer.projections(torch.randn(2, 5, 32, dtype=torch.bfloat16))
     assert (q.dtype, k.dtype, v.dtype) == (torch.bfloat16,) * 3
+
+
+@pytest.mark.parametrize("name, aliased", [("kda", True), ("deltanet", True), ("gla", False)])
+def test_a_tensor_filling_two_fields_reaches_the_op_once(name, aliased, monkeypatch):
+    """KDA's and DeltaNet's ``beta k`` is both k and a: the bidirectional op gets one stacked tensor for
+    both (so it saves it once), also under ``torch.compile(fullgraph=True)``, which cannot trace ``id()``
+    of a tensor made inside a traced region (checkpointed prologue: a graph break on CUDA)."""
+    import hdla_vision.layers.seed as seed
+
+    same = []
+
+    def recording(q, k, v, a, b, g, **kw):
+        same.append(k is a)
+        return chunk_generalized_bidirectional(q, k, v, a, b, g, **kw)
+
+    monkeypatch.setattr(seed, "chunk_generalized_bidirectional", recording)
+    mixer, x = _bidirectional_case(name)
+    eager = mixer(x)
+    compiled = torch.compile(mixer, fullgraph=True, backend="eager")(x)
+    torch.testing.assert_close(compiled, eager)
+    assert same == [aliased, aliased]

@@ -41,6 +41,23 @@ from .mixer import LinearAttentionMixer, check_positive_int, chunk_backend
 from .registry import register_mixer
 
 
+def once_per_object(groups: list, convert) -> list:
+    """``[convert(*group) for group in groups]``, computed once per distinct group of tensor objects (by
+    identity, ``is``: a tensor that fills two fields is converted once, so the op saves it once). Not
+    ``id()``: torch.compile cannot trace the id of a tensor made inside a traced region."""
+    done, out = [], []
+    for group in groups:
+        match = None
+        for seen, result in done:
+            if len(seen) == len(group) and all(a is b for a, b in zip(seen, group)):
+                match = result
+        if match is None:
+            match = convert(*group)
+            done.append((group, match))
+        out.append(match)
+    return out
+
+
 class GeneralizedMixer(LinearAttentionMixer):
     """A mixer whose ``features`` are one step of the generalized recurrence
     (:class:`~hdla_vision.layers.seed_mixers.GeneralizedStep`).
@@ -61,11 +78,8 @@ class GeneralizedMixer(LinearAttentionMixer):
     def kernel_inputs(self, q: torch.Tensor, step: sm.GeneralizedStep):
         """k, v, a, b of ``step`` in q's dtype, contiguous (the ops' layout); a tensor that fills two of
         them (KDA's and DeltaNet's ``beta k`` is both k and a) is converted once, so the op saves it once."""
-        converted = {}
-        for t in (step.k, step.v, step.a, step.b):
-            if id(t) not in converted:
-                converted[id(t)] = t.to(q.dtype).contiguous()
-        return tuple(converted[id(t)] for t in (step.k, step.v, step.a, step.b))
+        return tuple(once_per_object([(t,) for t in (step.k, step.v, step.a, step.b)],
+                                     lambda t: t.to(q.dtype).contiguous()))
 
     def op_inputs(self, q, feats):
         return sm.GeneralizedStep(*self.kernel_inputs(q, feats), feats.g.contiguous())
@@ -101,14 +115,14 @@ class GeneralizedMixer(LinearAttentionMixer):
         fills two fields in both directions (:meth:`kernel_inputs`) is stacked once."""
         if chunk_backend() == "torch":
             return self.two_scans(q, fwd, bwd)
-        inputs, made = {}, {}  # made: one op input per pair of tensors, so the op saves it once
-        for name, x_fwd, x_bwd in zip(("k", "v", "a", "b"), fwd[:4], bwd[:4]):
-            shared = name in self.shared_fields
-            key = (id(x_fwd), None if shared else id(x_bwd))
-            if key not in made:  # KDA's and DeltaNet's beta k is both k and a
-                x_fwd = x_fwd.to(q.dtype)
-                made[key] = x_fwd.contiguous() if shared else torch.stack([x_fwd, x_bwd.to(q.dtype)])
-            inputs[name] = made[key]
+        names = ("k", "v", "a", "b")
+        pairs = [(x_fwd,) if name in self.shared_fields else (x_fwd, x_bwd)
+                 for name, x_fwd, x_bwd in zip(names, fwd[:4], bwd[:4])]
+
+        def op_input(*pair):  # a shared field once, the others stacked [2, ...] by direction
+            return pair[0].to(q.dtype).contiguous() if len(pair) == 1 else torch.stack([x.to(q.dtype) for x in pair])
+
+        inputs = dict(zip(names, once_per_object(pairs, op_input)))  # KDA's and DeltaNet's beta k: k and a
         g = torch.stack([fwd.g, bwd.g])
         return chunk_generalized_bidirectional(q, **inputs, g=g, scale=self.scale)[0]
 
