@@ -69,9 +69,6 @@ def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=to
     g_shape = (batch, seq_len, heads) if scalar else (batch, seq_len, heads, dk)
     g = GATES[gates](fill(*g_shape, device=dev))
     do = fill(batch, seq_len, heads, dv, device=dev, dtype=bf)
-    prep = dict(N=0.01 * fill(batch, heads, nt, dk, dk, device=dev, dtype=bf),
-                Qeff=fill(batch, heads, nt * chunk, dk, device=dev, dtype=bf),
-                gamma=torch.exp(-0.1 * fill(batch, heads, nt, dk, device=dev).abs()), chunk=chunk)
     h = fill(batch, heads, nt, dk, dv, device=dev, dtype=bf)
     if kind == "hdla":
         k = F.normalize(fill(batch, seq_len, heads, dk, device=dev) + 1e-3, dim=-1).to(bf)
@@ -85,7 +82,7 @@ def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=to
         b = fill(batch, seq_len, heads, r_ab, dk, device=dev, dtype=bf) / dk**0.5
         args, beta = (q, k, v, a, b, g), None
     dht = fill(batch, heads, dk, dv, device=dev)
-    return dict(do=do, dht=dht, args=args, beta=beta, prep=prep, h=h, h0=fill(batch, heads, dk, dv, device=dev))
+    return dict(do=do, dht=dht, args=args, beta=beta, h=h, h0=fill(batch, heads, dk, dv, device=dev))
 
 
 def default_chunk(kind, dk):
@@ -136,7 +133,7 @@ def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, g
 
     def full(n_groups=groups, paths=None, limit=diag_limit):
         return bwd.generalized_backward(x["do"], x["dht"], *x["args"], 0.1, x["h0"], x["h"], False,
-                                        hdla_beta=x["beta"], prep=x["prep"], stages=stages, groups=n_groups,
+                                        hdla_beta=x["beta"], stages=stages, groups=n_groups,
                                         diag_limit=limit, diag_paths=paths)
 
     if check_paths:
@@ -248,7 +245,7 @@ def aot_compile(kind, shape, dv, dtype=torch.bfloat16):
     x = _inputs(kind, batch, seq_len, heads, dk, chunk, dv=dv, dev="cpu", fill=torch.zeros, dtype=dtype)
     with compile_only() as records:
         bwd.generalized_backward(x["do"], x["dht"], *x["args"], 0.1, x["h0"], x["h"], False,
-                                 hdla_beta=x["beta"], prep=x["prep"])
+                                 hdla_beta=x["beta"])
     return chunk, records
 
 

@@ -28,6 +28,9 @@ from tools.provenance import provenance
 
 SHAPES = {
     "vision": (128, 196, 3, 64),
+    "v384": (64, 576, 3, 64),  # the 384 px backbone's shape
+    "v512": (32, 1024, 3, 64),  # the 512 px backbone's shape
+    "t2048": (16, 2048, 3, 64),  # 2048 tokens (a 724 px image), between v512 and hires
     "hires": (8, 4096, 3, 64),
     "lm": (4, 4096, 16, 128),
     "long": (2, 16384, 3, 64),  # the 2048 px backbone's shape: few programs

@@ -8,7 +8,7 @@ AdamW step; inference is a forward under ``torch.inference_mode``. Times are
 the step, model and optimizer state included.
 
     python -m benchmarks.models                 # table; JSON to --out (default $OUT, else .)/models.json
-    python -m benchmarks.models --profile       # also torch.profiler's top kernels, hdla_tiny training
+    python -m benchmarks.models --profile       # also torch.profiler's top kernels of training (--profile-model)
     python -m benchmarks.models --engine        # also the training engine's own step (Accelerate, EMA)
     python -m benchmarks.models --compile       # also each cell with torch.compile(model) (inductor)
     python -m benchmarks.models --cuda-graphs   # also with torch.compile(mode="reduce-overhead"): CUDA graphs
@@ -182,9 +182,9 @@ def print_table(rows: List[Dict], ratios: List[Dict]) -> None:
               f"{cols[2]:>13}{cols[3]:>11}")
 
 
-def profile_training(res: int, batch: int, device: torch.device, row_limit: int = 25) -> str:
-    """torch.profiler's top CUDA kernels for a few hdla_tiny training steps."""
-    model = build(MODELS[0], device)
+def profile_training(res: int, batch: int, device: torch.device, row_limit: int = 25, name: str = MODELS[0]) -> str:
+    """torch.profiler's top CUDA kernels for a few training steps of model ``name``."""
+    model = build(name, device)
     step = train_step_fn(model, batch, res, device)
     for _ in range(3):
         step()
@@ -206,7 +206,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", default=["train", "infer"], choices=["train", "infer"])
     parser.add_argument("--warmup-ms", type=int, default=100)
     parser.add_argument("--rep-ms", type=int, default=400)
-    parser.add_argument("--profile", action="store_true", help="print the top kernels of hdla_tiny training")
+    parser.add_argument("--profile", action="store_true", help="print the top kernels of a model's training")
+    parser.add_argument("--profile-model", default=MODELS[0], help="the model --profile profiles")
     parser.add_argument("--profile-res", type=int, default=1024)
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for models.json")
     parser.add_argument("--engine", action="store_true", help="also time the training engine's step (224 px, batch 256)")
@@ -316,9 +317,9 @@ def main(argv=None) -> int:
     )
     if args.profile:
         batch = BATCH_SIZES.get(args.profile_res, 4)
-        table = profile_training(args.profile_res, batch, device)
-        print(f"\nhdla_tiny training, {args.profile_res}px, batch {batch}: top kernels by CUDA time\n{table}")
-        result["profile"] = dict(resolution=args.profile_res, batch=batch, table=table)
+        table = profile_training(args.profile_res, batch, device, name=args.profile_model)
+        print(f"\n{args.profile_model} training, {args.profile_res}px, batch {batch}: top kernels by CUDA time\n{table}")
+        result["profile"] = dict(model=args.profile_model, resolution=args.profile_res, batch=batch, table=table)
     if args.engine:
         result["engine"] = [measure_engine_step(name, 256, 224, 30, 10, "bf16", compile_=compile_mode != EAGER)
                             for name in args.models for compile_mode in args.compile_modes

@@ -26,7 +26,7 @@ else:
     from .generalized.torch_chunk import torch_chunk_generalized
     from .hdla.naive import hdla_decay_factors, naive_hdla
     from .hdla.fused_recurrent import fused_recurrent_hdla
-    from .ops import chunk_generalized, chunk_hdla
+    from .ops import chunk_generalized, chunk_generalized_bidirectional, chunk_hdla, chunk_hdla_bidirectional
     from .loglinear.chunk import chunk_loglinear_generalized, chunk_loglinear_hdla
     from .loglinear.fused_recurrent import fused_recurrent_loglinear_generalized, fused_recurrent_loglinear_hdla
     from .loglinear.naive import naive_loglinear_generalized, naive_loglinear_hdla
@@ -34,6 +34,8 @@ else:
     __all__ = [
         "chunk_generalized",
         "chunk_hdla",
+        "chunk_generalized_bidirectional",
+        "chunk_hdla_bidirectional",
         "naive_generalized",
         "naive_hdla",
         "hdla_decay_factors",

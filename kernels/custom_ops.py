@@ -25,14 +25,14 @@ same autograd graph as differentiating the chunk form directly, so the gradients
 eager chunk form, at the cost of a second forward in the backward.
 
 The path is chosen inside the ops: the Triton kernels where ``utils.use_triton`` says so, of the
-family ``utils.kernel_family`` names (env ``HDLA_VISION_KERNELS`` = ``chunk16``, the default, or
-``chunk64``), else the PyTorch chunk form. chunk16 sends the ranks ``utils.triton_supports_ranks``
-excludes to the chunk form; chunk64 runs r_ab 0..4, r_kv 1..4 at every head dim
-(``utils.chunk64_supports_ranks``) and sends float64 inputs to the chunk form (its kernels run
-fp32/bf16/fp16). The shape, dtype and device checks stay in
-the public functions, before the op is called; the value check ``g <= 0`` (CPU tensors) runs inside
-the ops, where it sees real tensors in eager and compiled code alike (traced by dynamo it would be a
-data-dependent branch, i.e. a graph break).
+family ``utils.kernel_family`` names (env ``HDLA_VISION_KERNELS`` = ``auto``, the default: chunk64 from
+``utils.CHUNK64_MIN_TOKENS`` tokens on, chunk16 below; or ``chunk16`` / ``chunk64``), else the PyTorch
+chunk form. chunk16 cannot run the ranks ``utils.triton_supports_ranks`` excludes; chunk64 runs r_ab
+0..4, r_kv 1..4 at every head dim (``utils.chunk64_supports_ranks``) but not float64 inputs (its
+kernels run fp32/bf16/fp16); ``auto`` then takes the other family, a named family the chunk form.
+The shape, dtype and device checks stay in the public functions, before the op is called; the value
+check ``g <= 0`` (CPU tensors) runs inside the ops, where it sees real tensors in eager and compiled
+code alike (traced by dynamo it would be a data-dependent branch, i.e. a graph break).
 
 ``chunk_generalized`` takes ``g`` per key channel ``[B, T, H, K]`` or per head ``[B, T, H]`` (its
 gradient comes back in g's shape). The chunk16 kernels get a per-head g broadcast to
@@ -48,7 +48,8 @@ from torch._C import DispatchKey
 
 from .generalized.torch_chunk import chunk_form, per_channel
 from .hdla.naive import hdla_decay_factors
-from .utils import chunk64_supports_ranks, check_log_decay, kernel_family, triton_supports_ranks, use_triton
+from .utils import (CHUNK64_MIN_TOKENS, check_log_decay, chunk64_supports_ranks, kernel_family, triton_supports_ranks,
+                    use_triton)
 
 NAMESPACE = "hdla_vision"
 
@@ -57,24 +58,36 @@ NAMESPACE = "hdla_vision"
 FORM = "form"  # the PyTorch chunk form
 
 
-def _generalized_path(q: Tensor, k: Tensor, a: Tensor) -> str:
-    """Where the generalized op runs: ``"chunk16"`` / ``"chunk64"`` (that Triton family) or ``FORM``.
-    Raises ValueError for a bad ``HDLA_VISION_KERNELS`` whatever the device."""
-    family = kernel_family()
+def _runs_on(family: str, q: Tensor, r_kv: int, r_ab: int, hdla: bool) -> bool:
+    """Whether a Triton family runs these ranks and q's dtype (HDLA's own chunk16 kernels run it all)."""
+    if family == "chunk64":
+        return q.dtype != torch.float64 and chunk64_supports_ranks(r_kv, r_ab)
+    return hdla or triton_supports_ranks(q.shape[-1], r_kv, r_ab)
+
+
+def _path(q: Tensor, r_kv: int, r_ab: int, hdla: bool = False) -> str:
+    """Where an op runs: ``"chunk16"`` / ``"chunk64"`` (that Triton family) or ``FORM``. The setting
+    ``auto`` tries chunk64 first from ``utils.CHUNK64_MIN_TOKENS`` tokens on, else chunk16 first, and takes
+    the other family where the first cannot run the ranks or dtype. Raises ValueError for a bad
+    ``HDLA_VISION_KERNELS`` whatever the device."""
+    setting = kernel_family()
     if not use_triton(q):
         return FORM
-    r_kv, r_ab = k.shape[-2], a.shape[-2]
-    if family == "chunk64":
-        return family if q.dtype != torch.float64 and chunk64_supports_ranks(r_kv, r_ab) else FORM
-    return family if triton_supports_ranks(q.shape[-1], r_kv, r_ab) else FORM
+    if setting == "auto":
+        order = ("chunk64", "chunk16") if q.shape[1] >= CHUNK64_MIN_TOKENS else ("chunk16", "chunk64")
+    else:
+        order = (setting,)
+    return next((family for family in order if _runs_on(family, q, r_kv, r_ab, hdla)), FORM)
+
+
+def _generalized_path(q: Tensor, k: Tensor, a: Tensor) -> str:
+    """Where the generalized op runs (:func:`_path`)."""
+    return _path(q, k.shape[-2], a.shape[-2])
 
 
 def _hdla_path(q: Tensor) -> str:
-    """Where the HDLA op runs (as :func:`_generalized_path`; HDLA has r_ab = 2, r_kv = 1)."""
-    family = kernel_family()
-    if not use_triton(q) or (family == "chunk64" and q.dtype == torch.float64):
-        return FORM
-    return family
+    """Where the HDLA op runs (:func:`_path`; HDLA has r_ab = 2, r_kv = 1)."""
+    return _path(q, 1, 2, hdla=True)
 
 
 def _state_dtype(q: Tensor, on_triton: bool) -> torch.dtype:
@@ -189,6 +202,12 @@ def chunk_generalized_op(
     """The generalized op on checked inputs (``ops.chunk_generalized``): ``(o, state, x)``, see the
     module docstring."""
     check_log_decay(g)
+    return run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+
+
+def run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
+    """The body of :func:`chunk_generalized_op` on the path :func:`_generalized_path` picks (also one
+    direction of the bidirectional op's unfused path, ``bidirectional_ops.py``)."""
     path = _generalized_path(q, k, a)
     if path == "chunk64":
         from .generalized import fwd
@@ -222,6 +241,12 @@ def chunk_generalized_backward_op(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, da, db, dg, dh0)`` in the inputs' dtypes and shapes (dg in g's shape); dh0 is
     empty without an initial state. ``dht`` is the final state's cotangent or None."""
+    return run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse)
+
+
+def run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse):
+    """The body of :func:`chunk_generalized_backward_op` (also one direction of the bidirectional op's
+    unfused path)."""
     path = _generalized_path(q, k, a)
     if path == "chunk64":
         from .generalized import bwd
@@ -274,6 +299,11 @@ def chunk_hdla_op(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The HDLA op on checked inputs (``ops.chunk_hdla``): ``(o, state, x)``, see the module docstring."""
     check_log_decay(g)
+    return run_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
+
+
+def run_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse):
+    """The body of :func:`chunk_hdla_op` (also one direction of the bidirectional op's unfused path)."""
     path = _hdla_path(q)
     if path == "chunk64":
         from .generalized import fwd
@@ -300,6 +330,11 @@ def chunk_hdla_backward_op(
     initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, reverse: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dbeta, dg, dh0)`` in the inputs' dtypes; dh0 is empty without an initial state."""
+    return run_hdla_backward(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse)
+
+
+def run_hdla_backward(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse):
+    """The body of :func:`chunk_hdla_backward_op` (also one direction of the bidirectional op's unfused path)."""
     path = _hdla_path(q)
     if path == "chunk64":
         from .generalized import bwd

@@ -16,10 +16,14 @@ from typing import Optional, Tuple
 
 import torch
 
+from .bidirectional_ops import (chunk_generalized_bidirectional_op, chunk_hdla_bidirectional_op, direction, own_write,
+                                per_direction)
 from .custom_ops import chunk_generalized_op, chunk_hdla_op
 from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
-from .utils import check_generalized_inputs, check_hdla_inputs, per_batch_slice, use_triton  # noqa: F401 (use_triton: imported from here by callers)
+from .utils import (MAX_GRID_BATCH_HEADS, batch_slices, check_generalized_bidirectional_inputs,
+                    check_generalized_inputs, check_hdla_bidirectional_inputs, check_hdla_inputs, per_batch_slice,
+                    use_triton)  # noqa: F401 (use_triton: imported from here by callers)
 
 
 def _scale(scale: Optional[float]) -> float:
@@ -133,3 +137,122 @@ def chunk_hdla(
 
     o, state = per_batch_slice(op, dict(q=q, k=k, v=v, beta=beta, g=g, initial_state=initial_state), q.shape[2])
     return o, _final(state, q, output_final_state)
+
+
+# ----------------------------------------------------------------------------- both directions
+def _per_batch_slice_directions(op, shared: dict, stacked: dict, heads: int):
+    """``op(**shared, **stacked) -> (y [B, ...], state [2, B, ...] or [0])`` run on batch slices of at
+    most ``MAX_GRID_BATCH_HEADS / 2`` batch-heads (the fused kernels put both directions' ``2 B H``
+    programs on one grid axis) and concatenated; ``stacked`` tensors have the batch at dim 1."""
+    batch = next(iter(shared.values())).shape[0]
+    slices = batch_slices(batch, heads, MAX_GRID_BATCH_HEADS // 2)
+    if len(slices) == 1:
+        return op(**shared, **stacked)
+    parts = [op(**{n: x[s] for n, x in shared.items()}, **{n: None if x is None else x[:, s] for n, x in stacked.items()})
+             for s in slices]
+    y = torch.cat([p[0] for p in parts])
+    return y, (torch.cat([p[1] for p in parts], dim=1) if parts[0][1].numel() else parts[0][1])
+
+
+def chunk_hdla_bidirectional(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Both scan directions of HDLA (:func:`chunk_hdla`) in one op, as the vision mixers sum them
+    (kernels/README.md §9)::
+
+        y = chunk_hdla(q, k, v, beta[0], g[0], scale)[0]                 # t = 0 .. T-1
+          + chunk_hdla(q, k, v, beta[1], g[1], scale, reverse=True)[0]   # t = T-1 .. 0
+          - scale * (q . k) v                                            # the own write, counted once
+
+    Where the op runs the chunk64 kernels (CUDA or the interpreter; by default from 576 tokens on, or
+    with ``HDLA_VISION_KERNELS=chunk64``) every launch covers both directions and y is written once;
+    elsewhere it is computed as written above.
+
+    Args:
+        q, k: ``[B, T, H, K]`` (k L2-normalised), v: ``[B, T, H, V]``, shared by both directions.
+        beta: ``[2, B, T, H]``, g: ``[2, B, T, H, K]``: index 0 the forward scan's, 1 the reversed scan's.
+        scale: output scale (None: 1).
+        initial_state: ``[2, B, H, K, V]`` or None: the state before the forward scan's first token
+            (t = 0) and before the reversed scan's first token (t = T-1).
+        output_final_state: also return both final states.
+
+    Returns:
+        ``(y [B, T, H, V] in q's dtype, final_state [2, B, H, K, V] or None)``.
+
+    DTYPES and LOG-DECAY as :func:`chunk_hdla`; a bad shape, dtype or device raises ValueError naming
+    the argument before anything runs.
+    """
+    check_hdla_bidirectional_inputs(q, k, v, beta, g, initial_state, scale)
+    if exporting_to_onnx():
+        parts = [exportable_hdla(q, k, v, beta[d], g[d], _scale(scale), direction(initial_state, d), d == 1)
+                 for d in (0, 1)]
+        y = parts[0][0] + parts[1][0] - own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), _scale(scale)).to(q.dtype)
+        return y, _final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
+
+    def op(q, k, v, beta, g, initial_state):
+        return chunk_hdla_bidirectional_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state)[:2]
+
+    y, state = _per_batch_slice_directions(op, dict(q=q, k=k, v=v), dict(beta=beta, g=g, initial_state=initial_state),
+                                           q.shape[2])
+    return y, _final(state, q, output_final_state)
+
+
+def chunk_generalized_bidirectional(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Both scan directions of the generalized op (:func:`chunk_generalized`) in one op, as the vision
+    mixers sum them (kernels/README.md §9): with ``X_d`` direction d's slice of a stacked input (the
+    input itself where shared)::
+
+        y = chunk_generalized(q, k_0, v_0, a_0, b_0, g[0], scale)[0]
+          + chunk_generalized(q, k_1, v_1, a_1, b_1, g[1], scale, reverse=True)[0]
+          - scale * sum_l (q . k_1[..., l, :]) v_1[..., l, :]            # the reversed scan's own write
+
+    Args:
+        q: ``[B, T, H, K]``, shared.
+        k: ``[B, T, H, r_kv, K]``, v: ``[B, T, H, r_kv, V]``, a, b: ``[B, T, H, r_ab, K]``: each shared by
+            both directions, or stacked ``[2, ...]`` (index 0 the forward scan's, 1 the reversed scan's).
+        g: ``[2, B, T, H, K]`` or ``[2, B, T, H]`` (a decay per head), per direction.
+        scale, initial_state ``[2, B, H, K, V]``, output_final_state: as :func:`chunk_hdla_bidirectional`.
+
+    Returns:
+        ``(y [B, T, H, V] in q's dtype, final_state [2, B, H, K, V] or None)``.
+
+    DTYPES and LOG-DECAY as :func:`chunk_generalized`; a bad shape, dtype or device raises ValueError
+    naming the argument before anything runs.
+    """
+    check_generalized_bidirectional_inputs(q, k, v, a, b, g, initial_state, scale)
+    if exporting_to_onnx():
+        stacked = {n: per_direction(x, 5) for n, x in dict(k=k, v=v, a=a, b=b).items()}
+        parts = [exportable_generalized(q, direction(k, d, stacked["k"]), direction(v, d, stacked["v"]),
+                                        direction(a, d, stacked["a"]), direction(b, d, stacked["b"]), g[d],
+                                        _scale(scale), direction(initial_state, d), d == 1) for d in (0, 1)]
+        own = own_write(q, direction(k, 1, stacked["k"]), direction(v, 1, stacked["v"]), _scale(scale))
+        y = parts[0][0] + parts[1][0] - own.to(q.dtype)
+        return y, _final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
+
+    def op(q, k, v, a, b, g, initial_state):
+        return chunk_generalized_bidirectional_op(q, k, v, a, b, g, _scale(scale), initial_state,
+                                                  output_final_state)[:2]
+
+    shared = dict(q=q)
+    stacked = dict(g=g, initial_state=initial_state)
+    for name, x in dict(k=k, v=v, a=a, b=b).items():
+        (stacked if per_direction(x, 5) else shared)[name] = x
+    y, state = _per_batch_slice_directions(op, shared, stacked, q.shape[2])
+    return y, _final(state, q, output_final_state)

@@ -10,18 +10,24 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 # The Triton kernel family of the chunk ops (kernels/README.md §8):
-#   chunk16: the 16-token chunk kernels (generalized/chunk.py, scan.py; hdla/chunk.py), the default until
-#            the chunk64 kernels have passed the GPU parity sweep and the benchmark;
-#   chunk64: the chunk kernels of issue 11 (generalized/fwd.py, bwd.py): 64-token chunks where the ranks
-#            allow, one [K x K] . [K x BV] product per chunk on the state chain, a chunk-local backward.
+#   chunk16: the 16-token chunk kernels (generalized/chunk.py, scan.py; hdla/chunk.py);
+#   chunk64: the chunk kernels of issue 11 (generalized/fwd.py, bwd.py): 32- or 64-token chunks, one
+#            [K x K] . [K x BV] product per chunk on the state chain, a chunk-local backward;
+#   auto (the default): chunk64 from CHUNK64_MIN_TOKENS tokens on, chunk16 below.
 KERNEL_FAMILY_ENV = "HDLA_VISION_KERNELS"
-KERNEL_FAMILIES = ("chunk16", "chunk64")
-DEFAULT_KERNEL_FAMILY = "chunk16"
+KERNEL_FAMILIES = ("auto", "chunk16", "chunk64")
+DEFAULT_KERNEL_FAMILY = "auto"
+# chunk_hdla fwd+bwd on an H100 (bf16, H = 3, d = 64, ~25-33k tokens per call; 2026-11-24, commits da9490a
+# and d296277, benchmarks/results/crossover_h100 and b1_inputs_h100): chunk16 / chunk64 took 3.87 / 4.28 ms
+# at T = 196, 4.06 / 4.06 at 576, 4.76 / 3.66 at 1024, 5.38 / 3.72 at 2048, 7.79 / 4.47 at 4096; at the LM
+# shape (T = 4096, H = 16, d = 128) 29.1 / 19.0 ms. Below ~576 tokens chunk16's shorter chunks win.
+# (custom_ops picks the family per call, and the other one where the first cannot run the ranks or dtype.)
+CHUNK64_MIN_TOKENS = 576
 
 
 def kernel_family() -> str:
-    """The kernel family the chunk ops' Triton path runs: ``$HDLA_VISION_KERNELS`` (unset or empty: the
-    default, chunk16). Read at every op call, so set it before the first call (a compiled graph keeps
+    """The kernel family setting of the chunk ops' Triton path: ``$HDLA_VISION_KERNELS`` (unset or empty:
+    the default, auto). Read at every op call, so set it before the first call (a compiled graph keeps
     the family it was traced with). Any other value raises ValueError."""
     family = os.environ.get(KERNEL_FAMILY_ENV, "") or DEFAULT_KERNEL_FAMILY
     if family not in KERNEL_FAMILIES:
@@ -196,6 +202,65 @@ def check_hdla_inputs(q, k, v, beta, g, initial_state, scale) -> None:
     check_tensor("g", g, (batch, seq_len, heads, dk), q, "[B, T, H, K]")
     check_tensor("beta", beta, (batch, seq_len, heads), q, "[B, T, H]")
     check_dtypes(q, dict(k=k, v=v), dict(beta=beta, g=g))
+
+
+DIRECTIONS_LAYOUT = "(index 0 the forward scan, 1 the reversed scan)"
+
+
+def check_hdla_bidirectional_inputs(q, k, v, beta, g, initial_state, scale) -> None:
+    """Validate the bidirectional HDLA op's inputs: q, k ``[B, T, H, K]`` and v ``[B, T, H, V]`` shared,
+    beta ``[2, B, T, H]``, g ``[2, B, T, H, K]`` and initial_state ``[2, B, H, K, V]`` (or None) per
+    direction; dtypes as :func:`check_hdla_inputs`."""
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        got = _shape(v) if isinstance(v, torch.Tensor) else type(v).__name__
+        raise ValueError(f"v must have shape [B, T, H, V] (shared by both directions), got {got}")
+    batch, seq_len, heads, dk = check_common(q, v.shape[-1], None, scale)
+    dv = v.shape[-1]
+    check_tensor("v", v, (batch, seq_len, heads, dv), q, "[B, T, H, V] (shared by both directions)")
+    check_tensor("k", k, (batch, seq_len, heads, dk), q, "[B, T, H, K] (shared by both directions)")
+    check_tensor("beta", beta, (2, batch, seq_len, heads), q, f"[2, B, T, H] {DIRECTIONS_LAYOUT}")
+    check_tensor("g", g, (2, batch, seq_len, heads, dk), q, f"[2, B, T, H, K] {DIRECTIONS_LAYOUT}")
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, (2, batch, heads, dk, dv), q, f"[2, B, H, K, V] {DIRECTIONS_LAYOUT}")
+    check_dtypes(q, dict(k=k, v=v), dict(beta=beta, g=g))
+
+
+def _shared_or_stacked(name: str, x, single: Tuple[int, ...], q: torch.Tensor, layout: str) -> None:
+    """``x`` has the single-direction shape ``single`` (shared) or ``[2, *single]`` (one per direction)."""
+    stacked = isinstance(x, torch.Tensor) and x.dim() == len(single) + 1
+    check_tensor(name, x, (2, *single) if stacked else single, q,
+                 f"{layout} (shared) or [2, {layout[1:]} {DIRECTIONS_LAYOUT}")
+
+
+def check_generalized_bidirectional_inputs(q, k, v, a, b, g, initial_state, scale) -> Tuple[int, int]:
+    """Validate the bidirectional generalized op's inputs; return (r_kv, r_ab). q ``[B, T, H, K]`` is
+    shared; each of k ``[B, T, H, r_kv, K]``, v ``[B, T, H, r_kv, V]``, a, b ``[B, T, H, r_ab, K]``
+    shared or stacked ``[2, ...]`` per direction; g ``[2, B, T, H, K]`` or ``[2, B, T, H]`` and
+    initial_state ``[2, B, H, K, V]`` (or None) per direction; dtypes as :func:`check_generalized_inputs`."""
+    for name, x in dict(v=v, k=k, a=a, b=b).items():
+        if not isinstance(x, torch.Tensor) or x.dim() not in (5, 6):
+            got = _shape(x) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must have shape [B, T, H, r, D] (shared) or [2, B, T, H, r, D] "
+                             f"{DIRECTIONS_LAYOUT}, got {got}")
+    batch, seq_len, heads, dk = check_common(q, v.shape[-1], None, scale)
+    r_kv, dv, r_ab = v.shape[-2], v.shape[-1], a.shape[-2]
+    if r_kv < 1:
+        raise ValueError(f"v must have r_kv >= 1 (shape [B, T, H, r_kv, V]), got {_shape(v)}")
+    head = (batch, seq_len, heads)
+    _shared_or_stacked("v", v, (*head, r_kv, dv), q, "[B, T, H, r_kv, V]")
+    _shared_or_stacked("k", k, (*head, r_kv, dk), q, "[B, T, H, r_kv, K]")
+    _shared_or_stacked("a", a, (*head, r_ab, dk), q, "[B, T, H, r_ab, K]")
+    _shared_or_stacked("b", b, (*head, r_ab, dk), q, "[B, T, H, r_ab, K] (same r_ab as a)")
+    per_channel, per_head = (2, *head, dk), (2, *head)
+    if not isinstance(g, torch.Tensor) or tuple(g.shape) not in (per_channel, per_head):
+        got = _shape(g) if isinstance(g, torch.Tensor) else type(g).__name__
+        raise ValueError(f"g must have shape [2, B, T, H, K] = {list(per_channel)} or [2, B, T, H] = {list(per_head)} "
+                         f"{DIRECTIONS_LAYOUT}, got {got}")
+    check_tensor("g", g, tuple(g.shape), q, "[2, B, T, H, K] or [2, B, T, H]")
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, (2, batch, heads, dk, dv), q, f"[2, B, H, K, V] {DIRECTIONS_LAYOUT}")
+    check_dtypes(q, dict(k=k, v=v, a=a, b=b), dict(g=g))
+    return r_kv, r_ab
 
 
 # CUDA caps a launch grid's second and third axes at 65535 programs, and the kernels put B*H there.

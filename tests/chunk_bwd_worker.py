@@ -56,7 +56,7 @@ def _kernel_grads(kind, p, chunk, reverse, do, dht, dtype=torch.float32, **b2):
     prep = chunk_prepare(*args, SCALE, reverse, hdla_beta=beta, chunk=chunk)
     h, _ = chunk_state_pass(prep, h0f)
     out = generalized_backward(do.to(dtype), None if dht is None else dht.float(), *args, SCALE, h0f, h, reverse,
-                               hdla_beta=beta, prep=prep, **b2)
+                               hdla_beta=beta, **b2)
     return out[:len(names)] + (out[-1:] if h0 is not None else ())
 
 

@@ -106,7 +106,7 @@ def run_case(name, chunk=None):
         beta = None
     h, final = chunk_state_pass(prep, h0.float())
     o = chunk_output(prep, h, args[2], reverse)
-    out = generalized_backward(do, dht.float(), *args, 0.5, h0.float(), h, reverse, hdla_beta=beta, prep=prep)
+    out = generalized_backward(do, dht.float(), *args, 0.5, h0.float(), h, reverse, hdla_beta=beta)
     torch.cuda.synchronize()
     ins = [x.double() if x is not None else None for x in args]
     if beta is None:

@@ -92,8 +92,8 @@ def test_backward_levels_kernels_compile_for_the_h100(dtype):
     g = torch.zeros(batch, seq_len, heads, dk)
     h = torch.zeros(batch, heads, 2, dk, dk, dtype=dtype)
     with compile_only() as records:
-        prep = fwd.chunk_prepare(q, k, v, None, None, g, 1.0, False, hdla_beta=beta, chunk=32)
-        bwd.generalized_backward(do, None, q, k, v, None, None, g, 1.0, None, h, False, hdla_beta=beta, prep=prep)
+        fwd.chunk_prepare(q, k, v, None, None, g, 1.0, False, hdla_beta=beta, chunk=32)
+        bwd.generalized_backward(do, None, q, k, v, None, None, g, 1.0, None, h, False, hdla_beta=beta)
     names = [r["kernel"] for r in records]
     assert "_gram_levels_kernel" in names and "_gram_vjp_levels_kernel" in names, names
     for r in records:

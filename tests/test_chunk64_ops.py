@@ -1,10 +1,14 @@
 """The chunk64 kernel family behind the public ops (``HDLA_VISION_KERNELS=chunk64``): the interpreted
 checks of tests/chunk64_ops_checks.py (outputs, final states, every gradient against the float64 loop,
-also with the two-level state scan forced to 2 and 3 groups; opcheck, compile) in one pytest subprocess with ``TRITON_INTERPRET=1``, reported per check; and the
-selector's refusal of an unknown family."""
+also with the two-level state scan forced to 2 and 3 groups; opcheck, compile) in one pytest subprocess
+with ``TRITON_INTERPRET=1``, reported per check; the family each call takes (``auto`` by length, the
+other family where one cannot run the ranks or dtype); and the selector's refusal of an unknown family."""
 import pytest
+import torch
 
 from hdla_vision.kernels import chunk_generalized, chunk_hdla
+from hdla_vision.kernels.custom_ops import FORM, _generalized_path, _hdla_path
+from hdla_vision.kernels.utils import CHUNK64_MIN_TOKENS
 from tests.interpreted import run_interpreted_checks
 from tests.oracle import generalized_problem, hdla_problem
 
@@ -38,6 +42,25 @@ def interpreted_outcomes():
 def test_chunk64_interpreted(interpreted_outcomes, name):
     outcomes, log = interpreted_outcomes
     assert outcomes.get(name) == "PASSED", f"{name}: {outcomes.get(name, 'not run')}\n{log}"
+
+
+def test_auto_family_by_length_ranks_and_dtype(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors take the Triton path (nothing is launched here)
+    monkeypatch.delenv("HDLA_VISION_KERNELS", raising=False)
+    short, long = torch.zeros(1, CHUNK64_MIN_TOKENS - 1, 1, 8), torch.zeros(1, CHUNK64_MIN_TOKENS, 1, 8)
+    assert (_hdla_path(short), _hdla_path(long)) == ("chunk16", "chunk64")
+    assert _hdla_path(long.double()) == "chunk16"  # chunk64 runs no float64
+    ranks = lambda q, r_kv, r_ab: _generalized_path(q, torch.zeros(1, 1, 1, r_kv, 8),  # noqa: E731
+                                                    torch.zeros(1, 1, 1, r_ab, 8))
+    assert ranks(short, 1, 1) == "chunk16" and ranks(long, 1, 1) == "chunk64"
+    assert ranks(short[..., :1].expand(1, -1, 1, 16).contiguous(), 1, 3) == "chunk64"  # chunk16: no r_ab 3 at K 16
+    assert ranks(long, 5, 1) == "chunk16"  # chunk64 takes r_kv <= 4
+    monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk64")
+    assert _hdla_path(short) == "chunk64" and _hdla_path(long.double()) == FORM
+    monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk16")
+    assert _hdla_path(long) == "chunk16"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert _hdla_path(long) == FORM  # CPU tensors without the interpreter: the PyTorch chunk form
 
 
 def test_bad_family_raises(monkeypatch):

@@ -3,46 +3,22 @@ own opcheck is in tests/ops/):
 
 * ``torch.compile(fullgraph=True)`` of the HDLA mixer, a seed mixer and a small hdla_tiny equals
   eager, forward and gradients;
-* the ops are single opaque nodes: no graph break, one node per scan in the forward and in the
-  backward graph, and a graph whose size does not grow with the sequence (the chunk loop is not
-  unrolled into it).
+* the ops are single opaque nodes: no graph break, one node for the mixer's two scans in the forward
+  and in the backward graph (the bidirectional op), and a graph whose size does not grow with the
+  sequence (the chunk loop is not unrolled into it).
 """
 import pytest
 import timm
 import torch
-from functorch.compile import make_boxed_func
-from torch._functorch.aot_autograd import aot_module_simplified
 
 import hdla_vision  # noqa: F401  registers the timm models
 from hdla_vision.layers import create_mixer
+from tests.graph_capture import GraphCapture, count_nodes
 
 OPS = torch.ops.hdla_vision
 
 
 # ----------------------------------------------------------------------------- graphs
-class GraphCapture:
-    """A torch.compile backend that keeps dynamo's graph and AOTAutograd's forward and backward graphs
-    (runs them uncompiled)."""
-
-    def __init__(self):
-        self.dynamo, self.forward, self.backward = [], [], []
-
-    def __call__(self, gm, example_inputs):
-        self.dynamo.append(gm)
-
-        def keep(graphs):
-            def compiler(graph, _):
-                graphs.append(graph)
-                return make_boxed_func(graph)
-            return compiler
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=keep(self.forward), bw_compiler=keep(self.backward))
-
-
-def _count(graphs, op) -> int:
-    return sum(node.target == op for gm in graphs for node in gm.graph.nodes)
-
-
 def _hdla_mixer(seed=0):
     torch.manual_seed(seed)
     return create_mixer("hdla", dim=32, num_heads=2, directions=("fwd", "bwd"))
@@ -62,14 +38,14 @@ def _graph_sizes(seq_len: int):
     compiled = torch.compile(_hdla_mixer(), backend=capture, fullgraph=True)
     compiled(torch.randn(1, seq_len, 32, requires_grad=True)).sum().backward()
     assert len(capture.dynamo) == len(capture.forward) == len(capture.backward) == 1
-    assert _count(capture.forward, OPS.chunk_hdla.default) == 2  # the two scan directions
-    assert _count(capture.backward, OPS.chunk_hdla_backward.default) == 2
+    assert count_nodes(capture.forward, OPS.chunk_hdla_bidirectional.default) == 1  # both scan directions
+    assert count_nodes(capture.backward, OPS.chunk_hdla_bidirectional_backward.default) == 1
     return tuple(len(gm.graph.nodes) for gm in (capture.dynamo[0], capture.forward[0], capture.backward[0]))
 
 
 def test_ops_are_single_nodes_and_the_chunk_loop_is_not_unrolled():
-    """One chunk_hdla node per scan direction in the forward graph, one backward node each in the
-    backward graph, and the same graphs at T = 20 (2 chunks of 16) and T = 150 (10 chunks)."""
+    """One chunk_hdla_bidirectional node (both scan directions) in the forward graph, one backward node
+    in the backward graph, and the same graphs at T = 20 (2 chunks of 16) and T = 150 (10 chunks)."""
     short, long = _graph_sizes(20), _graph_sizes(150)
     assert short == long and short[1] < 150, (short, long)
 
@@ -125,6 +101,8 @@ assert sys.modules["kernels"] is installed
 assert sys.modules["kernels.custom_ops"] is installed.custom_ops
 for name in ("chunk_generalized", "chunk_hdla", "fused_recurrent_hdla", "fused_recurrent_generalized"):
     assert OPDEFS["hdla_vision::" + name] is getattr(installed.custom_ops, name + "_op"), name
+for name in ("chunk_generalized_bidirectional", "chunk_hdla_bidirectional"):
+    assert OPDEFS["hdla_vision::" + name] is getattr(installed.bidirectional_ops, name + "_op"), name
 q, k = torch.randn(1, 5, 1, 4), torch.nn.functional.normalize(torch.randn(1, 5, 1, 4), dim=-1)
 o, _ = installed.chunk_hdla(q, k, torch.randn(1, 5, 1, 4), torch.rand(1, 5, 1), -torch.rand(1, 5, 1, 4))
 assert o.shape == (1, 5, 1, 4)

@@ -8,7 +8,7 @@ import hdla_vision  # noqa: F401  registers the timm models
 from hdla_vision.backbones.loglinear import LOG_LINEAR_MODELS
 from hdla_vision.backbones.seed import SEED_MODELS
 from hdla_vision.layers import GeneralizedMixer, create_mixer, list_mixers
-from hdla_vision.kernels import chunk_generalized
+from hdla_vision.kernels import chunk_generalized_bidirectional
 
 BIDIRECTIONAL = ("fwd", "bwd")
 
@@ -98,18 +98,32 @@ DECAY_PER_HEAD = {"gla": False, "deltanet": True, "gated_deltanet": True, "kda":
 
 @pytest.mark.parametrize("name", list(DECAY_PER_HEAD))
 def test_scalar_decay_mixers_pass_g_per_head(name, monkeypatch):
-    """The mixers whose decay is one scalar per head hand chunk_generalized g [B, T, H] (no expanded
-    [B, T, H, K] copy); per-channel ones g [B, T, H, K]. The calls are recorded from the mixer itself."""
+    """The mixers whose decay is one scalar per head hand the bidirectional op g [2, B, T, H] (both
+    directions; no expanded [.., K] copy); per-channel ones g [2, B, T, H, K]. The calls are recorded
+    from the mixer itself: one call for both scan directions."""
     import hdla_vision.layers.seed as seed
 
     shapes = []
 
     def recording(q, k, v, a, b, g, **kw):
         shapes.append(tuple(g.shape))
-        return chunk_generalized(q, k, v, a, b, g, **kw)
+        return chunk_generalized_bidirectional(q, k, v, a, b, g, **kw)
 
-    monkeypatch.setattr(seed, "chunk_generalized", recording)
+    monkeypatch.setattr(seed, "chunk_generalized_bidirectional", recording)
     mixer, x = _bidirectional_case(name)
     mixer(x).sum().backward()
-    expected = (1, 9, 2) if DECAY_PER_HEAD[name] else (1, 9, 2, 8)
-    assert shapes == [expected, expected]  # forward and backward scans
+    expected = (2, 1, 9, 2) if DECAY_PER_HEAD[name] else (2, 1, 9, 2, 8)
+    assert shapes == [expected]
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "kda", "hdla"])
+def test_projections_keep_the_projection_dtype_when_the_norm_runs_in_fp32(name, monkeypatch):
+    """Under CUDA autocast F.normalize runs in fp32 (CPU autocast keeps bf16, so the fp32 norm is
+    imitated here): q and k must still leave ``projections`` in the projection's dtype, else the op
+    runs in q's dtype, fp32 (measured on an H100: gdn_tiny's B1 75x slower than in bf16)."""
+    torch.manual_seed(0)
+    mixer = create_mixer(name, dim=32, num_heads=2, directions=BIDIRECTIONAL).to(torch.bfloat16)
+    normalize = torch.nn.functional.normalize
+    monkeypatch.setattr(torch.nn.functional, "normalize", lambda t, *a, **kw: normalize(t.float(), *a, **kw))
+    q, k, v = mixer.projections(torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    assert (q.dtype, k.dtype, v.dtype) == (torch.bfloat16,) * 3

@@ -3,6 +3,7 @@ report each kernel's registers, local-memory spills, shared memory and whether i
 
     python -m tools.aot_check                 # the chunk ops at the benchmark shapes (bf16)
     python -m tools.aot_check --shapes lm     # one shape
+    python -m tools.aot_check --bidirectional # the bidirectional ops (both directions in one launch)
 
 A launch ``kernel[grid](...)`` inside :func:`compile_only` compiles exactly what the GPU would
 (the same specialisation, constexprs, num_warps and num_stages) through Triton's own pipeline down to
@@ -141,12 +142,29 @@ def op_inputs(op: str, batch: int, seq_len: int, heads: int, dim: int, dtype=tor
     return (q, kv, torch.zeros_like(kv, requires_grad=True), *ab, g)
 
 
-def compile_op(op: str, shape, backward: bool) -> List[dict]:
-    """Compile the kernels of one forward (and backward) of ``op`` at ``shape`` for the H100."""
+def stacked_by_direction(op: str, inputs):
+    """``op_inputs`` for the bidirectional ops: the gates (HDLA: beta, g; generalized: g) and the
+    generalized k, a, b stacked ``[2, ...]`` by direction, q and v shared."""
+    def stack(x):
+        return torch.stack([x.detach(), x.detach()]).requires_grad_()
+
+    if op == "hdla":
+        q, k, v, beta, g = inputs
+        return q, k, v, stack(beta), stack(g)
+    q, k, v, a, b, g = inputs
+    return q, stack(k), v, stack(a), stack(b), stack(g)
+
+
+def compile_op(op: str, shape, backward: bool, bidirectional: bool = False) -> List[dict]:
+    """Compile the kernels of one forward (and backward) of ``op`` at ``shape`` for the H100 (the
+    bidirectional op with ``bidirectional``)."""
     from hdla_vision import kernels
 
     inputs = op_inputs(op, *shape)
     fn = kernels.chunk_hdla if op == "hdla" else kernels.chunk_generalized
+    if bidirectional:
+        inputs = stacked_by_direction(op, inputs)
+        fn = kernels.chunk_hdla_bidirectional if op == "hdla" else kernels.chunk_generalized_bidirectional
     with triton_path_for_cpu_tensors(), compile_only() as records:
         o, _ = fn(*inputs)
         if backward:
@@ -161,12 +179,15 @@ def main(argv=None):
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--ops", default="hdla,kda,gla,gdn")
     parser.add_argument("--no-backward", action="store_true", help="compile the forward kernels only")
+    parser.add_argument("--bidirectional", action="store_true",
+                        help="the bidirectional ops (kernels/README.md §9) instead of the single-direction ones")
     args = parser.parse_args(argv)
     spills = 0
     for op in args.ops.split(","):
         for name in args.shapes.split(","):
-            records = compile_op(op, SHAPES[name], not args.no_backward)
-            print(f"\n== {op} at {name} {SHAPES[name]} (bf16, sm_90a)")
+            records = compile_op(op, SHAPES[name], not args.no_backward, args.bidirectional)
+            kind = "bidirectional, " if args.bidirectional else ""
+            print(f"\n== {op} at {name} {SHAPES[name]} ({kind}bf16, sm_90a)")
             print(format_records(records))
             spills += sum(r["stack"] > 0 or r["local"] > 0 for r in records)
     print(f"\n{spills} kernel compilations spill registers")

@@ -11,7 +11,8 @@ vision, see :mod:`hdla_vision.layers.mixer`):
     y^d_t   = S_t^T q_t                                                        (eq. 28, no scale)
 
 Both scans of the bidirectional use contain the same own write ``(q_t . k_t) v_t`` (the write does
-not depend on the gates), subtracted once. The output is the shared block's
+not depend on the gates), subtracted once; both run as one ``chunk_hdla_bidirectional`` (q, k, v
+shared, beta and g stacked by direction). The output is the shared block's
 ``W_o (RMSNorm_head(y) * SiLU(x W_g))`` (eq. 29-30 with a per-head norm and a swish gate).
 
 Decay initialisation: ``b_d`` starts at ``logit(1 - 1/L)`` with memory lengths L spaced
@@ -28,8 +29,8 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from hdla_vision.kernels import (chunk_hdla, chunk_loglinear_hdla, fused_recurrent_hdla, fused_recurrent_loglinear_hdla,
-                                 hdla_decay_factors, torch_chunk_generalized)
+from hdla_vision.kernels import (chunk_hdla, chunk_hdla_bidirectional, chunk_loglinear_hdla, fused_recurrent_hdla,
+                                 fused_recurrent_loglinear_hdla, hdla_decay_factors, torch_chunk_generalized)
 
 from .gates import BetaGate, LowRankProjection, VectorLogDecay, check_rank
 from .mixer import LinearAttentionMixer, chunk_backend
@@ -102,6 +103,15 @@ class HDLAMixer(LinearAttentionMixer):
 
     def own_write(self, q, feats):
         return (q * feats.k).sum(-1, keepdim=True) * feats.v
+
+    def bidirectional_scan(self, q, fwd, bwd):
+        """:meth:`two_scans` as one ``chunk_hdla_bidirectional``: k, v shared (the projections'), beta
+        and g stacked ``[2, ...]`` (forward, reversed)."""
+        if chunk_backend() == "torch":
+            return self.two_scans(q, fwd, bwd)
+        beta = torch.stack([fwd.beta, bwd.beta])
+        g = torch.stack([fwd.g, bwd.g])
+        return chunk_hdla_bidirectional(q, fwd.k, fwd.v, beta, g)[0]
 
 
 @register_mixer("hdla_authors")

@@ -9,6 +9,10 @@ One class per mixer serves both uses (as timm's ``Attention(is_causal=...)`` and
   ``scale * q_t^T K_t V_t^T``; with per-direction gates the two writes differ, so the mixer
   subtracts the backward scan's: the backward scan reads the later tokens through token t's own
   (backward) transition, and the token itself is read once, through the forward scan's write.
+  The mixers run this sum as one bidirectional op (:meth:`LinearAttentionMixer.bidirectional_scan`:
+  ``chunk_hdla_bidirectional`` / ``chunk_generalized_bidirectional``, kernels/README.md §9), which on
+  the chunk64 kernels runs both scans in one launch per stage and writes y once;
+  :meth:`LinearAttentionMixer.two_scans` is the definition it equals.
 - ``("fwd",)`` (causal LM): one forward scan, with padding (``attention_mask``), an optional short
   causal convolution and a recurrent-state cache (prefill with the chunk op continuing the cached
   state, decoding with the decoding ops ``fused_recurrent_hdla`` / ``fused_recurrent_generalized``).
@@ -160,8 +164,8 @@ class LinearAttentionMixer(nn.Module):
 
     Subclasses set ``mixer_name``, ``qkv_activation`` ("silu" or "identity"), ``normalize_q``,
     ``scale`` (None: 1), and implement :meth:`make_gates` (one direction's gate modules),
-    :meth:`features` (one direction's recurrence inputs), :meth:`scan`, :meth:`loglinear_scan` and
-    :meth:`own_write`.
+    :meth:`features` (one direction's recurrence inputs), :meth:`scan`, :meth:`loglinear_scan`,
+    :meth:`own_write` and, for the bidirectional op, :meth:`bidirectional_scan`.
     """
 
     mixer_name = "base"
@@ -296,6 +300,19 @@ class LinearAttentionMixer(nn.Module):
         """The token's own contribution to a scan ``scale * q_t^T K_t V_t^T``: ``[B, N, H, V]``."""
         raise NotImplementedError
 
+    def two_scans(self, q: torch.Tensor, fwd: NamedTuple, bwd: NamedTuple) -> torch.Tensor:
+        """The bidirectional sum by its definition: the forward scan with ``fwd``'s inputs, the reversed
+        scan with ``bwd``'s, minus the reversed scan's own write: ``y [B, N, H, V]``."""
+        y_fwd, _ = self.scan(q, fwd, reverse=False)
+        y_bwd, _ = self.scan(q, bwd, reverse=True)
+        return y_fwd + y_bwd - self.own_write(q, bwd)
+
+    def bidirectional_scan(self, q: torch.Tensor, fwd: NamedTuple, bwd: NamedTuple) -> torch.Tensor:
+        """The bidirectional sum of :meth:`two_scans` as the mixer runs it: subclasses call the
+        bidirectional op (one node, one launch per stage on the chunk64 kernels); the base class, and
+        every mixer under :func:`set_chunk_backend` ``("torch")``, runs :meth:`two_scans`."""
+        return self.two_scans(q, fwd, bwd)
+
     # -- output stage ------------------------------------------------------------------------
     def build_output(self, proj_bias: bool) -> None:
         """The output gate ``W_g``, the per-head norm and the output projection ``W_o``."""
@@ -347,11 +364,13 @@ class LinearAttentionMixer(nn.Module):
         k = k.reshape(batch, seq_len, heads, n, self.head_dim)
         v = v.reshape(batch, seq_len, heads, n, self.head_dim_v)
         if self.qkv_activation == "silu":
+            dtype = proj.dtype
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
+            # cast back: under CUDA autocast the norm runs in fp32, and a fp32 q would send the whole op
+            # to the fp32 kernels (the ops run in q's dtype)
             if self.normalize_q:
-                q = F.normalize(q, p=2.0, dim=-1, eps=self.norm_eps)
-            # cast back: under CUDA autocast the norm runs in fp32, and the ops want k in q's dtype
-            k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(q.dtype)
+                q = F.normalize(q, p=2.0, dim=-1, eps=self.norm_eps).to(dtype)
+            k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(dtype)
         return q.contiguous(), k, v
 
     def check_input(self, x: torch.Tensor, attention_mask, cache) -> None:
@@ -383,9 +402,7 @@ class LinearAttentionMixer(nn.Module):
         bwd = self.features(x, q, k, v, self.directions[1])
         if self.log_linear:
             return self.loglinear_mix(x, q, fwd, bwd)
-        y_fwd, _ = self.scan(q, fwd, reverse=False)
-        y_bwd, _ = self.scan(q, bwd, reverse=True)
-        return y_fwd + y_bwd - self.own_write(q, bwd)
+        return self.bidirectional_scan(q, fwd, bwd)
 
     def loglinear_mix(self, x: torch.Tensor, q: torch.Tensor, fwd: NamedTuple, bwd: NamedTuple) -> torch.Tensor:
         """Both log-linear scans on one absolute grid (module docstring): ``y [B, N, H, V]``."""

@@ -30,8 +30,9 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from hdla_vision.kernels import (chunk_generalized, chunk_loglinear_generalized, fused_recurrent_generalized,
-                                 fused_recurrent_loglinear_generalized, torch_chunk_generalized)
+from hdla_vision.kernels import (chunk_generalized, chunk_generalized_bidirectional, chunk_loglinear_generalized,
+                                 fused_recurrent_generalized, fused_recurrent_loglinear_generalized,
+                                 torch_chunk_generalized)
 
 from . import seed_mixers as sm
 from .gates import (BetaGate, HeadInHeadMask, RWKV7Gates, ScalarLogDecay, VectorLogDecay, at_least_fp32,
@@ -46,9 +47,12 @@ class GeneralizedMixer(LinearAttentionMixer):
 
     Subclasses set ``mixer_name``, ``qkv_activation`` and ``normalize_q`` and implement ``make_gates``
     and ``features``. The ops get k, v, a, b in q's dtype and g as the gates give it (fp32 or wider).
+    ``shared_fields`` names the step's fields that do not depend on the gates, equal in both scan
+    directions: the bidirectional op reads them once (the others, and g, are stacked by direction).
     """
 
     normalize_q = True
+    shared_fields = ("v",)  # v = the projection's values in every seed mixer
 
     @property
     def scale(self) -> float:
@@ -83,6 +87,18 @@ class GeneralizedMixer(LinearAttentionMixer):
         k, v, _, _ = self.kernel_inputs(q, feats)
         return self.scale * ((q.unsqueeze(-2) * k).sum(-1, keepdim=True) * v).sum(-2)
 
+    def bidirectional_scan(self, q, fwd, bwd):
+        """:meth:`two_scans` as one ``chunk_generalized_bidirectional``: the ``shared_fields`` once (the
+        forward step's), the other fields and g stacked ``[2, ...]`` (forward, reversed)."""
+        if chunk_backend() == "torch":
+            return self.two_scans(q, fwd, bwd)
+        inputs = {}
+        for name, x_fwd, x_bwd in zip(("k", "v", "a", "b"), fwd[:4], bwd[:4]):
+            x_fwd = x_fwd.to(q.dtype)
+            inputs[name] = x_fwd.contiguous() if name in self.shared_fields else torch.stack([x_fwd, x_bwd.to(q.dtype)])
+        g = torch.stack([fwd.g, bwd.g])
+        return chunk_generalized_bidirectional(q, **inputs, g=g, scale=self.scale)[0]
+
 
 class _DecayOptions:
     """Keyword arguments of the mixers with a per-channel decay: ``decay_rank``, ``min_memory``, ``max_memory``."""
@@ -104,6 +120,7 @@ class GLAMixer(_DecayOptions, GeneralizedMixer):
     (GLA's tau = 16)."""
 
     mixer_name, qkv_activation, normalize_q = "gla", "identity", False
+    shared_fields = ("k", "v", "a", "b")  # the gates reach only g
 
     def make_gates(self):
         return nn.ModuleDict({"decay": self.vector_decay(tau=16.0)})
@@ -117,6 +134,7 @@ class DeltaNetMixer(GeneralizedMixer):
     """DeltaNet: ``S_t = (I - beta k k^T) S_{t-1} + beta k v^T``, ``beta = sigmoid(.)``."""
 
     mixer_name = "deltanet"
+    shared_fields = ("v", "b")  # B = k
 
     def make_gates(self):
         return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads, **self.factory_kwargs)})

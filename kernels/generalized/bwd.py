@@ -8,6 +8,8 @@ Per batch b, head h and chunk c (scan order, C tokens; t = p or T-1-p when rever
 B1 (``_bwd_state_kernel``, grid V/BV x B*H, serial over chunks): the cotangent of the state leaving
 each chunk, dS_{c-1} = gamma (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, stored per chunk, and dh0. With
 few programs it runs as a two-level scan over groups of chunks (``b1_two_level``, two_level.py).
+It runs between B2's stages: those that need no dS (stacks, Grams, T, W, U, Mo, E) also form N_c, Qeff_c
+and gamma_c, so the backward does not run the forward's F1 a second time.
 
 B2 (``bwd_chunk.chunk_vjp``, no atomics, no walk across chunks): the chunk VJP given S_{c-1} (the
 forward's h) and dS_c, as small launches through per-chunk scratch: the stacks and cumsums, the Gram
@@ -29,6 +31,7 @@ import triton.language as tl
 
 from . import fwd, two_level
 from .bwd_chunk import check_diag_limit, chunk_vjp
+from .directions import scan_time, split_direction
 
 SUB = 16  # token sub-block of the exact decays
 
@@ -48,14 +51,10 @@ def _mm(a, b, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _token_offsets(c, C: tl.constexpr, T, H, i_b, i_h, REVERSE: tl.constexpr):
-    """Token slots of chunk c: (memory index ((b*T + t)*H + h) as int64 [C], valid [C])."""
-    p = c * C + tl.arange(0, C)
-    valid = p < T
-    if REVERSE:
-        t = T - 1 - p
-    else:
-        t = p
+def _token_offsets(c, C: tl.constexpr, T, H, i_b, i_h, REVERSE, DIRS: tl.constexpr):
+    """Token slots of chunk c: (memory index ((b*T + t)*H + h) as int64 [C], valid [C]); the scan map of
+    directions.py."""
+    t, valid = scan_time(c * C + tl.arange(0, C), T, C, REVERSE, DIRS)
     t = tl.where(valid, t, 0)
     return ((i_b * T + t) * H + i_h).to(tl.int64), valid
 
@@ -86,17 +85,20 @@ def _bwd_state_kernel(
     n_ptr, qeff_ptr, gamma_ptr, do_ptr, dht_ptr, ds_ptr, dh0_ptr,
     T, H, K, V, NT,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TWO: tl.constexpr,
-    REVERSE: tl.constexpr, HAS_DHT: tl.constexpr, LOWP: tl.constexpr, USE_N: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_DHT: tl.constexpr, LOWP: tl.constexpr, USE_N: tl.constexpr, DIRS: tl.constexpr,
 ):
     """B1: dS_{c-1} = gamma_c (.) dS_c - N_c^T dS_c + Qeff_c^T dO_c, from the last chunk to the first
     (rank 0, not USE_N: no N term).
     Stores ds[b, h, c] = dS_c (the cotangent of the state leaving chunk c, in ds's dtype: the input
     dtype) and dh0 (fp32); the carried dS stays fp32. The state's K rows are one block of BK rows, or
-    two (TWO, K = 2 BK: K = 256) so that no [K, K] tile of N is ever held: four [BK, BK] blocks."""
+    two (TWO, K = 2 BK: K = 256) so that no [K, K] tile of N is ever held: four [BK, BK] blocks.
+    DIRS = 2: both directions (directions.py) read the one dO, each through its own token map."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
+    if DIRS == 2:
+        d, i_b, REVERSE = split_direction(i_bh, H, tl.num_programs(1))
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
     mv = cv[None, :] < V
@@ -118,7 +120,7 @@ def _bwd_state_kernel(
         tl.store(ds_ptr + blk * K * V + off0, ds0.to(ds_ptr.dtype.element_ty), mask=mk0[:, None] & mv)
         if TWO:
             tl.store(ds_ptr + blk * K * V + off1, ds1.to(ds_ptr.dtype.element_ty), mask=mk1[:, None] & mv)
-        tok, valid = _token_offsets(c, C, T, H, i_b, i_h, REVERSE)
+        tok, valid = _token_offsets(c, C, T, H, i_b, i_h, REVERSE, DIRS)
         do = tl.load(do_ptr + tok[:, None] * V + cv[None, :], mask=valid[:, None] & mv, other=0.0)
         q_rows = (bh64 * NT * C + c * C + ct)[:, None] * K
         qe0 = tl.load(qeff_ptr + q_rows + ck[None, :], mask=mk0[None, :], other=0.0)
@@ -136,19 +138,23 @@ def _bwd_state_kernel(
 
 @triton.jit
 def _bwd_rhs_kernel(qeff_ptr, do_ptr, rhs_ptr, T, H, K, V, NT,
-                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr, LOWP: tl.constexpr):
+                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr, LOWP: tl.constexpr,
+                    DIRS: tl.constexpr):
     """B1's inhomogeneous term for the two-level scan, per (chunk, V block, head), in parallel:
-    rhs[b, h, c] = Qeff_c^T dO_c (fp32 [K, V]; the same product the one-level B1 forms in its loop)."""
+    rhs[b, h, c] = Qeff_c^T dO_c (fp32 [K, V]; the same product the one-level B1 forms in its loop).
+    DIRS = 2: both directions, one dO (directions.py)."""
     c = tl.program_id(0)
     i_v = tl.program_id(1)
     i_bh = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
+    if DIRS == 2:
+        d, i_b, REVERSE = split_direction(i_bh, H, tl.num_programs(2))
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
     mv = cv[None, :] < V
     blk = i_bh.to(tl.int64) * NT + c
-    tok, valid = _token_offsets(c, C, T, H, i_b, i_h, REVERSE)
+    tok, valid = _token_offsets(c, C, T, H, i_b, i_h, REVERSE, DIRS)
     do = tl.load(do_ptr + tok[:, None] * V + cv[None, :], mask=valid[:, None] & mv, other=0.0)
     q_rows = (blk * C + tl.arange(0, C))[:, None] * K
     qe = tl.load(qeff_ptr + q_rows + ck[None, :], mask=(ck < K)[None, :], other=0.0)
@@ -156,19 +162,22 @@ def _bwd_rhs_kernel(qeff_ptr, do_ptr, rhs_ptr, T, H, K, V, NT,
     tl.store(rhs_ptr + blk * K * V + ck[:, None] * V + cv[None, :], rhs, mask=(ck < K)[:, None] & mv)
 
 
-def b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, bv, use_n=True):
-    """B1 as a two-level scan (two_level.py) over ``groups`` groups of chunks: Qeff^T dO per chunk in
+def b1_two_level(state_inputs, do, dht, ds, dh0, reverse, lowp, groups, bv, use_n=True, dirs=1):
+    """B1 as a two-level scan (two_level.py) over ``groups`` groups of chunks, on ``state_inputs``
+    (N, Qeff, gamma, chunk as :func:`generalized_backward` gets them): Qeff^T dO per chunk in
     parallel, then the chain dS <- gamma (.) dS - N^T dS + Qeff^T dO from the last chunk to the first
     (without the N term when not ``use_n``: rank 0). Writes ds ``[B, H, NT, K, V]`` and dh0
-    ``[B, H, K, V]`` fp32 as the one-level B1 does."""
+    ``[B, H, K, V]`` fp32 as the one-level B1 does. ``dirs = 2``: ds and dh0 hold both directions
+    (``2B`` batches) and both read the one ``do [B, T, H, V]``."""
     batch, heads, n_chunks, dk, dv = ds.shape
-    c = prep["chunk"]
+    c = state_inputs["chunk"]
     rhs = torch.empty(batch, heads, n_chunks, dk, dv, device=ds.device, dtype=torch.float32)
     bk = max(16, triton.next_power_of_2(dk))
     _bwd_rhs_kernel[(n_chunks, triton.cdiv(dv, bv), batch * heads)](
-        prep["Qeff"].contiguous(), do, rhs, do.shape[1], heads, dk, dv, n_chunks,
-        C=c, BK=bk, BV=bv, REVERSE=reverse, LOWP=lowp, num_warps=4)
-    two_level.two_level_chain(prep["N"].contiguous() if use_n else None, rhs, prep["gamma"].contiguous(),
+        state_inputs["Qeff"].contiguous(), do, rhs, do.shape[1], heads, dk, dv, n_chunks,
+        C=c, BK=bk, BV=bv, REVERSE=bool(reverse) and dirs == 1, LOWP=lowp, DIRS=dirs, num_warps=4)
+    two_level.two_level_chain(state_inputs["N"].contiguous() if use_n else None, rhs,
+                              state_inputs["gamma"].contiguous(),
                               dht.contiguous() if dht is not None else None, ds, dh0, groups, bv,
                               trans=True, reverse=True, lowp=lowp, num_warps=4 if bk <= 64 else 8)
 
@@ -189,8 +198,27 @@ def _pow2(n: int) -> int:
     return 1 if n <= 1 else triton.next_power_of_2(n)
 
 
-def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
-    """Shape checks (ValueError naming the argument) before any launch."""
+def forward_chunk(seq_len: int, n_chunks: int, planned: int) -> int:
+    """The chunk size the forward ran with, from the number of chunks in its h: ``planned``
+    (fwd.planned_chunk) when it gives that count, else the size in fwd.CHUNKS that does (the forward
+    fell back to a smaller chunk). Two sizes of CHUNKS give the same count >= 2 for no T; at one chunk h
+    holds only the initial state, the same for every size >= T."""
+    if triton.cdiv(seq_len, planned) == n_chunks:
+        return planned
+    for c in sorted(fwd.CHUNKS, reverse=True):
+        if triton.cdiv(seq_len, c) == n_chunks:
+            return c
+    return planned  # no size fits: the caller's check names the mismatch
+
+
+def _zero_grad(x, dirs: int):
+    """The gradient of an empty input (a, b at r_ab = 0): zeros of its shape, per direction when both run."""
+    return torch.zeros_like(x) if dirs == 1 else x.new_zeros(2, *x.shape)
+
+
+def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta, dirs=1):
+    """Shape checks (ValueError naming the argument) before any launch; ``dirs = 2``: dht, initial_state
+    and h hold both directions (``2B`` batches)."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     if hdla_beta is not None:
@@ -208,23 +236,24 @@ def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta):
     if tuple(do.shape) != (batch, seq_len, heads, dv):
         raise ValueError(f"do must be [B, T, H, V] = {[batch, seq_len, heads, dv]}, got {list(do.shape)}")
     for name, x in (("dht", dht), ("initial_state", initial_state)):
-        if x is not None and tuple(x.shape) != (batch, heads, dk, dv):
-            raise ValueError(f"{name} must be [B, H, K, V] = {[batch, heads, dk, dv]}, got {list(x.shape)}")
-    if h.dim() != 5 or tuple(h.shape[:2]) != (batch, heads) or tuple(h.shape[3:]) != (dk, dv):
-        raise ValueError(f"h must be [B, H, NT, K, V] with B, H, K, V = {batch, heads, dk, dv}, got {list(h.shape)}")
+        if x is not None and tuple(x.shape) != (dirs * batch, heads, dk, dv):
+            raise ValueError(f"{name} must be [B, H, K, V] = {[dirs * batch, heads, dk, dv]}, got {list(x.shape)}")
+    if h.dim() != 5 or tuple(h.shape[:2]) != (dirs * batch, heads) or tuple(h.shape[3:]) != (dk, dv):
+        raise ValueError(f"h must be [B, H, NT, K, V] with B, H, K, V = {dirs * batch, heads, dk, dv}, "
+                         f"got {list(h.shape)}")
 
 
 def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, reverse, hdla_beta=None,
-                         prep=None, stages=None, groups=None, diag_limit=None, diag_paths=None):
+                         stages=None, groups=None, diag_limit=None, diag_paths=None, direction_strides=None):
     """Gradients of the chunked generalized op by B1 and B2 (module docstring).
 
     Args (kernels/README.md §8): do ``[B, T, H, V]``; dht ``[B, H, K, V]`` or None; q ``[B, T, H, K]``;
         k ``[B, T, H, r_kv, K]``, v ``[B, T, H, r_kv, V]``, a, b ``[B, T, H, r_ab, K]`` (HDLA: k
         ``[B, T, H, K]``, v ``[B, T, H, V]``, a = b = None, ``hdla_beta [B, T, H]``); g ``[B, T, H, K]``
         or ``[B, T, H]``; h ``[B, H, NT, K, V]`` the states entering each chunk (the forward's);
-        prep: the forward's ``fwd.chunk_prepare`` dict (N ``[B, H, NT, K, K]``, None at r_ab = 0;
-            Qeff ``[B, H, NT*C, K]`` in scan order; gamma ``[B, H, NT, K]`` fp32) if the caller kept it
-            (else recomputed with the same chunk rule, so that it matches h).
+        B1's inputs N, Qeff and gamma (``fwd.chunk_prepare``'s) come from B2's first stages
+        (``bwd_chunk.chunk_vjp``'s ``state_pass``) with the chunk size the forward used
+        (:func:`forward_chunk`): F1 does not run again.
         stages: a dict that, if given, receives ``b1`` and ``b2``: closures that relaunch each kernel
             with the same arguments (per-kernel timing, benchmarks/kernel_stages_bwd.py), and
             ``b1_groups``, the group count B1 ran with.
@@ -233,57 +262,69 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
         diag_limit, diag_paths: B2's bound for the factored diagonal Gram blocks (None: its default;
             0: all token by token) and, for tests, a dict that receives the path each block took
             (``bwd_chunk.chunk_vjp``).
+        direction_strides: both directions in one launch (``fwd.chunk_prepare``; kernels/README.md §9):
+            the inputs are the forward slices of those it names (the others shared), do ``[B, T, H, V]`` the
+            cotangent of the bidirectional sum, read by both; dht, initial_state ``[2B, H, K, V]`` or
+            None and h ``[2B, H, NT, K, V]`` hold both directions (forward, reversed).
     Returns:
         ``(dq, dk, dv, da, db, dg, dh0)`` (HDLA: ``(dq, dk, dv, dbeta, dg, dh0)``), each in its input's
-        dtype (dg in g's shape; dh0 fp32, None without an initial state).
+        dtype (dg in g's shape; dh0 fp32, None without an initial state). Both directions: an input
+        with a direction stride gets ``[2, *its shape]`` (each direction's gradient), a shared one the
+        sum of the two directions' partials; dh0 is ``[2B, H, K, V]``.
     """
     hdla = hdla_beta is not None
-    _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta)
+    dirs = 1 if direction_strides is None else 2
+    _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta, dirs)
     check_diag_limit(diag_limit)
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
-    if prep is None:
-        prep = fwd.chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta)
-    c = prep["chunk"]
+    r_ab = 2 if hdla else a.shape[3]
+    r_kv = 1 if hdla else k.shape[3]
+    c = forward_chunk(seq_len, h.shape[2], fwd.planned_chunk(r_ab, r_kv, dk, dv, g.dim() == 3, hdla, q.dtype))
     nt = triton.cdiv(seq_len, c)
     if h.shape[2] != nt:
         raise ValueError(f"h has {h.shape[2]} chunks; the chunk size {c} gives {nt}")
-    r_ab = 2 if hdla else a.shape[3]
     lowp = {torch.bfloat16: 1, torch.float16: 2}.get(q.dtype, 0)
     dev = q.device
-    q, k, v, g, do = (x.contiguous() for x in (q, k, v, g, do))
-    f32 = dict(device=dev, dtype=torch.float32)
-    ds = torch.empty(batch, heads, nt, dk, dv, device=dev, dtype=q.dtype if lowp else torch.float32)
-    dh0 = torch.empty(batch, heads, dk, dv, **f32)
+    if dirs == 1:
+        q, k, v, g, do = (x.contiguous() for x in (q, k, v, g, do))
+    else:  # the forward slices of direction-stacked inputs: contiguous already (a copy would lose the other)
+        do = do.contiguous()
+    ds = torch.empty(dirs * batch, heads, nt, dk, dv, device=dev, dtype=q.dtype if lowp else torch.float32)
+    dh0 = torch.empty(dirs * batch, heads, dk, dv, device=dev, dtype=torch.float32)
     cfg1 = b1_config(dk, dv)
-    n_mat = prep["N"].contiguous() if r_ab else prep["gamma"]  # rank 0: B1 reads no N (any pointer)
-    b1_args = (n_mat, prep["Qeff"].contiguous(), prep["gamma"].contiguous(), do,
-               dht.contiguous() if dht is not None else ds, ds, dh0, seq_len, heads, dk, dv, nt)
-    b1_meta = dict(C=c, REVERSE=reverse, HAS_DHT=dht is not None, LOWP=lowp, USE_N=r_ab > 0, **cfg1)
-
-    programs = batch * heads * triton.cdiv(dv, cfg1["BV"])
+    programs = dirs * batch * heads * triton.cdiv(dv, cfg1["BV"])
     groups = two_level.state_pass_groups(programs, nt, two_level.device_sm_count(dev), dk, groups)
     if stages is not None:
         stages["b1_groups"] = groups
 
-    def b1():
+    def b1(state_inputs):
         if groups > 1:
-            b1_two_level(prep, do, dht, ds, dh0, reverse, lowp, groups, cfg1["BV"], use_n=r_ab > 0)
-        else:
-            _bwd_state_kernel[(triton.cdiv(dv, cfg1["BV"]), batch * heads)](*b1_args, **b1_meta)
+            b1_two_level(state_inputs, do, dht, ds, dh0, reverse, lowp, groups, cfg1["BV"], use_n=r_ab > 0,
+                         dirs=dirs)
+            return
+        n_mat = state_inputs["N"].contiguous() if r_ab else state_inputs["gamma"]  # rank 0: no N (any pointer)
+        _bwd_state_kernel[(triton.cdiv(dv, cfg1["BV"]), dirs * batch * heads)](
+            n_mat, state_inputs["Qeff"].contiguous(), state_inputs["gamma"].contiguous(), do,
+            dht.contiguous() if dht is not None else ds, ds, dh0, seq_len, heads, dk, dv, nt,
+            C=c, REVERSE=bool(reverse) and dirs == 1, HAS_DHT=dht is not None, LOWP=lowp, USE_N=r_ab > 0,
+            DIRS=dirs, **cfg1)
 
-    b1()
+    b1_inputs = []
     b2_runs = []
-    dq, dk_, dv_, da, db, dbeta, dg = chunk_vjp(do, q, k, v, None if hdla else a.contiguous(),
-                                                None if hdla else b.contiguous(), g,
-                                                hdla_beta.contiguous() if hdla else None, h.contiguous(), ds,
-                                                scale, reverse, c, stages=b2_runs, diag_limit=diag_limit,
-                                                diag_paths=diag_paths)
+    if dirs == 1:
+        a, b, hdla_beta = (None if x is None else x.contiguous() for x in (a, b, hdla_beta))
+    dq, dk_, dv_, da, db, dbeta, dg = chunk_vjp(
+        do, q, k, v, None if hdla else a, None if hdla else b, g, hdla_beta, h.contiguous(), ds, scale, reverse, c,
+        stages=b2_runs, diag_limit=diag_limit, diag_paths=diag_paths, direction_strides=direction_strides,
+        state_pass=lambda x: (b1_inputs.append(x), b1(x)))
     if stages is not None:
-        stages.update(b1=b1, b2=b2_runs[0])
+        stages.update(b1=lambda: b1(b1_inputs[0]), b2=b2_runs[0])
     dh0 = dh0 if initial_state is not None else None
-    if hdla:
-        return dq, dk_, dv_, dbeta, dg, dh0
-    if not r_ab:
-        da, db = torch.zeros_like(a), torch.zeros_like(b)
-    return dq, dk_, dv_, da, db, dg, dh0
+    if not hdla and not r_ab:
+        da, db = _zero_grad(a, dirs), _zero_grad(b, dirs)
+    grads = (dq, dk_, dv_, dbeta, dg) if hdla else (dq, dk_, dv_, da, db, dg)
+    if dirs == 2:
+        names = ("q", "k", "v", "hdla_beta", "g") if hdla else ("q", "k", "v", "a", "b", "g")
+        grads = tuple(x if n in direction_strides else x[0] + x[1] for n, x in zip(names, grads))
+    return (*grads, dh0)

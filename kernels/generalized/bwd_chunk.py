@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from . import diag_levels as levels
+from .directions import earlier, later, scan_time, split_direction
 
 SUB = tl.constexpr(16)  # tokens per block of the exact decays and of the inverse's diagonal blocks
 # The diagonal token blocks' factored product runs where both factors are <= e^DIAG_LIMIT (kernels/README.md
@@ -123,15 +124,10 @@ def _dot(x, y, F32: tl.constexpr, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _row_tokens(c, rows, RP: tl.constexpr, C: tl.constexpr, T, H, i_b, i_h, REVERSE: tl.constexpr):
+def _row_tokens(c, rows, RP: tl.constexpr, C: tl.constexpr, T, H, i_b, i_h, REVERSE, DIRS: tl.constexpr):
     """Stack rows of chunk c (row = chunk token * RP + rank): (memory index (b*T + t)*H + h as int64,
-    valid (step < T), rank)."""
-    p = c * C + rows // RP
-    valid = p < T
-    if REVERSE:
-        t = T - 1 - p
-    else:
-        t = p
+    valid (a token, not an identity step: directions.scan_time), rank)."""
+    t, valid = scan_time(c * C + rows // RP, T, C, REVERSE, DIRS)
     t = tl.where(valid, t, 0)
     return ((i_b * T + t) * H + i_h).to(tl.int64), valid, rows % RP
 
@@ -183,22 +179,35 @@ def _store_with_copy(ptr, copy_ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.const
 def _stacks_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, beta_ptr, g_ptr, do_ptr,
     gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, at16_ptr, bh_ptr, vf_ptr, dos_ptr,
-    T, H, K, V, NT, scale,
+    qh_ptr, gamma_ptr,
+    T, H, K, V, NT, scale, sqd, skd, svd, sad, sbd, sbed, sgd,
     C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
-    LOG_ZERO: tl.constexpr, AT16: tl.constexpr,
+    LOG_ZERO: tl.constexpr, AT16: tl.constexpr, DIRS: tl.constexpr, STATE_INPUTS: tl.constexpr,
 ):
     """S1, grid (NT, B*H). Writes G, G' ([blocks, C, K] or [blocks, C]), HDLA's s [blocks, C], scale*q
     [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K] (AT16: At also into
     at16, S4's 16-bit copy), Vbar [blocks, C*RKP, V], dO [blocks, C, V]; padded rank rows and steps past
-    T are 0."""
+    T are 0. DIRS = 2: both directions (directions.py), each input of direction d at its pointer + d * its
+    direction stride (0: shared; dO is always shared). STATE_INPUTS: also B1's Qh = scale q e^G [blocks, C, K]
+    (Qeff at r_ab = 0) and gamma = e^{G_last} [blocks, K] (fp32), so that the backward needs no second run
+    of the forward's F1."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
+    if DIRS == 2:
+        d, i_b, REVERSE = split_direction(i_bh, H, tl.num_programs(1))
+        q_ptr += d * sqd
+        k_ptr += d * skd
+        v_ptr += d * svd
+        a_ptr += d * sad
+        b_ptr += d * sbd
+        beta_ptr += d * sbed
+        g_ptr += d * sgd
     blk = i_bh.to(tl.int64) * NT + c
     ct = tl.arange(0, C)
-    tok, valid, _ = _row_tokens(c, ct, 1, C, T, H, i_b, i_h, REVERSE)
+    tok, valid, _ = _row_tokens(c, ct, 1, C, T, H, i_b, i_h, REVERSE, DIRS)
     if SCALAR:
         gsc = tl.maximum(tl.load(g_ptr + tok, mask=valid, other=0.0).to(tl.float32), LOG_ZERO)
         Gs = tl.cumsum(gsc, 0)
@@ -234,6 +243,10 @@ def _stacks_kernel(
             tl.store(gps_ptr + (blk * C + ct)[:, None] * K + ck[None, :], Gp, mask=mk[None, :])
         xq = scale * tl.load(q_ptr + tok[:, None] * K + ck[None, :], mask=m, other=0.0).to(tl.float32)
         tl.store(xq_ptr + (blk * C + ct)[:, None] * K + ck[None, :], xq, mask=mk[None, :])
+        if STATE_INPUTS:
+            tl.store(qh_ptr + (blk * C + ct)[:, None] * K + ck[None, :], (xq * tl.exp(G)).to(qh_ptr.dtype.element_ty),
+                     mask=mk[None, :])
+            tl.store(gamma_ptr + blk * K + ck, tl.exp(GL), mask=mk)
         e_last = tl.exp(GL[None, :] - G)  # e^{G_last - G_i} <= 1
         e_excl = tl.exp(Gp)  # e^{G'_t} <= 1
         if HDLA:
@@ -281,12 +294,9 @@ def _stacks_kernel(
 
 # ----------------------------------------------------------------------------- S2: Gram matrices
 @triton.jit
-def _token_mask(tx, ty, STRICT: tl.constexpr):
-    """[len(tx), len(ty)]: the Gram entries kept, column token < row token (STRICT) or <=."""
-    if STRICT:
-        return ty[None, :] < tx[:, None]
-    else:
-        return ty[None, :] <= tx[:, None]
+def _token_mask(tx, ty, STRICT):
+    """[len(tx), len(ty)]: the Gram entries kept, column token < row token (STRICT) or <= (:func:`directions.earlier`)."""
+    return earlier(ty[None, :], tx[:, None], STRICT)
 
 
 @triton.jit
@@ -309,17 +319,14 @@ def _record_path(path_ptr, idx, product, RECORD: tl.constexpr):
 
 @triton.jit
 def _gram_diag_loop(acc, x, X, y_ptr, g_ptr, blk, m, tx, cy, K, ck, mk, C: tl.constexpr, RY: tl.constexpr,
-                    STRICT: tl.constexpr, BKS: tl.constexpr):
+                    STRICT, BKS: tl.constexpr):
     """The diagonal block's K tile token by token (the fallback where the factors could overflow):
     acc [16 RX, 16 RY] plus, for each column token j, sum_k x_tk y_jk e^{X_tk - G_jk} (masked before
     exp); x, X [16 RX, BKS] the rows' tile and cumsum."""
     for j in range(SUB):
         tj = m * SUB + j
         Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, False)
-        if STRICT:
-            live = tx > tj
-        else:
-            live = tx >= tj
+        live = later(tx, tj, STRICT)
         xe = x * tl.exp(tl.where(live[:, None], X - Yj[None, :], float("-inf")))
         for l in tl.static_range(RY):
             yl = tl.load(y_ptr + (blk * C * RY + m * SUB * RY + j * RY + l) * K + ck, mask=mk, other=0.0)
@@ -330,8 +337,8 @@ def _gram_diag_loop(acc, x, X, y_ptr, g_ptr, blk, m, tx, cy, K, ck, mk, C: tl.co
 
 @triton.jit
 def _gram_diag_levels(x_ptr, xg_ptr, y_ptr, g_ptr, blk, rx, ry, K, ck, mk, C: tl.constexpr, RX: tl.constexpr,
-                      RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr, F32: tl.constexpr,
-                      DLOWP: tl.constexpr, LIMIT: tl.constexpr):
+                      RY: tl.constexpr, STRICT, BKS: tl.constexpr, F32: tl.constexpr, DLOWP: tl.constexpr,
+                      LIMIT: tl.constexpr):
     """A diagonal block's K tile by levels (kernels/generalized/diag_levels.py), where one product through
     the block's reference could overflow: rows rx of the x stack (cumsum xg: G or G'), columns ry of the y
     stack (G). One masked product per level, its tiles loaded afresh (fewer live registers than keeping
@@ -365,7 +372,7 @@ def _diag_product(x, X, Y, ref, y_ptr, blk, ry, live, K, ck, mk, C: tl.constexpr
 
 @triton.jit
 def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, defer_ptr, path_ptr, blk, n, K, C: tl.constexpr, RX: tl.constexpr,
-               RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr, SCALAR: tl.constexpr,
+               RY: tl.constexpr, STRICT, BKS: tl.constexpr, SCALAR: tl.constexpr,
                F32: tl.constexpr, LOWP: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr,
                GID: tl.constexpr, RECORD: tl.constexpr):
     """Row block n (16 tokens) of one Gram matrix ``o[t, i] = sum_k x_tk y_ik e^{X_tk - G_ik}`` for chunk
@@ -434,15 +441,20 @@ def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, defer_ptr, path_ptr, blk, n, 
 def _gram_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, defer_ptr,
                  path_ptr, H, K, NT, C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr,
                  RAP: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr,
-                 DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
+                 DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, DIRS: tl.constexpr):
     """S2, grid (NT, B*H, C/16): row block n of M_QK [C, C*RKP], M_QA [C, C*RAP], L_AB [C*RAP, C*RAP]
     (strictly lower by token) and L_KB [C*RAP, C*RKP] (strictly lower), scratch in the dtypes of
     :func:`scratch_dtypes` (fp32 but M_QA, L_KB and, at r_ab = 0, M_QK for 16-bit inputs); Grams 0..3 of
-    the path record and of ``defer``."""
+    the path record and of ``defer``. DIRS = 2 (both directions, the reversed scan at batch-heads
+    [B H, 2 B H)): the reversed scan's M_QK is strictly lower, without its own write (kernels/README.md §9)."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     n = tl.program_id(2)
-    _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP, False, BKS,
-               SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT, 0, RECORD)
+    if DIRS == 2:  # (a constexpr STRICT must be passed as such: a local assigned False would be a runtime flag)
+        _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP,
+                   tl.program_id(1) >= tl.num_programs(1) // 2, BKS, SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT, 0, RECORD)
+    else:
+        _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP, False, BKS,
+                   SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT, 0, RECORD)
     if RAB > 0:
         _gram_rows(mqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RAP, False, BKS,
                    SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT, 1, RECORD)
@@ -454,7 +466,7 @@ def _gram_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_p
 
 @triton.jit
 def _gram_diag_block(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, defer_ptr, path_ptr, blk, n, K, C: tl.constexpr,
-                     RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr, F32: tl.constexpr,
+                     RX: tl.constexpr, RY: tl.constexpr, STRICT, BKS: tl.constexpr, F32: tl.constexpr,
                      DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, GID: tl.constexpr, RECORD: tl.constexpr):
     """The diagonal block of row block n of Gram GID (:func:`_gram_rows`) if S2 left it here: every K tile
     again, one product where its bound allows, else by levels (:func:`_gram_diag_levels`), stored over
@@ -488,14 +500,19 @@ def _gram_diag_block(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, defer_ptr, path_ptr, bl
 def _gram_levels_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr,
                         defer_ptr, path_ptr, K, NT, C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr,
                         RAB: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr, DLOWP: tl.constexpr,
-                        DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
+                        DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, DIRS: tl.constexpr):
     """S2b (vector decay), grid (NT, B*H, C/16), after S2: the diagonal blocks that S2 left (a K tile whose
     single product could overflow), by :func:`_gram_diag_block`; a program whose blocks all fit exits
-    after reading their flags. Its own launch keeps S2's registers as they were without the levels."""
+    after reading their flags. Its own launch keeps S2's registers as they were without the levels.
+    DIRS = 2: S2's rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     n = tl.program_id(2)
-    _gram_diag_block(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP, False, BKS,
-                     F32, DLOWP, DIAG_LIMIT, 0, RECORD)
+    if DIRS == 2:  # (as in _gram_kernel: a constexpr STRICT is passed as such)
+        _gram_diag_block(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP,
+                         tl.program_id(1) >= tl.num_programs(1) // 2, BKS, F32, DLOWP, DIAG_LIMIT, 0, RECORD)
+    else:
+        _gram_diag_block(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP, False,
+                         BKS, F32, DLOWP, DIAG_LIMIT, 0, RECORD)
     if RAB > 0:
         _gram_diag_block(mqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RAP, False,
                          BKS, F32, DLOWP, DIAG_LIMIT, 1, RECORD)
@@ -608,7 +625,7 @@ def _gemm_kernel(o_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, c_ptr,
 # ----------------------------------------------------------------------------- S5: Gram VJP, decays, dg
 @triton.jit
 def _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb, tyb, Xb, Yb, K, ck, mk,
-                        C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr,
+                        C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT,
                         BKS: tl.constexpr):
     """The diagonal block's share of :func:`_gram_vjp` token by token (the fallback where the factors
     could overflow): token tj as the column (dx) and as the row (dy), exact pairwise decays masked
@@ -623,12 +640,8 @@ def _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb
         tj = b * SUB + j
         Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, False)
         Xj = _load_g_row(xg_ptr, blk, tj, C, K, ck, mk, BKS, False)
-        if STRICT:
-            live_x = txb > tj
-            live_y = tyb < tj
-        else:
-            live_x = txb >= tj
-            live_y = tyb <= tj
+        live_x = later(txb, tj, STRICT)
+        live_y = earlier(tyb, tj, STRICT)
         ex = tl.exp(tl.where(live_x[:, None], Xb - Yj[None, :], float("-inf")))
         ey = tl.exp(tl.where(live_y[:, None], Xj[None, :] - Yb, float("-inf")))
         for l in tl.static_range(RY):
@@ -644,8 +657,8 @@ def _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb
 
 @triton.jit
 def _gram_vjp_diag_levels(dx, dy, d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.constexpr,
-                          RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr,
-                          F32: tl.constexpr, DLOWP: tl.constexpr, LIMIT: tl.constexpr):
+                          RX: tl.constexpr, RY: tl.constexpr, STRICT, BKS: tl.constexpr, F32: tl.constexpr,
+                          DLOWP: tl.constexpr, LIMIT: tl.constexpr):
     """The diagonal block's share of :func:`_gram_vjp` by levels (:func:`_gram_diag_levels`): per level
     its cotangent D [16 RX, 16 RY] masked to the level's pairs, then dx += (D (y e^{R-Y})) e^{X-R},
     dy += (D^T (x e^{X-R})) e^{R-Y} (cross levels: factors <= 1; the group level: within [e^-LIMIT,
@@ -671,7 +684,7 @@ def _gram_vjp_diag_levels(dx, dy, d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K,
 
 @triton.jit
 def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.constexpr, RX: tl.constexpr,
-              RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr,
+              RY: tl.constexpr, STRICT, BKS: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr,
               LOWP: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr):
     """Token block b's share of the VJP of one Gram matrix (:func:`_gram_rows`) for its cotangent D
     [blocks, C*RX, C*RY] (entries outside the mask are ignored): (dx [16 RX, BKS] on x's rows of block b,
@@ -740,17 +753,24 @@ def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.const
 def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr, path_ptr, K, NT, NKT,
                      C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr,
                      SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr, DLOWP: tl.constexpr,
-                     DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
+                     DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, BIDIR_QK: tl.constexpr):
     """S5a, grid (NT, B*H, C/16 * K/BKS), one launch per Gram matrix: token block b's dx, dy of
     :func:`_gram_vjp` stored in dx [blocks, C*RX, K], dy [blocks, C*RY, K] (fp32); vector decay with
     DIAG_LIMIT > 0: 1 in ``defer [blocks, C/16, K/BKS]`` (int8) where the diagonal share is left to S5b,
-    else 0; RECORD: the diagonal block's path into path_ptr [blocks, C/16, K/BKS] (int32)."""
+    else 0; RECORD: the diagonal block's path into path_ptr [blocks, C/16, K/BKS] (int32). BIDIR_QK: M_QK
+    of both directions, strictly lower for the reversed scan's programs (batch-heads [B H, 2 B H): S2's
+    rule)."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     b = tl.program_id(2) // NKT
     ck = (tl.program_id(2) % NKT) * BKS + tl.arange(0, BKS)
     mk = ck < K
-    dx, dy, product = _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C, RX, RY, STRICT, BKS,
-                                SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT)
+    if BIDIR_QK:
+        dx, dy, product = _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C, RX, RY,
+                                    tl.program_id(1) >= tl.num_programs(1) // 2, BKS, SCALAR, F32, LOWP, DLOWP,
+                                    DIAG_LIMIT)
+    else:
+        dx, dy, product = _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C, RX, RY, STRICT, BKS,
+                                    SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT)
     item = blk * (C // SUB) * NKT + tl.program_id(2)
     _record_path(path_ptr, item, product, RECORD)
     if not SCALAR and DIAG_LIMIT > 0:
@@ -763,7 +783,7 @@ def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_p
 
 @triton.jit
 def _gram_vjp_fix(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr, path_ptr, blk, b, K, NKT,
-                  C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr,
+                  C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT, BKS: tl.constexpr,
                   F32: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
     """Token block b of one Gram VJP: each K tile whose diagonal block S5a left (``defer``, that Gram's
     [blocks, C/16, K/BKS] int8) gets its share by levels (:func:`_gram_vjp_diag_levels`) added to S5a's
@@ -791,16 +811,23 @@ def _gram_vjp_levels_kernel(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr
                             gxqk_ptr, gyqk_ptr, gxqa_ptr, gyqa_ptr, gxab_ptr, gyab_ptr, gxkb_ptr, gykb_ptr,
                             defer_ptr, path_ptr, K, NT, NKT, n_items, C: tl.constexpr, BKS: tl.constexpr,
                             RKP: tl.constexpr, RAB: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr,
-                            DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
+                            DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr,
+                            DIRS: tl.constexpr):
     """S5b (vector decay), grid (NT, B*H, C/16), after the four S5a launches: token block b's diagonal
     shares that S5a left (``defer [4, blocks, C/16, K/BKS]``, n_items per Gram), for M_QK, M_QA, L_AB,
     L_KB as S5a's launches take them (:func:`_gram_vjp_fix`); a program with nothing left exits after
-    reading its flags. Its own launch keeps S5a's registers as they were without the levels."""
+    reading its flags. Its own launch keeps S5a's registers as they were without the levels. DIRS = 2:
+    S5a's BIDIR_QK rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     b = tl.program_id(2)
     rec = n_items if RECORD else 0
-    _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gxqk_ptr, gyqk_ptr, defer_ptr, path_ptr, blk, b, K, NKT,
-                  C, 1, RKP, False, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
+    if DIRS == 2:  # (as in _gram_kernel: a constexpr STRICT is passed as such)
+        _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gxqk_ptr, gyqk_ptr, defer_ptr, path_ptr, blk, b, K,
+                      NKT, C, 1, RKP, tl.program_id(1) >= tl.num_programs(1) // 2, BKS, F32, DLOWP, DIAG_LIMIT,
+                      RECORD)
+    else:
+        _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gxqk_ptr, gyqk_ptr, defer_ptr, path_ptr, blk, b, K,
+                      NKT, C, 1, RKP, False, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
     if RAB > 0:
         _gram_vjp_fix(dmqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, gxqa_ptr, gyqa_ptr, defer_ptr + n_items,
                       path_ptr + rec, blk, b, K, NKT, C, 1, RAP, False, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
@@ -827,10 +854,10 @@ def _rank_pair(x, BKS: tl.constexpr):
 
 @triton.jit
 def _store_stack_grad(ptr, x, c, b, RP: tl.constexpr, R: tl.constexpr, C: tl.constexpr, T, H, i_b, i_h,
-                      REVERSE: tl.constexpr, K, ck, mk):
+                      REVERSE, DIRS: tl.constexpr, K, ck, mk):
     """Rank rows [16 RP, BKS] of token block b into a [B, T, H, R, K] gradient (padding dropped)."""
     rows = b * SUB * RP + tl.arange(0, SUB * RP)
-    tok, valid, rank = _row_tokens(c, rows, RP, C, T, H, i_b, i_h, REVERSE)
+    tok, valid, rank = _row_tokens(c, rows, RP, C, T, H, i_b, i_h, REVERSE, DIRS)
     m = (valid & (rank < R))[:, None] & mk[None, :]
     tl.store(ptr + (tok * R + rank)[:, None] * K + ck[None, :], x.to(ptr.dtype.element_ty), mask=m)
 
@@ -841,21 +868,31 @@ def _vjp_kernel(
     gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, bh_ptr,
     dqe_ptr, det_ptr, dat_ptr, dwp_ptr, gxqk_ptr, gyqk_ptr, gxqa_ptr, gyqa_ptr, gxab_ptr, gyab_ptr, gxkb_ptr,
     gykb_ptr, dq_ptr, dk_ptr, da_ptr, db_ptr, dg_ptr, red_ptr,
-    T, H, K, V, NT, NKT, scale,
+    T, H, K, V, NT, NKT, scale, sgd, sbed, sdqd, sdkd, sdad, sdbd, sdgd,
     C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
-    F32: tl.constexpr, LOWP: tl.constexpr, LOG_ZERO: tl.constexpr,
+    F32: tl.constexpr, LOWP: tl.constexpr, LOG_ZERO: tl.constexpr, DIRS: tl.constexpr,
 ):
     """S5, grid (NT, B*H, K/BKS). Per 16-token block, last to first: dq, dk, da, db (HDLA: dk with the
     chain rule through A, B except the full-K sums), dg = the chunk-local reverse cumsum of the
     dG + dG' cotangents minus dG' (kernels/README.md §8), carried from block to block; the e^{G_last}
     cotangent (gamma, Kt, At) reaches every step. HDLA and per-head decays store their per-tile partial
-    sums in red [blocks, NKT, 2, C] for S6."""
+    sums in red [blocks, NKT, 2, C] for S6. DIRS = 2: both directions (directions.py), the inputs and the
+    gradients (per-direction partials) of direction d at their pointer + d * their direction stride."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_k = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
+    if DIRS == 2:
+        d, i_b, REVERSE = split_direction(i_bh, H, tl.num_programs(1))
+        g_ptr += d * sgd
+        beta_ptr += d * sbed
+        dq_ptr += d * sdqd
+        dk_ptr += d * sdkd
+        da_ptr += d * sdad
+        db_ptr += d * sdbd
+        dg_ptr += d * sdgd
     blk = i_bh.to(tl.int64) * NT + c
     ck = i_k * BKS + tl.arange(0, BKS)
     mk = ck < K
@@ -880,7 +917,7 @@ def _vjp_kernel(
     for i in range(NB):
         b = NB - 1 - i
         tb = b * SUB + tl.arange(0, SUB)
-        tok, valid, _ = _row_tokens(c, tb, 1, C, T, H, i_b, i_h, REVERSE)
+        tok, valid, _ = _row_tokens(c, tb, 1, C, T, H, i_b, i_h, REVERSE, DIRS)
         m_tk = valid[:, None] & mk[None, :]
         # the Gram VJPs (S5a's dx, dy of each Gram matrix), then the direct terms
         rk = b * SUB * RKP + tl.arange(0, SUB * RKP)
@@ -934,10 +971,10 @@ def _vjp_kernel(
             tl.store(dg_ptr + tok[:, None] * K + ck[None, :],
                      tl.where(g_raw < LOG_ZERO, 0.0, dg).to(dg_ptr.dtype.element_ty), mask=m_tk)
         else:
-            _store_stack_grad(dk_ptr, dkf, c, b, RKP, RKV, C, T, H, i_b, i_h, REVERSE, K, ck, mk)
+            _store_stack_grad(dk_ptr, dkf, c, b, RKP, RKV, C, T, H, i_b, i_h, REVERSE, DIRS, K, ck, mk)
             if RAB > 0:
-                _store_stack_grad(da_ptr, daf, c, b, RAP, RAB, C, T, H, i_b, i_h, REVERSE, K, ck, mk)
-                _store_stack_grad(db_ptr, dbf, c, b, RAP, RAB, C, T, H, i_b, i_h, REVERSE, K, ck, mk)
+                _store_stack_grad(da_ptr, daf, c, b, RAP, RAB, C, T, H, i_b, i_h, REVERSE, DIRS, K, ck, mk)
+                _store_stack_grad(db_ptr, dbf, c, b, RAP, RAB, C, T, H, i_b, i_h, REVERSE, DIRS, K, ck, mk)
             if SCALAR:
                 tl.store(red_ptr + (blk * NKT + i_k) * 2 * C + tb, tl.sum(tl.where(mk[None, :], dg, 0.0), 1))
             else:
@@ -949,8 +986,9 @@ def _vjp_kernel(
 # ----------------------------------------------------------------------------- S6, S7
 @triton.jit
 def _reduce_kernel(k_ptr, g_ptr, beta_ptr, s_ptr, red_ptr, dk_ptr, dg_ptr, dbeta_ptr, T, H, K, NT, NKT,
+                   skd, sgd, sbed, sdkd, sdgd, sdbed,
                    C: tl.constexpr, BKS: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
-                   LOG_ZERO: tl.constexpr):
+                   LOG_ZERO: tl.constexpr, DIRS: tl.constexpr):
     """S6, grid (NT, B*H, K/BKS for HDLA else 1): the sums over K tiles of S5's partials. HDLA: s = k.u
     gives ds = -beta^2 sum_k db1 k, so dk += 2 ds u and dg += ds u k (read back in their dtype), and
     dbeta = sum_k u (da0 + db1) - 2 beta s sum_k db1 k; a per-head decay: dg [C] (0 where clamped)."""
@@ -958,9 +996,17 @@ def _reduce_kernel(k_ptr, g_ptr, beta_ptr, s_ptr, red_ptr, dk_ptr, dg_ptr, dbeta
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
+    if DIRS == 2:  # both directions: as S5
+        d, i_b, REVERSE = split_direction(i_bh, H, tl.num_programs(1))
+        k_ptr += d * skd
+        g_ptr += d * sgd
+        beta_ptr += d * sbed
+        dk_ptr += d * sdkd
+        dg_ptr += d * sdgd
+        dbeta_ptr += d * sdbed
     blk = i_bh.to(tl.int64) * NT + c
     ct = tl.arange(0, C)
-    tok, valid, _ = _row_tokens(c, ct, 1, C, T, H, i_b, i_h, REVERSE)
+    tok, valid, _ = _row_tokens(c, ct, 1, C, T, H, i_b, i_h, REVERSE, DIRS)
     p1 = tl.zeros([C], dtype=tl.float32)
     p2 = tl.zeros([C], dtype=tl.float32)
     for i_k in range(NKT):
@@ -990,14 +1036,19 @@ def _reduce_kernel(k_ptr, g_ptr, beta_ptr, s_ptr, red_ptr, dk_ptr, dg_ptr, dbeta
 
 
 @triton.jit
-def _unstack_kernel(x_ptr, o_ptr, T, H, D, NT, C: tl.constexpr, RP: tl.constexpr, R: tl.constexpr,
-                    BD: tl.constexpr, REVERSE: tl.constexpr):
-    """S7, grid (NT, B*H): a [blocks, C*RP, D] stack into its [B, T, H, R, D] tensor (padding dropped)."""
+def _unstack_kernel(x_ptr, o_ptr, T, H, D, NT, sod, C: tl.constexpr, RP: tl.constexpr, R: tl.constexpr,
+                    BD: tl.constexpr, REVERSE: tl.constexpr, DIRS: tl.constexpr):
+    """S7, grid (NT, B*H): a [blocks, C*RP, D] stack into its [B, T, H, R, D] tensor (padding dropped).
+    DIRS = 2: both directions, direction d's partial at ``o_ptr + d * sod``."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
     blk = i_bh.to(tl.int64) * NT + c
     rows = tl.arange(0, C * RP)
-    tok, valid, rank = _row_tokens(c, rows, RP, C, T, H, i_bh // H, i_bh % H, REVERSE)
+    i_b = i_bh // H
+    if DIRS == 2:
+        d, i_b, REVERSE = split_direction(i_bh, H, tl.num_programs(1))
+        o_ptr += d * sod
+    tok, valid, rank = _row_tokens(c, rows, RP, C, T, H, i_b, i_bh % H, REVERSE, DIRS)
     for d0 in range(0, D, BD):
         cd = d0 + tl.arange(0, BD)
         md = cd < D
@@ -1076,22 +1127,33 @@ def check_diag_limit(diag_limit) -> float:
 
 
 def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=None, diag_limit=None,
-              diag_paths=None):
+              diag_paths=None, direction_strides=None, state_pass=None):
     """B2: the chunk-local VJP given h (the states entering each chunk) and ds (B1's dS_c), both
     ``[B, H, NT, K, V]``. Shapes as ``bwd.generalized_backward`` (contiguous; HDLA: a = b = None, beta
     [B, T, H]). Returns (dq, dk, dv, da, db, dbeta, dg): HDLA has da = db = None, the others dbeta = None;
-    at r_ab = 0 da = db = None. ``stages`` (a list), if given, receives a closure that relaunches B2.
+    at r_ab = 0 da = db = None. ``state_pass``, if given, is B1: B2's stages that need no dS (S1-S3 and
+    the products W, U, Mo, E) also form B1's inputs, N = At^T W ``[B, H, NT, K, K]`` (None at r_ab = 0),
+    Qeff = Qh - M_QA W ``[B, H, NT*C, K]`` (16-bit for 16-bit q) and gamma ``[B, H, NT, K]`` fp32 (the
+    quantities of ``fwd.chunk_prepare``), and ``state_pass(dict(N=, Qeff=, gamma=, chunk=))`` fills ds
+    before the stages that read it. ``stages`` (a list), if given, receives a closure that relaunches B2
+    (without B1).
     ``diag_limit`` (None: b2_config's; 0: every diagonal block token by token) bounds every factor of the
     diagonal blocks' products, one per block or by levels (S2b, S5b). ``diag_paths`` (tests), a dict,
     receives the path each diagonal block took (1 one product, 2..5 by levels: 1 + the cross levels, 0 the
     token loop, -1 a Gram this rank has not): ``gram`` [blocks, 4, C/16, K/BKS] for S2's M_QK, M_QA,
-    L_AB, L_KB and ``gram_vjp`` [4, blocks, C/16, K/BKV] for S5a's (int32)."""
+    L_AB, L_KB and ``gram_vjp`` [4, blocks, C/16, K/BKV] for S5a's (int32).
+
+    ``direction_strides`` (``fwd.chunk_prepare``): both directions in one launch (h, ds with ``2B``
+    batches, one ``do``); every gradient is then ``[2, *input shape]``, the two directions' partials
+    (the reversed scan without its own write, kernels/README.md §9)."""
     hdla = beta is not None
+    dirs = 1 if direction_strides is None else 2
     batch, seq_len, heads, dk = q.shape
+    bh_all = dirs * batch * heads
     dv = v.shape[-1]
     c = chunk
     nt = triton.cdiv(seq_len, c)
-    blocks = batch * heads * nt
+    blocks = bh_all * nt
     r_kv = 1 if hdla else k.shape[3]
     r_ab = 2 if hdla else a.shape[3]
     rkp, rap = _pow2(r_kv), (_pow2(r_ab) if r_ab else 1)
@@ -1117,10 +1179,16 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     for name, shape in dict(tm16=(ra, ra), at16=(ra, dk)).items():  # S4's copies: only where 16-bit
         shapes[name] = shape if r_ab and name in dtypes else (0,)
     z = {name: sc(*shape, dtype=dtypes.get(name, torch.float32)) for name, shape in shapes.items()}
-    dq, dk_, dv_, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
-    da = torch.empty_like(a) if r_ab and not hdla else None
-    db = torch.empty_like(b) if r_ab and not hdla else None
-    dbeta = torch.empty_like(beta) if hdla else None
+    def grad_of(x):  # one direction: x's gradient; both: the two directions' partials [2, *x.shape]
+        return torch.empty_like(x) if dirs == 1 else x.new_empty(2, *x.shape)
+
+    dq, dk_, dv_, dg = grad_of(q), grad_of(k), grad_of(v), grad_of(g)
+    da = grad_of(a) if r_ab and not hdla else None
+    db = grad_of(b) if r_ab and not hdla else None
+    dbeta = grad_of(beta) if hdla else None
+    offsets = (direction_strides or {}).get
+    step = (lambda x: 0) if dirs == 1 else (lambda x: 0 if x is None else x.numel())  # noqa: E731  partials' stride
+    rev = bool(reverse) and dirs == 1
     nkt = triton.cdiv(dk, cfg["BKV"])
     red = sc(nkt, 2, c) if hdla or scalar else sc(0)
     empty = z["s"]
@@ -1151,23 +1219,27 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
 
     tm = z["tm16"] if z["tm16"].numel() else z["tm"]  # S4 reads T and At from their 16-bit copies if any
     at = z["at16"] if z["at16"].numel() else z["at"]
+    state_inputs = _state_inputs(q, dk, nt, c, r_ab, dirs) if state_pass is not None else None
+    qh, gamma = (state_inputs["Qh"], state_inputs["gamma"]) if state_inputs else (empty, empty)
 
-    def launch():
-        grid = (nt, batch * heads)
+    def launch(with_state_pass):
+        grid = (nt, bh_all)
         _stacks_kernel[grid](
             q, k, v, a if r_ab and not hdla else empty, b if r_ab and not hdla else empty,
             beta if hdla else empty, g, do, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"], z["af"],
-            z["bf"], z["at"], z["at16"], z["bh"], z["vf"], z["dos"], seq_len, heads, dk, dv, nt, float(scale), C=c,
-            BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse),
-            LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0, num_warps=4)
+            z["bf"], z["at"], z["at16"], z["bh"], z["vf"], z["dos"], qh, gamma, seq_len, heads, dk, dv, nt,
+            float(scale), *(offsets(n, 0) for n in ("q", "k", "v", "a", "b", "hdla_beta", "g")), C=c,
+            BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=rev,
+            LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0, DIRS=dirs, STATE_INPUTS=state_inputs is not None,
+            num_warps=4)
         grams_in = (z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"])
-        _gram_kernel[(nt, batch * heads, nb)](
+        _gram_kernel[(nt, bh_all, nb)](
             *grams_in, defer["gram"], paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap,
-            SCALAR=scalar, **prec, **diag, num_warps=cfg["warps_block"])
+            SCALAR=scalar, **prec, **diag, DIRS=dirs, num_warps=cfg["warps_block"])
         if levels_pass:
-            _gram_levels_kernel[(nt, batch * heads, nb)](
+            _gram_levels_kernel[(nt, bh_all, nb)](
                 *grams_in, defer["gram"], paths["gram"], dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap,
-                F32=f32, **diag, num_warps=cfg["warps_block"])
+                F32=f32, **diag, DIRS=dirs, num_warps=cfg["warps_block"])
         hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
         if r_ab:
             _inverse_kernel[grid](z["lab"], z["tm"], z["tm16"], nt, C=c, RAP=rap, F32=f32, T16=z["tm16"].numel() > 0,
@@ -1179,6 +1251,11 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             mo, et = z["mo"], z["et"]
         else:
             mo, et = z["mqk"], z["kt"]
+        if state_inputs is not None and r_ab:
+            gemm(state_inputs["Qeff"], c, dk, [(_v(z["mqa"], c, ra), _v(z["w"], ra, dk), ra, -1)], cin=qh)
+            gemm(state_inputs["N"], dk, dk, [(_v(at, ra, dk, True), _v(z["w"], ra, dk), ra, 1)])
+        if with_state_pass:
+            state_pass(dict(N=state_inputs["N"], Qeff=state_inputs["Qeff"], gamma=gamma, chunk=c))
         gemm(z["dqe"], c, dk, [(_v(z["dos"], c, dv), hv(h, True), dv, 1)])
         gemm(z["dmo"], c, rk, [(_v(z["dos"], c, dv), _v(z["vf"], rk, dv, True), dv, 1)], mask=True)
         gemm(z["det"], rk, dk, [(_v(z["vf"], rk, dv), hv(ds, True), dv, 1)])
@@ -1203,32 +1280,47 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
                       ("ab", z["dlab"], z["bf"], z["gps"], z["af"], rap, rap, True),
                       ("kb", z["dup"], z["bf"], z["gps"], z["kf"], rap, rkp, True)]
         for gid, (name, d, x, xg, y, rx, ry, strict) in enumerate(grams):
-            _gram_vjp_kernel[(nt, batch * heads, nb * nkt)](
+            _gram_vjp_kernel[(nt, bh_all, nb * nkt)](
                 d, x, xg, y, z["gs"], z["gx" + name], z["gy" + name], defer["gram_vjp"][gid] if levels_pass else empty,
                 paths["gram_vjp"][gid], dk, nt, nkt, C=c, RX=rx, RY=ry, STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar,
-                **prec, **diag, num_warps=cfg["warps_block"])
+                **prec, **diag, BIDIR_QK=dirs == 2 and name == "qk", num_warps=cfg["warps_block"])
         gv = [z[n] if n in z else empty for n in ("gxqk", "gyqk", "gxqa", "gyqa", "gxab", "gyab", "gxkb", "gykb")]
         if levels_pass:
-            _gram_vjp_levels_kernel[(nt, batch * heads, nb)](
+            _gram_vjp_levels_kernel[(nt, bh_all, nb)](
                 z["dmo"], z["dmqa"], z["dlab"], z["dup"], z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], *gv,
                 defer["gram_vjp"], paths["gram_vjp"] if diag_paths is not None else empty, dk, nt, nkt,
-                blocks * nb * nkt, C=c, BKS=cfg["BKV"], RKP=rkp, RAB=r_ab, RAP=rap, F32=f32, **diag,
+                blocks * nb * nkt, C=c, BKS=cfg["BKV"], RKP=rkp, RAB=r_ab, RAP=rap, F32=f32, **diag, DIRS=dirs,
                 num_warps=cfg["warps_block"])
-        _vjp_kernel[(nt, batch * heads, nkt)](
+        _vjp_kernel[(nt, bh_all, nkt)](
             k, g, beta if hdla else empty, h, ds, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"],
-            z["af"], z["bf"], z["at"], z["bh"], z["dqe"], z["det"], z["dat"], z["dwp"], *gv, dq, dk_, da if da is not None else empty, db if db is not None else empty, dg, red,
-            seq_len, heads, dk, dv, nt, nkt, float(scale), C=c, BKS=cfg["BKV"], BVS=cfg["BVS"], **ranks,
-            HDLA=hdla, SCALAR=scalar, REVERSE=bool(reverse), **prec, LOG_ZERO=LOG_ZERO_FP32,
+            z["af"], z["bf"], z["at"], z["bh"], z["dqe"], z["det"], z["dat"], z["dwp"], *gv, dq, dk_,
+            da if da is not None else empty, db if db is not None else empty, dg, red,
+            seq_len, heads, dk, dv, nt, nkt, float(scale), offsets("g", 0), offsets("hdla_beta", 0),
+            step(q), step(k), step(a), step(b), step(g), C=c, BKS=cfg["BKV"], BVS=cfg["BVS"], **ranks,
+            HDLA=hdla, SCALAR=scalar, REVERSE=rev, **prec, LOG_ZERO=LOG_ZERO_FP32, DIRS=dirs,
             num_warps=cfg["warps_vjp"], num_stages=cfg["stages_vjp"])
         if hdla or scalar:
-            _reduce_kernel[(nt, batch * heads, nkt if hdla else 1)](
+            _reduce_kernel[(nt, bh_all, nkt if hdla else 1)](
                 k, g, beta if hdla else empty, z["s"], red, dk_, dg, dbeta if hdla else empty, seq_len, heads, dk,
-                nt, nkt, C=c, BKS=cfg["BKV"], HDLA=hdla, REVERSE=bool(reverse), LOG_ZERO=LOG_ZERO_FP32,
-                num_warps=4)
-        _unstack_kernel[grid](z["dvs"], dv_, seq_len, heads, dv, nt, C=c, RP=rkp, R=r_kv, BD=cfg["BVS"],
-                              REVERSE=bool(reverse), num_warps=4)
+                nt, nkt, offsets("k", 0), offsets("g", 0), offsets("hdla_beta", 0), step(k), step(g), step(beta),
+                C=c, BKS=cfg["BKV"], HDLA=hdla, REVERSE=rev, LOG_ZERO=LOG_ZERO_FP32, DIRS=dirs, num_warps=4)
+        _unstack_kernel[grid](z["dvs"], dv_, seq_len, heads, dv, nt, step(v), C=c, RP=rkp, R=r_kv, BD=cfg["BVS"],
+                              REVERSE=rev, DIRS=dirs, num_warps=4)
 
-    launch()
+    launch(state_pass is not None)
     if stages is not None:
-        stages.append(launch)
+        stages.append(lambda: launch(False))
     return dq, dk_, dv_, da, db, dbeta, dg
+
+
+def _state_inputs(q, dk, nt, c, r_ab, dirs) -> dict:
+    """B1's inputs as B2 forms them (:func:`chunk_vjp`'s ``state_pass``): Qh fp32 (Qeff itself at
+    r_ab = 0), Qeff and N in q's dtype if 16-bit (as the forward's F1 stores them), gamma fp32; with
+    ``dirs = 2`` both directions' (``2B`` batches, as h and ds)."""
+    batch, heads = dirs * q.shape[0], q.shape[2]
+    store = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    dev = q.device
+    qh = torch.empty(batch, heads, nt * c, dk, device=dev, dtype=torch.float32)
+    return dict(Qh=qh, gamma=torch.empty(batch, heads, nt, dk, device=dev, dtype=torch.float32),
+                Qeff=torch.empty(batch, heads, nt * c, dk, device=dev, dtype=store) if r_ab else qh,
+                N=torch.empty(batch, heads, nt, dk, dk, device=dev, dtype=store) if r_ab else None)

@@ -22,9 +22,15 @@ block: the caller's single product), 3, 2, 1 whose lim is below the limit, else 
 R = G_t, both factors e^0 = 1, the diagonal i = t of a non-strict Gram; a strict one has no pair
 left). So every block is exact with 1 to 5 products whatever its gates (-inf resets included), and
 every factor stays within [e^-limit, e^limit]. Tokens are chunk-local; blocks start at multiples of 16.
+
+STRICT is a constexpr, or a runtime flag where both scan directions share a launch (B2's M_QK, strictly
+lower for the reversed scan only, kernels/README.md §9): applied through :func:`directions.later` /
+:func:`directions.earlier` and integer arithmetic, never a branch on it.
 """
 import triton
 import triton.language as tl
+
+from .directions import earlier, later
 
 
 @triton.jit
@@ -68,38 +74,39 @@ def group_ref(tok, s, g_base, stride, cols, cmask):
 
 
 @triton.jit
-def group_live(tx, ty, s, STRICT: tl.constexpr):
+def group_live(tx, ty, s, STRICT):
     """[len(tx), len(ty)]: pairs in the same aligned 2^s-token group, column token < row token
     (STRICT) or <=."""
     same = (tx[:, None] >> s) == (ty[None, :] >> s)
-    if STRICT:
-        return same & (ty[None, :] < tx[:, None])
-    else:
-        return same & (ty[None, :] <= tx[:, None])
+    return same & earlier(ty[None, :], tx[:, None], STRICT)
 
 
 @triton.jit
-def group_row_exp(X, tok, ref, s, STRICT: tl.constexpr):
+def group_row_exp(X, tok, ref, s, STRICT):
     """Row factors of group level s: e^{X_t - R}; STRICT: 0 for each group's first row (no column of its
     group pairs with it, and its X = G' lies before the group)."""
-    if STRICT:
+    if isinstance(STRICT, tl.tensor):  # a runtime flag: first rows (offset 0 in the group) kept unless set
+        return tl.exp(tl.where(later(tok & ((1 << s) - 1), 0, STRICT)[:, None], X - ref, float("-inf")))
+    elif STRICT:
         return tl.exp(tl.where(((tok & ((1 << s) - 1)) != 0)[:, None], X - ref, float("-inf")))
     else:
         return tl.exp(X - ref)
 
 
 @triton.jit
-def level_count(s_g, STRICT: tl.constexpr):
+def level_count(s_g, STRICT):
     """The levels a block with group level s_g takes: the cross levels 3 .. s_g and the group level
     (none for one-token groups of a strict Gram)."""
-    if STRICT:
+    if isinstance(STRICT, tl.tensor):
+        return 5 - s_g - (s_g == 0).to(tl.int32) * STRICT.to(tl.int32)
+    elif STRICT:
         return 5 - s_g - (s_g == 0).to(tl.int32)
     else:
         return 5 - s_g
 
 
 @triton.jit
-def level_row_exp(X, tok, lvl, s_g, g_base, stride, cols, cmask, STRICT: tl.constexpr):
+def level_row_exp(X, tok, lvl, s_g, g_base, stride, cols, cmask, STRICT):
     """Row factors of level ``lvl`` (0 .. level_count - 1) of a block with group level s_g: cross level
     3 - lvl while lvl < 4 - s_g, then the group level s_g."""
     if lvl < 4 - s_g:
@@ -120,7 +127,7 @@ def level_col_exp(Y, tok, lvl, s_g, g_base, stride, cols, cmask):
 
 
 @triton.jit
-def level_live(tx, ty, lvl, s_g, STRICT: tl.constexpr):
+def level_live(tx, ty, lvl, s_g, STRICT):
     """The pairs of level ``lvl`` (:func:`level_row_exp`), [len(tx), len(ty)]."""
     if lvl < 4 - s_g:
         live = cross_live(tx, ty, 3 - lvl)

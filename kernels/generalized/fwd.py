@@ -79,6 +79,7 @@ from triton.runtime.errors import OutOfResources
 from ..utils import LOG_ZERO_FP32
 from . import diag_levels as levels
 from . import two_level
+from .directions import scan_time, split_direction
 
 LOG_ZERO = tl.constexpr(LOG_ZERO_FP32)
 SUB = tl.constexpr(16)  # tokens per row block (the exact diagonal block and the inverse's diagonal block)
@@ -106,18 +107,14 @@ def _mm(x, y, F32: tl.constexpr, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _steps(c, tok0, NTOK: tl.constexpr, RP: tl.constexpr, T, C: tl.constexpr, REVERSE: tl.constexpr):
+def _steps(c, tok0, NTOK: tl.constexpr, RP: tl.constexpr, T, C: tl.constexpr, REVERSE, DIRS: tl.constexpr):
     """Rows ``tok * RP + rank`` of NTOK chunk tokens from ``tok0``: (chunk token, rank, time index,
-    valid); a step past T is invalid (masked loads, identity step)."""
+    valid); an invalid step (past T; the reversed scan's first steps when both directions run,
+    directions.py) is an identity step (masked loads)."""
     rows = tl.arange(0, NTOK * RP)
     tok = tok0 + rows // RP
     rank = rows % RP
-    p = c * C + tok
-    valid = p < T
-    if REVERSE:
-        t = T - 1 - p
-    else:
-        t = p
+    t, valid = scan_time(c * C + tok, T, C, REVERSE, DIRS)
     return tok, rank, t, valid
 
 
@@ -215,18 +212,23 @@ def _from_last(x, g_last, g_rows, SCALAR: tl.constexpr):
 
 
 @triton.jit
-def chunk_cumsum_kernel(g_ptr, gs_ptr, gamma_ptr, sgb, sgt, sgh, T, H, K, NT,
-                        C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr):
+def chunk_cumsum_kernel(g_ptr, gs_ptr, gamma_ptr, sgb, sgt, sgh, T, H, K, NT, sgd,
+                        C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
+                        DIRS: tl.constexpr):
     """F0 for chunk ``program_id(0)`` of head ``program_id(1)``: G, the chunk-local inclusive cumsum of
     the clamped g (scan order, fp32, ``[C, BK]`` or ``[C]``), and gamma = e^{G_last} ``[K]``. Its own
-    kernel so that F1ab (and the backward) read G from memory written by a finished launch."""
+    kernel so that F1ab (and the backward) read G from memory written by a finished launch. DIRS = 2:
+    both directions (directions.py), g of direction d at ``g_ptr + d * sgd``."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
     i_h = bh % H
+    if DIRS == 2:
+        d, i_b, REVERSE = split_direction(bh, H, tl.num_programs(1))
+        g_ptr += d * sgd
     cols = tl.arange(0, BK)
     cmask = cols < K
-    tok, rank, t, valid = _steps(c, 0, C, 1, T, C, REVERSE)
+    tok, rank, t, valid = _steps(c, 0, C, 1, T, C, REVERSE, DIRS)
     g_cum = tl.cumsum(_load_gate(g_ptr, sgb, sgt, sgh, i_b, i_h, t, valid, cols, cmask, SCALAR), 0)
     row = (bh * NT + c).to(tl.int64) * C + tok
     last = (tok == C - 1)
@@ -244,27 +246,36 @@ def chunk_nc_kernel(
     k_ptr, v_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr, n_ptr, cc_ptr,
     skb, skt, skh, skr, svb, svt, svh, svr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
     sgb, sgt, sgh, sbeb, sbet, sbeh,
-    T, H, K, V, NT,
+    T, H, K, V, NT, skd, svd, sad, sbd, sgd, sbed,
     RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
-    F32: tl.constexpr, LOWP: tl.constexpr,
+    F32: tl.constexpr, LOWP: tl.constexpr, DIRS: tl.constexpr,
 ):
     """F1c for chunk ``program_id(0)`` of head ``program_id(1)``: N = At^T W ``[K, K]`` (r_ab > 0) and
-    Cc = (Kt - U^T At)^T Vbar ``[K, V]`` (Kt^T Vbar at r_ab = 0), from W, U (F1ab) and G (F0)."""
+    Cc = (Kt - U^T At)^T Vbar ``[K, V]`` (Kt^T Vbar at r_ab = 0), from W, U (F1ab) and G (F0). DIRS = 2:
+    both directions, each input of direction d at its pointer + d * its direction stride (0: shared)."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
     i_h = bh % H
+    if DIRS == 2:
+        d, i_b, REVERSE = split_direction(bh, H, tl.num_programs(1))
+        k_ptr += d * skd
+        v_ptr += d * svd
+        a_ptr += d * sad
+        b_ptr += d * sbd
+        g_ptr += d * sgd
+        beta_ptr += d * sbed
     chunk = (bh * NT + c).to(tl.int64)
     cols = tl.arange(0, BK)
     cmask = cols < K
     g_last = _cumsum_at(gs_ptr, bh, c, C - 1, cols, NT, C, BK, SCALAR)
-    tk, rk, t_k, v_k = _steps(c, 0, C, RKP, T, C, REVERSE)
+    tk, rk, t_k, v_k = _steps(c, 0, C, RKP, T, C, REVERSE, DIRS)
     gk_all = _load_cumsum(gs_ptr, bh, c, tk, cols, NT, C, BK, SCALAR)
     k_all = _key_rows(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k, v_k, rk, cols, cmask, RKV, HDLA)
     keff = _from_last(k_all, g_last, gk_all, SCALAR)  # Kt, then Kt - U^T At
     if RAB > 0:
-        ta, ra, t_a, v_a = _steps(c, 0, C, RAP, T, C, REVERSE)
+        ta, ra, t_a, v_a = _steps(c, 0, C, RAP, T, C, REVERSE, DIRS)
         ga_all = _load_cumsum(gs_ptr, bh, c, ta, cols, NT, C, BK, SCALAR)
         a_all, b_all = _ab_rows(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
                                 beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_a, v_a, ra, cols,
@@ -288,15 +299,9 @@ def chunk_nc_kernel(
 
 # ----------------------------------------------------------------------------- F1 tiles from memory
 @triton.jit
-def _tokens(c, tok, T, C: tl.constexpr, REVERSE: tl.constexpr):
-    """(time index, valid) of chunk tokens ``tok`` (a tensor of any shape); a step past T is invalid."""
-    p = c * C + tok
-    valid = p < T
-    if REVERSE:
-        t = T - 1 - p
-    else:
-        t = p
-    return t, valid
+def _tokens(c, tok, T, C: tl.constexpr, REVERSE, DIRS: tl.constexpr):
+    """(time index, valid) of chunk tokens ``tok`` (a tensor of any shape): :func:`directions.scan_time`."""
+    return scan_time(c * C + tok, T, C, REVERSE, DIRS)
 
 
 @triton.jit
@@ -426,12 +431,12 @@ def _decayed_mm(x, gx, y, gy, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.
 @triton.jit
 def _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m0, T, NT, ref, cols, cmask,
                RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr,
-               HDLA: tl.constexpr, REVERSE: tl.constexpr):
+               HDLA: tl.constexpr, REVERSE, DIRS: tl.constexpr):
     """The write keys of the column block at chunk token m0 ``[16 RKP, BK]``: K e^{R - G} (vector decay,
     R the row block's reference), or K and its G as a row ``[1, 16 RKP]`` (scalar decay)."""
     rows_k = tl.arange(0, SUB * RKP)
     tok = rows_k // RKP + m0
-    t, valid = _tokens(c, tok, T, C, REVERSE)
+    t, valid = _tokens(c, tok, T, C, REVERSE, DIRS)
     k_m = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t[:, None], valid[:, None], (rows_k % RKP)[:, None],
                   cols[None, :], cmask[None, :], RKV, HDLA)
     if SCALAR:
@@ -444,11 +449,11 @@ def _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m0, T, NT, re
 def _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh, beta_ptr, sbeb, sbet, sbeh,
              g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m0, T, NT, ref, cols, cmask,
              RAB: tl.constexpr, RAP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr,
-             HDLA: tl.constexpr, REVERSE: tl.constexpr):
+             HDLA: tl.constexpr, REVERSE, DIRS: tl.constexpr):
     """As :func:`_key_block` for the A stack ``[16 RAP, BK]``."""
     rows_a = tl.arange(0, SUB * RAP)
     tok = rows_a // RAP + m0
-    t, valid = _tokens(c, tok, T, C, REVERSE)
+    t, valid = _tokens(c, tok, T, C, REVERSE, DIRS)
     a_m, b_m = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
                         beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t[:, None], valid[:, None],
                         (rows_a % RAP)[:, None], cols[None, :], cmask[None, :], RAB, HDLA)
@@ -462,18 +467,18 @@ def _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, s
 def _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh, skb, skt, skh,
                sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
                i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, RAB: tl.constexpr, RAP: tl.constexpr,
-               C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr):
+               C: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE, DIRS: tl.constexpr):
     """The operands of the row block at chunk token n0: scale q ``[16, BK]`` and its G ``[16, BK]``
     (``[16, 1]`` for scalar decay); A, B ``[16 RAP, BK]`` (row t * RAP + r) and B's G' (0s at r_ab = 0)."""
     tq = tl.arange(0, SUB)
-    t_q, v_q = _tokens(c, tq + n0, T, C, REVERSE)
+    t_q, v_q = _tokens(c, tq + n0, T, C, REVERSE, DIRS)
     q_n = _gather(q_ptr, sqb, sqt, sqh, 0, i_b, i_h, t_q[:, None], v_q[:, None], tq[:, None] * 0,
                   cols[None, :], cmask[None, :], 1) * scale
     gq = _cum(gs_ptr, bh, c, NT, tq[:, None] + n0, cols[None, :], C, BK, SCALAR)
     if RAB > 0:
         rows_a = tl.arange(0, SUB * RAP)
         tok_b = rows_a // RAP + n0
-        t_b, v_b = _tokens(c, tok_b, T, C, REVERSE)
+        t_b, v_b = _tokens(c, tok_b, T, C, REVERSE, DIRS)
         a_n, b_n = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
                             beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_b[:, None],
                             v_b[:, None], (rows_a % RAP)[:, None], cols[None, :], cmask[None, :], RAB, HDLA)
@@ -487,11 +492,11 @@ def _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sq
 def chunk_intra_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr, scr_ptr, qe_ptr, mo_ptr, path_ptr,
     sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
-    T, H, K, NT, scale, n_blocks, n_cols,
+    T, H, K, NT, scale, n_blocks, n_cols, sqd, skd, sad, sbd, sgd, sbed,
     RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
     BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
     F32: tl.constexpr, LOWP: tl.constexpr, INV_EXACT: tl.constexpr,
-    DIAG_LIMIT: tl.constexpr, DIAG_LOWP: tl.constexpr, RECORD_PATH: tl.constexpr,
+    DIAG_LIMIT: tl.constexpr, DIAG_LOWP: tl.constexpr, RECORD_PATH: tl.constexpr, DIRS: tl.constexpr,
 ):
     """F1a+F1b for chunk ``program_id(0)`` of head ``program_id(1)``, one 16-token row block n at a time
     (kernels/README.md §8, module docstring), in three steps per row block:
@@ -513,11 +518,20 @@ def chunk_intra_kernel(
     Mo (q's dtype) are outputs. r_ab = 0: Qeff = Qh, Mo = M_QK. ``n_blocks = C / 16`` and ``n_cols = 16``
     are runtime loop bounds (rolled loops: fewer registers). Bh_n and Qh_n come from the x sides of
     (b)'s and (c)'s products and start their accumulators (:func:`_undo_reference`), so the row block
-    is loaded (HDLA: A, B built) once per step, not again after each loop."""
+    is loaded (HDLA: A, B built) once per step, not again after each loop. DIRS = 2: both directions,
+    each input of direction d at its pointer + d * its direction stride (0: shared)."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
     i_h = bh % H
+    if DIRS == 2:
+        d, i_b, REVERSE = split_direction(bh, H, tl.num_programs(1))
+        q_ptr += d * sqd
+        k_ptr += d * skd
+        a_ptr += d * sad
+        b_ptr += d * sbd
+        g_ptr += d * sgd
+        beta_ptr += d * sbed
     chunk = (bh * NT + c).to(tl.int64)
     cols = tl.arange(0, BK)
     cmask = cols < K
@@ -542,8 +556,8 @@ def chunk_intra_kernel(
             q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                             skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                             sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
-            t_k, v_k = _tokens(c, rows_k // RKP + n0, T, C, REVERSE)
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
+            t_k, v_k = _tokens(c, rows_k // RKP + n0, T, C, REVERSE, DIRS)
             k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
                           cols[None, :], cmask[None, :], RKV, HDLA)
             gk_n = _cum(gs_ptr, bh, c, NT, rows_k // RKP + n0, cols, C, BK, SCALAR)
@@ -562,20 +576,21 @@ def chunk_intra_kernel(
                     _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
                                    u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
                                    sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                   ref_d, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, F32, DIAG_LOWP)
+                                   ref_d, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS, F32, DIAG_LOWP)
                     path = n * 0 + 1
                 else:
                     path = _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
                                         u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh,
                                         sbr, sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols,
-                                        cmask, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, F32, DIAG_LOWP, DIAG_LIMIT)
+                                        cmask, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS, F32, DIAG_LOWP,
+                                        DIAG_LIMIT)
                 if RECORD_PATH:
                     tl.store(path_ptr + chunk * (C // SUB) + n, path.to(tl.int8))
             else:  # DIAG_LIMIT = 0: the loop only (nothing else compiled; the launcher records 0s)
                 _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK, u_diag,
                              sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                              sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, n_cols,
-                             RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE)
+                             RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS)
         # x sides of the off-diagonal products: reference R = G' at the row block's first token (0 at the
         # chunk's first token, so that Bh, Qh = x e^R there too)
         ref = _cum_excl(gs_ptr, bh, c, NT, n0, cols[None, :], C, BK, SCALAR)  # [1, BK]
@@ -584,7 +599,7 @@ def chunk_intra_kernel(
             q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                             skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                             sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
             if SCALAR:
                 xb = b_n
             else:
@@ -593,11 +608,11 @@ def chunk_intra_kernel(
             acc_u = tl.zeros([RA, CK], dtype=tl.float32)
             for m in range(n):  # earlier column blocks, one at a time
                 yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
-                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE)
+                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
                 tl.store(u_row + (rows_k + m * RK)[None, :], _decayed_mm(xb, gbp, yk, gk_m, SCALAR, F32, 0))
                 ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
                                   beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m * SUB,
-                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
                 l_ab = _decayed_mm(xb, gbp, ya, ga_m, SCALAR, F32, 0)
                 w_m = tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :])
                 u_m = tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
@@ -621,7 +636,7 @@ def chunk_intra_kernel(
         q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                             skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                             sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
         if SCALAR:
             xq = q_n
         else:
@@ -630,12 +645,12 @@ def chunk_intra_kernel(
         acc_mo = tl.zeros([SUB, CK], dtype=tl.float32)
         for m in range(n):
             yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
-                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE)
+                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
             tl.store(s_qk + tq[:, None] * CK + (rows_k + m * RK)[None, :], _decayed_mm(xq, gq, yk, gk_m, SCALAR, F32, LOWP))
             if RAB > 0:
                 ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
                                   beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m * SUB,
-                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE)
+                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
                 m_qa = _decayed_mm(xq, gq, ya, ga_m, SCALAR, F32, LOWP)
                 acc_q += _mm(m_qa, tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :]), F32, 0)
                 acc_mo += _mm(m_qa, tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
@@ -662,7 +677,7 @@ def _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
                  sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                  sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, n_cols,
                  RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
-                 BK: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr):
+                 BK: tl.constexpr, HDLA: tl.constexpr, REVERSE, DIRS: tl.constexpr):
     """The four diagonal 16 x 16 token blocks of row block n0 / 16 (vector decay), exact: a loop over
     the block's 16 columns j, each loading row j of A and K (every rank) as vectors, with one
     exponential tile e_tj = e^{G_t - G_j} (t >= j, masked before exp) shared by all four Grams:
@@ -679,17 +694,17 @@ def _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
     c3 = cols[None, None, :]
     cm3 = cmask[None, None, :]
     g3 = _cum(gs_ptr, bh, c, NT, t3 + n0, c3, C, BK, False)  # [16, 1, BK]
-    t_q, v_q = _tokens(c, t3 + n0, T, C, REVERSE)
+    t_q, v_q = _tokens(c, t3 + n0, T, C, REVERSE, DIRS)
     q3 = _gather(q_ptr, sqb, sqt, sqh, 0, i_b, i_h, t_q, v_q, t3 * 0, c3, cm3, 1) * scale
     if RAB > 0:
-        t_s, v_s = _tokens(c, t3 + 1 + n0, T, C, REVERSE)
+        t_s, v_s = _tokens(c, t3 + 1 + n0, T, C, REVERSE, DIRS)
         a3, b3 = _ab_tile(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
                           beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, i_b, i_h, t_s, v_s & (t3 + 1 < SUB),
                           r3, c3, cm3, RAB, HDLA)  # B of token t + 1: [16, RAP, BK]
     shifted = (tq + 1 < SUB)[:, None]
     l_rows = ((tq[:, None] + 1) * RAP + tl.arange(0, RAP)[None, :])  # [16, RAP]
     for j in range(n_cols):  # = 16, a runtime bound: a rolled loop
-        t_j, v_j = _tokens(c, n0 + j, T, C, REVERSE)
+        t_j, v_j = _tokens(c, n0 + j, T, C, REVERSE, DIRS)
         g_j = _cum(gs_ptr, bh, c, NT, n0 + j, cols, C, BK, False)
         e3 = tl.exp(tl.where(t3 >= j, g3 - g_j[None, None, :], float("-inf")))
         qe = q3 * e3
@@ -715,7 +730,7 @@ def _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_
                    sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                    sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, ref,
                    RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
-                   BK: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr, F32: tl.constexpr,
+                   BK: tl.constexpr, HDLA: tl.constexpr, REVERSE, DIRS: tl.constexpr, F32: tl.constexpr,
                    DIAG_LOWP: tl.constexpr):
     """The four diagonal 16 x 16 token blocks of row block n0 / 16 (vector decay) as one tensor-core
     product each, through the block's reference ref ``[BK]`` (:func:`_block_reference`, lim below the
@@ -738,8 +753,8 @@ def _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_
     q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                         skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                         sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                        RAB, RAP, C, BK, False, HDLA, REVERSE)
-    t_k, v_k = _tokens(c, tok_k + n0, T, C, REVERSE)
+                                        RAB, RAP, C, BK, False, HDLA, REVERSE, DIRS)
+    t_k, v_k = _tokens(c, tok_k + n0, T, C, REVERSE, DIRS)
     k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
                   cols[None, :], cmask[None, :], RKV, HDLA)
     ky = k_n * tl.exp(r - _cum(gs_ptr, bh, c, NT, (tok_k + n0)[:, None], cols[None, :], C, BK, False))
@@ -762,7 +777,7 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
                  sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                  sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
                  RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
-                 BK: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr, F32: tl.constexpr,
+                 BK: tl.constexpr, HDLA: tl.constexpr, REVERSE, DIRS: tl.constexpr, F32: tl.constexpr,
                  DIAG_LOWP: tl.constexpr, LIMIT: tl.constexpr):
     """The four diagonal 16 x 16 token blocks of row block n0 / 16 (vector decay) by levels
     (kernels/generalized/diag_levels.py), where one product through the block's reference could overflow
@@ -780,7 +795,7 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
     tok_q = tq + n0
     tok_a = rows_a // RAP + n0
     tok_k = rows_k // RKP + n0
-    t_k, v_k = _tokens(c, tok_k, T, C, REVERSE)
+    t_k, v_k = _tokens(c, tok_k, T, C, REVERSE, DIRS)
     g_base = gs_ptr + (bh * NT + c).to(tl.int64) * C * BK
     s_g = levels.group_shift(_cum(gs_ptr, bh, c, NT, tok_q[:, None], cols[None, :], C, BK, False), tok_q, g_base, BK,
                              cols, cmask, LIMIT)
@@ -790,7 +805,7 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
         q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                             skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                             sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            0, RAP, C, BK, False, HDLA, REVERSE)
+                                            0, RAP, C, BK, False, HDLA, REVERSE, DIRS)
         qx = q_n * levels.level_row_exp(gq, tok_q, lvl, s_g, g_base, BK, cols, cmask, False)
         k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
                       cols[None, :], cmask[None, :], RKV, HDLA)
@@ -804,7 +819,7 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
             q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                                 skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                                 sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                                RAB, RAP, C, BK, False, HDLA, REVERSE)
+                                                RAB, RAP, C, BK, False, HDLA, REVERSE, DIRS)
             qx = q_n * levels.level_row_exp(gq, tok_q, lvl, s_g, g_base, BK, cols, cmask, False)
             ay = a_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_a[:, None], cols[None, :], C, BK, False),
                                             tok_a, lvl, s_g, g_base, BK, cols, cmask)
@@ -817,7 +832,7 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
             q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                                 skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                                 sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                                RAB, RAP, C, BK, False, HDLA, REVERSE)
+                                                RAB, RAP, C, BK, False, HDLA, REVERSE, DIRS)
             bx = b_n * levels.level_row_exp(gbp, tok_a, lvl, s_g, g_base, BK, cols, cmask, True)
             ay = a_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_a[:, None], cols[None, :], C, BK, False),
                                             tok_a, lvl, s_g, g_base, BK, cols, cmask)
@@ -887,14 +902,14 @@ def chunk_output_kernel(qe_ptr, mo_ptr, h_ptr, v_ptr, o_ptr, svb, svt, svh, svr,
     cols = tl.arange(0, BK)
     vcols = i_v * BV + tl.arange(0, BV)
     vmask = vcols < V
-    tok, rank, t, valid = _steps(c, 0, C, 1, T, C, REVERSE)
+    tok, rank, t, valid = _steps(c, 0, C, 1, T, C, REVERSE, 1)
     qe = tl.load(qe_ptr + (chunk * C + tok)[:, None] * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
     h = tl.load(h_ptr + chunk * K * V + cols[:, None] * V + vcols[None, :],
                 mask=(cols < K)[:, None] & vmask[None, :], other=0.0)
     mcols = tl.arange(0, C * RKP)
     mo = tl.load(mo_ptr + (chunk * C + tok)[:, None] * (C * RKV) + ((mcols // RKP) * RKV + mcols % RKP)[None, :],
                  mask=(mcols % RKP < RKV)[None, :], other=0.0)
-    tk, rk, t_k, v_k = _steps(c, 0, C, RKP, T, C, REVERSE)
+    tk, rk, t_k, v_k = _steps(c, 0, C, RKP, T, C, REVERSE, 1)
     if HDLA:
         vb = _load_stack(v_ptr, svb, svt, svh, 0, i_b, i_h, t_k, v_k, rk, vcols, vmask, 1)
     else:
@@ -905,6 +920,66 @@ def chunk_output_kernel(qe_ptr, mo_ptr, h_ptr, v_ptr, o_ptr, svb, svt, svh, svr,
         o = tl.dot(qe, h) + tl.dot(mo, vb.to(mo.dtype))
     off = i_b.to(tl.int64) * sob + t.to(tl.int64) * sot + i_h * soh
     tl.store(o_ptr + off[:, None] + vcols[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None] & vmask[None, :])
+
+
+
+@triton.jit
+def _scan_output(qe_ptr, mo_ptr, h_ptr, v_ptr, svb, svt, svh, svr, i_b, i_h, chunk, c_scan, rows, T, K, V,
+                 vcols, vmask, REVERSE, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                 HDLA: tl.constexpr, F32: tl.constexpr, OWN: tl.constexpr):
+    """One direction's share of the bidirectional output: ``Qeff h + Mo Vbar`` at the scan rows ``rows``
+    ``[C]`` of scan chunk ``c_scan`` (``chunk`` its scratch index) in the both-directions map
+    (directions.py), fp32 ``[C, BV]``. Without OWN, Mo's entries of a row's own token (its diagonal,
+    ``scale q_t . K_t``: the token's own write) are left out."""
+    cols = tl.arange(0, BK)
+    kmask = cols < K
+    qe = tl.load(qe_ptr + (chunk * C + rows)[:, None] * K + cols[None, :], mask=kmask[None, :], other=0.0)
+    h = tl.load(h_ptr + chunk * K * V + cols[:, None] * V + vcols[None, :], mask=kmask[:, None] & vmask[None, :],
+                other=0.0)
+    mcols = tl.arange(0, C * RKP)
+    keep = (mcols % RKP < RKV)[None, :]
+    if not OWN:
+        keep = keep & ((mcols // RKP)[None, :] != rows[:, None])
+    mo = tl.load(mo_ptr + (chunk * C + rows)[:, None] * (C * RKV) + ((mcols // RKP) * RKV + mcols % RKP)[None, :],
+                 mask=keep, other=0.0)
+    tk, rk, t_k, v_k = _steps(c_scan, 0, C, RKP, T, C, REVERSE, 2)
+    if HDLA:
+        vb = _load_stack(v_ptr, svb, svt, svh, 0, i_b, i_h, t_k, v_k, rk, vcols, vmask, 1)
+    else:
+        vb = _load_stack(v_ptr, svb, svt, svh, svr, i_b, i_h, t_k, v_k, rk, vcols, vmask, RKV)
+    if F32:
+        return tl.dot(qe, h, input_precision="ieee") + tl.dot(mo, vb, input_precision="ieee")
+    else:
+        return tl.dot(qe, h) + tl.dot(mo, vb.to(mo.dtype))
+
+
+@triton.jit
+def chunk_output_bidir_kernel(qe_ptr, mo_ptr, h_ptr, v_ptr, o_ptr, svb, svt, svh, svr, sob, sot, soh,
+                              T, H, K, V, NT, svd, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
+                              BK: tl.constexpr, BV: tl.constexpr, HDLA: tl.constexpr, F32: tl.constexpr):
+    """F3 of both directions with the bidirectional epilogue, grid (NT, V/BV, B*H): tokens ``c C + j`` of
+    one head are row j of the forward scan's chunk c and row C-1-j of the reversed scan's chunk NT-1-c
+    (directions.py), so ``y = O_fwd + O_bwd - own write`` is summed in registers and stored once; the
+    reversed scan's own write is its Mo's diagonal, left out (kernels/README.md §9). The scratch holds
+    the forward scan at batch-heads ``[0, B H)`` and the reversed one at ``[B H, 2 B H)``; v of the
+    reversed scan is at ``v_ptr + svd`` (0: shared)."""
+    c = tl.program_id(0)
+    i_v = tl.program_id(1)
+    bh = tl.program_id(2)
+    i_b = bh // H
+    i_h = bh % H
+    vcols = i_v * BV + tl.arange(0, BV)
+    vmask = vcols < V
+    rows = tl.arange(0, C)
+    fwd = (bh * NT + c).to(tl.int64)
+    y = _scan_output(qe_ptr, mo_ptr, h_ptr, v_ptr, svb, svt, svh, svr, i_b, i_h, fwd, c, rows, T, K, V, vcols, vmask,
+                     False, RKV, RKP, C, BK, HDLA, F32, True)
+    bwd = ((bh + tl.num_programs(2)) * NT + NT - 1 - c).to(tl.int64)
+    y += _scan_output(qe_ptr, mo_ptr, h_ptr, v_ptr + svd, svb, svt, svh, svr, i_b, i_h, bwd, NT - 1 - c, C - 1 - rows,
+                      T, K, V, vcols, vmask, True, RKV, RKP, C, BK, HDLA, F32, False)
+    t, valid = scan_time(c * C + rows, T, C, False, 1)
+    off = i_b.to(tl.int64) * sob + t.to(tl.int64) * sot + i_h * soh
+    tl.store(o_ptr + off[:, None] + vcols[None, :], y.to(o_ptr.dtype.element_ty), mask=valid[:, None] & vmask[None, :])
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -990,7 +1065,7 @@ def _check(q, k, v, a, b, g, hdla_beta, chunk):
 
 
 def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, num_warps=None,
-                  diag_limit=DIAG_LIMIT, record_path=False):
+                  diag_limit=DIAG_LIMIT, record_path=False, direction_strides=None):
     """F1. Shapes: q [B, T, H, K]; k [B, T, H, r_kv, K], v [B, T, H, r_kv, V], a, b [B, T, H, r_ab, K]
     (HDLA: k [B, T, H, K], v [B, T, H, V], a = b = None, hdla_beta [B, T, H]); g [B, T, H, K] or
     [B, T, H]. Returns a dict with N [B, H, NT, K, K] (None at r_ab = 0), Cc [B, H, NT, K, V] fp32,
@@ -1000,7 +1075,14 @@ def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, 
     factored product, and over the groups of the levels that take the other blocks (vector decay; 0:
     every block takes the exact loop). ``record_path``: also return ``diag_path`` [B, H, NT, C/16] int8,
     1 where a row block took one product, 2..5 the levels (1 + the cross levels), 0 the loop (-1: scalar
-    decay, always the product with the exact decay matrix)."""
+    decay, always the product with the exact decay matrix).
+
+    ``direction_strides``: both scan directions in one launch (directions.py; kernels/README.md §9):
+    a dict ``{name: stride}`` naming the inputs (of q, k, v, a, b, g, hdla_beta) that differ by
+    direction: the tensor passed is the forward scan's slice, the reversed scan's is ``stride``
+    elements after it; the inputs not named are shared. Every input must have a contiguous last dim. The outputs then hold the forward scan at
+    batches [0, B) and the reversed one at [B, 2B) (``2B`` in place of ``B`` above), and
+    ``reverse`` is ignored."""
     _check(q, k, v, a, b, g, hdla_beta, chunk)
     if not 0.0 <= diag_limit <= DIAG_LIMIT:
         raise ValueError(f"diag_limit must be in [0, {DIAG_LIMIT}] (larger factors can overflow fp32), got {diag_limit}")
@@ -1011,16 +1093,40 @@ def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, 
     dv = v.shape[-1]
     r_kv = 1 if hdla else k.shape[3]
     r_ab = 2 if hdla else a.shape[3]
-    q, k, v, a, b, g, hdla_beta = (_last_contiguous(x) for x in (q, k, v, a, b, g, hdla_beta))
+    if direction_strides is None:
+        q, k, v, a, b, g, hdla_beta = (_last_contiguous(x) for x in (q, k, v, a, b, g, hdla_beta))
+    else:
+        _check_direction_strides(direction_strides, q=q, k=k, v=v, a=a, b=b, g=g, hdla_beta=hdla_beta)
     key = (r_ab, r_kv, dk, dv, g.dim() == 3, hdla, q.dtype, num_warps)
     candidates = [chunk] if chunk is not None else _chunk_candidates(key)
     for c in candidates:
         try:
-            return _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_limit, record_path)
+            return _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_limit, record_path,
+                            direction_strides)
         except OutOfResources:  # raised when the binary is loaded, before anything ran
             if c == candidates[-1]:
                 raise
             _TOO_BIG.add(key + (c,))
+
+
+DIRECTION_INPUTS = ("q", "k", "v", "a", "b", "g", "hdla_beta")
+
+
+def _check_direction_strides(direction_strides: dict, **inputs) -> None:
+    """``direction_strides`` names only inputs (ValueError otherwise); each input given has a
+    contiguous last dim (the kernels add the direction's offset to its pointer, never copy it)."""
+    unknown = set(direction_strides) - set(DIRECTION_INPUTS)
+    if unknown:
+        raise ValueError(f"direction_strides: unknown inputs {sorted(unknown)}; expected some of {DIRECTION_INPUTS}")
+    for name, x in inputs.items():
+        if x is not None and x.dim() and x.stride(-1) != 1:
+            raise ValueError(f"{name}: both directions in one launch need a contiguous last dim, got strides "
+                             f"{tuple(x.stride())}")
+
+
+def _direction_offsets(direction_strides, *names) -> tuple:
+    """The kernels' direction strides of ``names`` (0 for a shared input or one direction)."""
+    return tuple((direction_strides or {}).get(name, 0) for name in names)
 
 
 def _chunk_candidates(key) -> list:
@@ -1042,10 +1148,13 @@ def planned_chunk(r_ab: int, r_kv: int, dk: int, dv: int, scalar: bool, hdla: bo
     return _chunk_candidates(key + (scalar, hdla, dtype, None))[0]
 
 
-def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_limit, record_path):
+def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_limit, record_path,
+             direction_strides=None):
     """F1 launch with chunk size c (see :func:`chunk_prepare`)."""
     hdla = hdla_beta is not None
+    dirs = 1 if direction_strides is None else 2
     batch, seq_len, heads, dk = q.shape
+    batch *= dirs  # the scratch and outputs: both directions' batches, direction-major
     dv = v.shape[-1]
     r_kv = 1 if hdla else k.shape[3]
     r_ab = 2 if hdla else a.shape[3]
@@ -1071,8 +1180,9 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_lim
     dummy = gs
     lowp = 0 if f32 else (1 if q.dtype == torch.bfloat16 else 2)
     grid = (n_chunks, batch * heads)
-    tiles = dict(C=c, BK=bk, SCALAR=scalar, REVERSE=bool(reverse))
-    chunk_cumsum_kernel[grid](g, gs, gamma, *_strides(g, 3), seq_len, heads, dk, n_chunks, **tiles,
+    tiles = dict(C=c, BK=bk, SCALAR=scalar, REVERSE=bool(reverse) and dirs == 1, DIRS=dirs)
+    chunk_cumsum_kernel[grid](g, gs, gamma, *_strides(g, 3), seq_len, heads, dk, n_chunks,
+                              *_direction_offsets(direction_strides, "g"), **tiles,
                               num_warps=launch_warps("F0", c, rap, rkp, bk))
     a_in, b_in = (a, b) if r_ab and not hdla else (dummy, dummy)
     beta_in = hdla_beta if hdla else dummy
@@ -1087,18 +1197,21 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_lim
     chunk_intra_kernel[grid](
         q, k, a_in, b_in, g, beta_in, gs, w_mat, u_mat, scratch, qe, mo, path if record_path else dummy,
         *_strides(q, 3), *k_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
-        seq_len, heads, dk, n_chunks, float(scale), c // 16, 16, **ranks, **tiles, INV_EXACT=f32 or rap == 1,
+        seq_len, heads, dk, n_chunks, float(scale), c // 16, 16,
+        *_direction_offsets(direction_strides, "q", "k", "a", "b", "g", "hdla_beta"), **ranks, **tiles,
+        INV_EXACT=f32 or rap == 1,
         DIAG_LIMIT=float(diag_limit), DIAG_LOWP=int(q.dtype == torch.bfloat16), RECORD_PATH=record_path,
         num_warps=num_warps or launch_warps("F1ab", c, rap, rkp, bk), num_stages=1,
     )
     chunk_nc_kernel[grid](
         k, v, a_in, b_in, g, beta_in, gs, w_mat, u_mat, n_mat if r_ab else dummy, cc,
         *k_str, *v_str, *ab_str, *bb_str, *_strides(g, 3), *_strides(hdla_beta, 3),
-        seq_len, heads, dk, dv, n_chunks, **ranks, **tiles, BV=bv,
+        seq_len, heads, dk, dv, n_chunks, *_direction_offsets(direction_strides, "k", "v", "a", "b", "g", "hdla_beta"),
+        **ranks, **tiles, BV=bv,
         num_warps=num_warps or launch_warps("F1c", c, rap, rkp, bk),
     )
     return dict(N=n_mat, Cc=cc, Qeff=qe, Mo=mo, gamma=gamma, G=gs, chunk=c, r_kv=r_kv, r_ab=r_ab, hdla=hdla,
-                seq_len=seq_len, dtype=q.dtype, diag_path=path)
+                seq_len=seq_len, dtype=q.dtype, diag_path=path, dirs=dirs)
 
 
 def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stages=None, groups=None):
@@ -1165,11 +1278,40 @@ def chunk_output(prep, h, v, reverse, bv=None, num_warps=None):
     return o
 
 
+def chunk_output_bidir(prep, h, v, v_direction_stride=0, bv=None, num_warps=4):
+    """F3 of both directions (``prep`` and ``h`` from a both-directions launch, ``2B`` batches) with the
+    bidirectional epilogue (:func:`chunk_output_bidir_kernel`): returns ``y [B, T, H, V]`` in q's dtype,
+    the forward scan plus the reversed scan minus the reversed scan's own write. v as given to
+    :func:`chunk_prepare` (its forward slice) and its direction stride (0: shared)."""
+    qe = prep["Qeff"]
+    batch2, heads, n_chunks, dk, dv = h.shape
+    c, r_kv, seq_len = prep["chunk"], prep["r_kv"], prep["seq_len"]
+    y = torch.empty(batch2 // 2, seq_len, heads, dv, device=qe.device, dtype=prep["dtype"])
+    bk = max(16, triton.next_power_of_2(dk))
+    bv = bv or max(16, min(64, triton.next_power_of_2(dv)))
+    hdla = prep["hdla"]
+    v_str = _strides(v, 3) + ((0,) if hdla else (v.stride(3),))
+    chunk_output_bidir_kernel[(n_chunks, triton.cdiv(dv, bv), batch2 // 2 * heads)](
+        qe, prep["Mo"], h, v, y, *v_str, *_strides(y, 3), seq_len, heads, dk, dv, n_chunks, v_direction_stride,
+        RKV=r_kv, RKP=_pow2(r_kv), C=c, BK=bk, BV=bv, HDLA=hdla, F32=prep["dtype"] == torch.float32,
+        num_warps=num_warps,
+    )
+    return y
+
+
 def generalized_forward(q, k, v, a, b, g, scale, initial_state, reverse, hdla_beta=None, chunk=None,
-                        diag_limit=DIAG_LIMIT):
+                        diag_limit=DIAG_LIMIT, direction_strides=None):
     """F1, F2, F3: returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32, h
-    [B, H, NT, K, V] the state entering each chunk). Shapes and ``diag_limit`` as :func:`chunk_prepare`."""
+    [B, H, NT, K, V] the state entering each chunk). Shapes and ``diag_limit`` as :func:`chunk_prepare`.
+
+    ``direction_strides`` (:func:`chunk_prepare`): both directions in one launch; ``initial_state``
+    is then ``[2B, H, K, V]`` (forward, reversed) or None, the final state and h have ``2B`` batches,
+    and o is the bidirectional sum ``y = o_fwd + o_bwd - own write of the reversed scan``
+    (:func:`chunk_output_bidir`)."""
     scale = 1.0 if scale is None else scale
-    prep = chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta, chunk=chunk, diag_limit=diag_limit)
+    prep = chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=hdla_beta, chunk=chunk, diag_limit=diag_limit,
+                         direction_strides=direction_strides)
     h, final = chunk_state_pass(prep, initial_state)
+    if direction_strides is not None:
+        return chunk_output_bidir(prep, h, v, direction_strides.get("v", 0)), final, h
     return chunk_output(prep, h, v, reverse), final, h

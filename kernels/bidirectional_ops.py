@@ -1,0 +1,315 @@
+"""The bidirectional ops as ``torch.library`` custom ops (kernels/README.md §9): the vision mixers'
+forward scan, reversed scan and own-write correction in one opaque node under ``torch.compile``.
+
+    hdla_vision::chunk_hdla_bidirectional(q, k, v, beta, g, scale, initial_state, output_final_state)
+    hdla_vision::chunk_generalized_bidirectional(q, k, v, a, b, g, scale, initial_state, output_final_state)
+        -> (y [B, T, H, V], state, x)
+
+``y = o_fwd + o_bwd - own``: the forward scan (t = 0..T-1) plus the reversed scan (t = T-1..0), each
+with its own inputs, minus the reversed scan's own write ``own_t = scale * sum_l (q_t . K_bwd,t,l) V_bwd,t,l``
+(so that the token's own write is counted once, through the forward scan: layers/mixer.py).
+
+Inputs (checked by the public functions, ``ops.py``): an input that differs by direction is stacked
+``[2, ...]`` (index 0 the forward scan, 1 the reversed one), a shared one has its single-direction
+shape. HDLA: q, k ``[B, T, H, K]`` and v ``[B, T, H, V]`` shared, beta ``[2, B, T, H]`` and g
+``[2, B, T, H, K]`` per direction. Generalized: q shared; each of k ``[B, T, H, r_kv, K]``,
+v ``[B, T, H, r_kv, V]``, a, b ``[B, T, H, r_ab, K]`` shared or stacked; g ``[2, B, T, H, K]`` or
+``[2, B, T, H]`` (a decay per head) always per direction. initial_state ``[2, B, H, K, V]`` or None.
+
+Outputs (every output a tensor, as in ``custom_ops.py``): y in q's dtype; ``state``: the two final
+states ``[2, B, H, K, V]`` in the accumulation dtype when ``output_final_state``, else ``[0]``;
+``x`` (not differentiable): on the fused path the chunk64 states ``h [2, B, H, NT, K, V]``, else the
+two single-direction ops' ``x`` stacked (``[2, 0]`` on the PyTorch chunk form).
+
+Paths. Where the single-direction op would run the chunk64 kernels (``custom_ops._generalized_path``,
+``_hdla_path``), the fused path: every kernel launch covers both directions (a direction axis folded
+into the batch-head grid axis, generalized/directions.py), the output kernel writes y once with the
+correction, the backward reads dy once per direction and sums the shared inputs' gradients from
+per-direction partials. Everywhere else (CPU without the interpreter, the chunk16 family, the PyTorch
+chunk form, ranks or dtypes chunk64 does not run) the unfused path: the two single-direction ops'
+bodies (``custom_ops.run_*``) and the correction as elementwise PyTorch in fp32 (float64 for float64
+inputs), the same semantics.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .custom_ops import (FORM, NAMESPACE, _contiguous, _cotangents, _dh0_or_empty, _empty, _fake_outputs,
+                         _generalized_path, _hdla_path, _state_dtype, run_generalized, run_generalized_backward,
+                         run_hdla, run_hdla_backward)
+from .utils import check_log_decay
+
+FUSED = "chunk64"
+# The generalized op's inputs that may be shared or stacked per direction, and their single-direction dims.
+GENERALIZED_STACKABLE = {"k": 5, "v": 5, "a": 5, "b": 5}
+
+
+# ----------------------------------------------------------------------------- helpers
+def per_direction(x: Tensor, single_dims: int) -> bool:
+    """Whether ``x`` is stacked by direction: one more dim than its single-direction layout."""
+    return x.dim() == single_dims + 1
+
+
+def direction(x: Optional[Tensor], d: int, stacked: bool = True) -> Optional[Tensor]:
+    """Direction ``d``'s slice of a stacked input (None stays None; a shared input is returned as it is)."""
+    return None if x is None else (x[d] if stacked else x)
+
+
+def _state_of(state: Tensor, d: int) -> Tensor:
+    """Direction d's final state from the stacked ``[2, B, H, K, V]`` (or the empty placeholder)."""
+    return state[d] if state.numel() else state
+
+
+def _accumulation(q: Tensor) -> torch.dtype:
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def own_write(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """``scale * sum_l (q_t . K_t,l) V_t,l``: ``[B, T, H, V]`` in fp32 (float64 for float64 q), for q
+    ``[B, T, H, K]``, k ``[B, T, H, r, K]``, v ``[B, T, H, r, V]``."""
+    acc = _accumulation(q)
+    reads = (q.to(acc).unsqueeze(-2) * k.to(acc)).sum(-1, keepdim=True)  # [B, T, H, r, 1]
+    return scale * (reads * v.to(acc)).sum(-2)
+
+
+def own_write_vjp(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """The gradients of :func:`own_write` for the cotangent ``dy [B, T, H, V]``, in its dtype:
+    ``dq = scale sum_l (dy . V_l) K_l``, ``dK_l = scale (dy . V_l) q``, ``dV_l = scale (q . K_l) dy``."""
+    acc = _accumulation(q)
+    dy, q, k, v = (x.to(acc) for x in (dy, q, k, v))
+    dy_v = (dy.unsqueeze(-2) * v).sum(-1, keepdim=True)  # [B, T, H, r, 1]
+    q_k = (q.unsqueeze(-2) * k).sum(-1, keepdim=True)
+    return scale * (dy_v * k).sum(-2), scale * dy_v * q.unsqueeze(-2), scale * q_k * dy.unsqueeze(-2)
+
+
+def _stacked_states(initial_state: Optional[Tensor]) -> Optional[Tensor]:
+    """``[2, B, H, K, V]`` -> the fused path's ``[2B, H, K, V]`` (forward batches, then reversed)."""
+    return None if initial_state is None else initial_state.flatten(0, 1).contiguous()
+
+
+def _fake_bidirectional(q: Tensor, v: Tensor, output_final_state: bool, path: str, r_ab: int, r_kv: int,
+                        scalar: bool = False, hdla: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+    """Fake ``(y, state, x)``: one direction's fake outputs with the state and x stacked by direction."""
+    y, state, x = _fake_outputs(q, v, output_final_state, path, r_ab, r_kv, scalar, hdla)
+    batch, _, heads, dk = q.shape
+    if output_final_state:
+        state = q.new_empty(2, batch, heads, dk, v.shape[-1], dtype=_state_dtype(q, path != FORM))
+    return y, state, x.new_empty(2, *x.shape)
+
+
+def _fake_grads(inputs, initial_state: Optional[Tensor], q: Tensor) -> Tuple[Tensor, ...]:
+    dh0 = _empty(q) if initial_state is None else initial_state.new_empty(initial_state.shape)
+    return (*(t.new_empty(t.shape) for t in inputs), dh0)
+
+
+def _unfused_outputs(q: Tensor, parts, own: Tensor, output_final_state: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(y, state, x)`` of the unfused path from the two single-direction ``(o, state, x)``: y summed
+    and corrected in the accumulation dtype, rounded once to q's dtype."""
+    (o_f, s_f, x_f), (o_b, s_b, x_b) = parts
+    y = (o_f.to(own.dtype) + o_b.to(own.dtype) - own).to(q.dtype)
+    state = torch.stack([s_f, s_b]) if output_final_state else _empty(q)
+    return _contiguous(y, state, torch.stack([x_f, x_b]))
+
+
+def _sum_shared(grads, stacked: bool, dtype: torch.dtype) -> Tensor:
+    """One input's gradient from the two directions' ``grads``: stacked for a per-direction input, else
+    their sum (in fp32, rounded once)."""
+    if stacked:
+        return torch.stack(grads)
+    return (grads[0].float() + grads[1].float()).to(dtype) if dtype != torch.float64 else grads[0] + grads[1]
+
+
+def _minus(x: Tensor, correction: Tensor) -> Tensor:
+    """``x - correction`` in the correction's (accumulation) dtype, rounded once to x's dtype."""
+    return (x.to(correction.dtype) - correction).to(x.dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    """Save the inputs, the state and x; keep scale and output_final_state."""
+    *tensors, scale, initial_state, output_final_state = inputs
+    _, state, x = output
+    ctx.mark_non_differentiable(x)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(*tensors, initial_state, x, state)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+
+
+# ----------------------------------------------------------------------------- HDLA
+def _fused_hdla(q, k, v, beta, g, scale, initial_state, output_final_state):
+    """Both directions of HDLA in one launch per stage (generalized/fwd.py): ``(y, state, h)``."""
+    from .generalized import fwd
+
+    q, k, v, beta, g = (t.contiguous() for t in (q, k, v, beta, g))
+    strides = dict(g=g[0].numel(), hdla_beta=beta[0].numel())
+    y, state, h = fwd.generalized_forward(q, k, v, None, None, g[0], scale, _stacked_states(initial_state), False,
+                                          hdla_beta=beta[0], direction_strides=strides)
+    state = state.view(2, *q.shape[:1], *state.shape[1:]) if output_final_state else _empty(q)
+    return _contiguous(y, state, h.view(2, q.shape[0], *h.shape[1:]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_hdla_bidirectional", mutates_args=())
+def chunk_hdla_bidirectional_op(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
+    output_final_state: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The bidirectional HDLA op on checked inputs (``ops.chunk_hdla_bidirectional``): ``(y, state, x)``,
+    see the module docstring."""
+    check_log_decay(g)
+    if _hdla_path(q) == FUSED:
+        return _fused_hdla(q, k, v, beta, g, scale, initial_state, output_final_state)
+    parts = [run_hdla(q, k, v, beta[d], g[d], scale, direction(initial_state, d), output_final_state, d == 1)
+             for d in (0, 1)]
+    return _unfused_outputs(q, parts, own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), scale), output_final_state)
+
+
+@chunk_hdla_bidirectional_op.register_fake
+def _(q, k, v, beta, g, scale, initial_state, output_final_state):
+    return _fake_bidirectional(q, v, output_final_state, _hdla_path(q), 2, 1, hdla=True)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_hdla_bidirectional_backward", mutates_args=())
+def chunk_hdla_bidirectional_backward_op(
+    dy: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor,
+    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dbeta, dg, dh0)`` in the inputs' dtypes and shapes; dh0 empty without an initial
+    state; ``dht`` the final states' cotangent ``[2, B, H, K, V]`` or None."""
+    if _hdla_path(q) == FUSED:
+        from .generalized import bwd
+
+        q, k, v, beta, g = (t.contiguous() for t in (q, k, v, beta, g))
+        *grads, dbeta, dg, dh0 = bwd.generalized_backward(
+            dy, _stacked_states(dht), q, k, v, None, None, g[0], scale, _stacked_states(initial_state),
+            x.flatten(0, 1), False, hdla_beta=beta[0], direction_strides=dict(g=g[0].numel(), hdla_beta=beta[0].numel()))
+        dh0 = None if dh0 is None else dh0.view(initial_state.shape)
+        return _contiguous(*grads, dbeta, dg, _dh0_or_empty(dh0, initial_state, q))
+    per = [run_hdla_backward(dy, direction(dht, d), q, k, v, beta[d], g[d], direction(initial_state, d), x[d],
+                             _state_of(state, d), scale, d == 1) for d in (0, 1)]
+    dq, dk, dv = (_sum_shared([p[i] for p in per], False, t.dtype) for i, t in enumerate((q, k, v)))
+    own_dq, own_dk, own_dv = own_write_vjp(dy, q, k.unsqueeze(-2), v.unsqueeze(-2), scale)
+    dbeta, dg = torch.stack([p[3] for p in per]), torch.stack([p[4] for p in per])
+    dh0 = torch.stack([p[5] for p in per]) if initial_state is not None else _empty(q)
+    return _contiguous(_minus(dq, own_dq), _minus(dk, own_dk[..., 0, :]), _minus(dv, own_dv[..., 0, :]), dbeta, dg,
+                       dh0)
+
+
+@chunk_hdla_bidirectional_backward_op.register_fake
+def _(dy, dht, q, k, v, beta, g, initial_state, x, state, scale):
+    return _fake_grads((q, k, v, beta, g), initial_state, q)
+
+
+def _hdla_bidirectional_backward(ctx, dy, dstate, dx):
+    if dy is None and dstate is None:
+        return (None,) * 8
+    q, k, v, beta, g, h0, x, state = ctx.saved_tensors
+    dy, dht = _cotangents(ctx, q, v, dy, dstate)
+    *grads, dh0 = chunk_hdla_bidirectional_backward_op(dy, dht, q, k, v, beta, g, h0, x, state, ctx.scale)
+    return (*grads, None, None if h0 is None else dh0, None)
+
+
+chunk_hdla_bidirectional_op.register_autograd(_hdla_bidirectional_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- generalized
+def stacked_inputs(k: Tensor, v: Tensor, a: Tensor, b: Tensor) -> dict:
+    """``{name: True}`` for each of k, v, a, b stacked by direction (the others are shared)."""
+    return {name: per_direction(t, GENERALIZED_STACKABLE[name]) for name, t in dict(k=k, v=v, a=a, b=b).items()}
+
+
+def _fused_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state):
+    """Both directions of the generalized op in one launch per stage: ``(y, state, h)``."""
+    from .generalized import fwd
+
+    stacked = stacked_inputs(k, v, a, b)
+    q, k, v, a, b, g = (t.contiguous() for t in (q, k, v, a, b, g))
+    inputs = dict(k=k, v=v, a=a, b=b)
+    strides = {name: t[0].numel() for name, t in inputs.items() if stacked[name]}
+    strides["g"] = g[0].numel()
+    ks, vs, as_, bs = (t[0] if stacked[name] else t for name, t in inputs.items())
+    y, state, h = fwd.generalized_forward(q, ks, vs, as_, bs, g[0], scale, _stacked_states(initial_state), False,
+                                          direction_strides=strides)
+    state = state.view(2, *q.shape[:1], *state.shape[1:]) if output_final_state else _empty(q)
+    return _contiguous(y, state, h.view(2, q.shape[0], *h.shape[1:]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_bidirectional", mutates_args=())
+def chunk_generalized_bidirectional_op(
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
+    output_final_state: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The bidirectional generalized op on checked inputs (``ops.chunk_generalized_bidirectional``):
+    ``(y, state, x)``, see the module docstring."""
+    check_log_decay(g)
+    stacked = stacked_inputs(k, v, a, b)
+    ks, vs, as_, bs = (x[0] if stacked[n] else x for n, x in dict(k=k, v=v, a=a, b=b).items())
+    if _generalized_path(q, ks, as_) == FUSED:
+        return _fused_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state)
+    parts = [run_generalized(q, direction(k, d, stacked["k"]), direction(v, d, stacked["v"]),
+                             direction(a, d, stacked["a"]), direction(b, d, stacked["b"]), g[d], scale,
+                             direction(initial_state, d), output_final_state, d == 1) for d in (0, 1)]
+    own = own_write(q, direction(k, 1, stacked["k"]), direction(v, 1, stacked["v"]), scale)
+    return _unfused_outputs(q, parts, own, output_final_state)
+
+
+@chunk_generalized_bidirectional_op.register_fake
+def _(q, k, v, a, b, g, scale, initial_state, output_final_state):
+    ks, as_ = k[0] if per_direction(k, 5) else k, a[0] if per_direction(a, 5) else a
+    return _fake_bidirectional(q, v, output_final_state, _generalized_path(q, ks, as_), as_.shape[-2], ks.shape[-2],
+                               scalar=g.dim() == 4)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_bidirectional_backward", mutates_args=())
+def chunk_generalized_bidirectional_backward_op(
+    dy: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor,
+    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, da, db, dg, dh0)`` in the inputs' dtypes and shapes (a stacked input's gradient
+    stacked, a shared one's summed over the directions); dh0 empty without an initial state."""
+    stacked = stacked_inputs(k, v, a, b)
+    inputs = dict(k=k, v=v, a=a, b=b)
+    ks, vs, as_, bs = (t[0] if stacked[n] else t for n, t in inputs.items())
+    if _generalized_path(q, ks, as_) == FUSED:
+        from .generalized import bwd
+
+        q, g = q.contiguous(), g.contiguous()
+        inputs = {n: t.contiguous() for n, t in inputs.items()}
+        strides = {n: t[0].numel() for n, t in inputs.items() if stacked[n]}
+        strides["g"] = g[0].numel()
+        *grads, dh0 = bwd.generalized_backward(
+            dy, _stacked_states(dht), q, *(t[0] if stacked[n] else t for n, t in inputs.items()), g[0], scale,
+            _stacked_states(initial_state), x.flatten(0, 1), False, direction_strides=strides)
+        dh0 = None if dh0 is None else dh0.view(initial_state.shape)
+        return _contiguous(*grads, _dh0_or_empty(dh0, initial_state, q))
+    per = [run_generalized_backward(dy, direction(dht, d), q, *(direction(t, d, stacked[n]) for n, t in inputs.items()),
+                                    g[d], direction(initial_state, d), x[d], _state_of(state, d), scale, d == 1)
+           for d in (0, 1)]
+    dq = _sum_shared([p[0] for p in per], False, q.dtype)
+    grads = {n: _sum_shared([p[i + 1] for p in per], stacked[n], t.dtype) for i, (n, t) in enumerate(inputs.items())}
+    own_dq, own_dk, own_dv = own_write_vjp(dy, q, direction(k, 1, stacked["k"]), direction(v, 1, stacked["v"]), scale)
+    for name, own in (("k", own_dk), ("v", own_dv)):  # the reversed scan's write: its slice, or the shared input
+        if stacked[name]:
+            grads[name][1] = _minus(grads[name][1], own)
+        else:
+            grads[name] = _minus(grads[name], own)
+    dg = torch.stack([p[5] for p in per])
+    dh0 = torch.stack([p[6] for p in per]) if initial_state is not None else _empty(q)
+    return _contiguous(_minus(dq, own_dq), *grads.values(), dg, dh0)
+
+
+@chunk_generalized_bidirectional_backward_op.register_fake
+def _(dy, dht, q, k, v, a, b, g, initial_state, x, state, scale):
+    return _fake_grads((q, k, v, a, b, g), initial_state, q)
+
+
+def _generalized_bidirectional_backward(ctx, dy, dstate, dx):
+    if dy is None and dstate is None:
+        return (None,) * 9
+    q, k, v, a, b, g, h0, x, state = ctx.saved_tensors
+    dy, dht = _cotangents(ctx, q, v, dy, dstate)
+    *grads, dh0 = chunk_generalized_bidirectional_backward_op(dy, dht, q, k, v, a, b, g, h0, x, state, ctx.scale)
+    return (*grads, None, None if h0 is None else dh0, None)
+
+
+chunk_generalized_bidirectional_op.register_autograd(_generalized_bidirectional_backward,
+                                                     setup_context=_setup_context)
