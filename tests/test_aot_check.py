@@ -79,22 +79,27 @@ def test_forward_intra_kernel_compiles_for_the_h100(diag_limit, record_path):
     assert 0 < intra["reg"] <= 255, format_records(records)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_backward_levels_kernels_compile_for_the_h100(dtype):
+@pytest.mark.parametrize("dtype, dirs", [(torch.bfloat16, 1), (torch.float32, 1), (torch.bfloat16, 2)])
+def test_backward_levels_kernels_compile_for_the_h100(dtype, dirs):
     """B2's levels passes (S2b ``_gram_levels_kernel``, S5b ``_gram_vjp_levels_kernel``: the diagonal blocks
     of fast gates, kernels/generalized/diag_levels.py) compile for HDLA at K = 64 with tf32x3 (bf16 inputs)
-    and exact fp32 operands; the interpreter tests run them, the device only where gates are fast."""
-    from hdla_vision.kernels.generalized import bwd, fwd
+    and exact fp32 operands, and with both directions in one launch (``dirs = 2``: the reversed scan's
+    strict M_QK a runtime flag, kernels/README.md §9); the interpreter tests run them, the device only
+    where gates are fast."""
+    from hdla_vision.kernels.generalized import bwd
 
     batch, seq_len, heads, dk = 1, 64, 1, 64
     q, k, v, do = (torch.zeros(batch, seq_len, heads, dk, dtype=dtype) for _ in range(4))
-    beta = torch.zeros(batch, seq_len, heads, dtype=dtype)
-    g = torch.zeros(batch, seq_len, heads, dk)
-    h = torch.zeros(batch, heads, 2, dk, dk, dtype=dtype)
-    with compile_only() as records:
-        fwd.chunk_prepare(q, k, v, None, None, g, 1.0, False, hdla_beta=beta, chunk=32)
-        bwd.generalized_backward(do, None, q, k, v, None, None, g, 1.0, None, h, False, hdla_beta=beta)
+    beta = torch.zeros(dirs, batch, seq_len, heads, dtype=dtype)  # per direction, as g
+    g = torch.zeros(dirs, batch, seq_len, heads, dk)
+    strides = dict(hdla_beta=beta[0].numel(), g=g[0].numel()) if dirs == 2 else None
+    h = torch.zeros(dirs * batch, heads, 2, dk, dk, dtype=dtype)
+    with compile_only() as records:  # (F1's levels: test_forward_intra_kernel_compiles_for_the_h100)
+        bwd.generalized_backward(do, None, q, k, v, None, None, g[0], 1.0, None, h, False, hdla_beta=beta[0],
+                                 direction_strides=strides)
     names = [r["kernel"] for r in records]
     assert "_gram_levels_kernel" in names and "_gram_vjp_levels_kernel" in names, names
     for r in records:
         assert 0 < r["reg"] <= 255, format_records(records)
+        if r["kernel"] in ("_gram_levels_kernel", "_gram_vjp_levels_kernel"):
+            assert r["constexprs"]["DIRS"] == dirs, r["constexprs"]
