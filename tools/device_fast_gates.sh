@@ -1,5 +1,6 @@
-# Device call (H100, one call, < 300 s): fast-forgetting gates on the chunk64 family with the diagonal
-# blocks by levels (kernels/generalized/diag_levels.py; F1's _diag_levels, B2's S2b and S5b; issue 11 part 5).
+# Device call (H100, one call, < 360 s): fast-forgetting gates on the chunk64 family with the diagonal
+# blocks by levels (kernels/generalized/diag_levels.py; F1's _diag_levels, B2's S2b and S5b; issue 11 part 5),
+# single-direction and bidirectional (both scans in one launch, kernels/README.md §9).
 # Usage on the device, repository root:
 #   bash tools/device_fast_gates.sh
 # Writes under $OUT (packed into results.tgz at the end):
@@ -13,8 +14,18 @@
 #                                       float64 (tests.gpu_bwd_sweep, T = 300): -20 on every eighth channel (HDLA
 #                                       K 64, K 128 reversed, rank 1 K 128), -35 with resets (rank 2, reversed),
 #                                       uniform [-20, 0] (HDLA, reversed); < 5e-3 and no NaN
+#   bidir_parity/bidirectional_parity_<case>.json, bidir_parity_<case>.txt
+#                                       the bidirectional op in bf16 (fp32 gates) against the float64 loops
+#                                       (benchmarks.bidirectional, B 2, T 300, H 2, K = V = 64): -20 on every
+#                                       eighth channel in both directions, HDLA and rank 1 with k, a stacked;
+#                                       y, both final states and every gradient, fused=True: the fused path ran
+#   bidir_warmup/, bidir_warmup.txt     first-call seconds of the bidirectional timing runs (compilation)
+#   bidir_timing.json, bidir_timing.txt the fused bidirectional HDLA op, fwd and fwd+bwd ms, mild gates against
+#                                       -20 on every eighth channel at vision (128,196,3,64) and high-res
+#                                       (8,4096,3,64), and the ratio every8 / mild
 #   timeline.txt                        start / end of each part
-# The timings run first, one after the other, alone on the GPU; the parity cases last, six processes at once.
+# The single-direction timings run first, one after the other, alone on the GPU; then the parity cases and
+# the bidirectional warm-up side by side (compilation, untimed); the bidirectional timing last, alone.
 source tools/device_setup.sh
 stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
@@ -24,10 +35,27 @@ stamp "kernels done (rc $?)"
 timeout 60 python3 -m benchmarks.kernel_stages_bwd --shapes vision,lm --kinds hdla --chunks 32 --gates mild,every8,fast \
   --profile --timing-only --out "$OUT/bwd.json" > "$OUT/bwd.txt" 2>&1
 stamp "bwd done (rc $?)"
-timeout 110 python3 -m tests.gpu_bwd_sweep "$OUT/parity.json" --cases \
+pids=()
+timeout 120 python3 -m tests.gpu_bwd_sweep "$OUT/parity.json" --cases \
   hdla_k64_every8_m20,hdla_k128_every8_m20_rev,rab1_k128_every8_m20,rab2_k64_every8_m35_resets_rev,hdla_k64_gates20_rev,hdla_k64_every8_m20_fp32 \
-  > "$OUT/parity.txt" 2>&1
-stamp "parity done (rc $?)"
+  > "$OUT/parity.txt" 2>&1 &
+pids+=($!)
+mkdir -p "$OUT/bidir_parity" "$OUT/bidir_warmup"
+for case in hdla_every8_m20 rab1_every8_m20_stacked_ka; do
+  HDLA_VISION_KERNELS=chunk64 timeout 120 python3 -m benchmarks.bidirectional --part parity --cases "$case" \
+    --out "$OUT/bidir_parity" > "$OUT/bidir_parity_$case.txt" 2>&1 &
+  pids+=($!)
+done
+HDLA_VISION_KERNELS=chunk64 timeout 120 python3 -m benchmarks.bidirectional --part warmup --shapes vision,hires \
+  --gates mild,every8 --variants fused --out "$OUT/bidir_warmup" > "$OUT/bidir_warmup.txt" 2>&1 &
+pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid"; done
+stamp "parity and bidirectional warm-up done"
+HDLA_VISION_KERNELS=chunk64 timeout 45 python3 -m benchmarks.bidirectional --part timing --shapes vision,hires \
+  --gates mild,every8 --variants fused --out "$OUT" > "$OUT/bidir_timing.txt" 2>&1
+rc=$?
+mv "$OUT/bidirectional_timing.json" "$OUT/bidir_timing.json" 2>/dev/null
+stamp "bidirectional timing done (rc $rc)"
 stamp "end"
 cat "$OUT/timeline.txt"
 python3 - "$OUT" <<'EOF'
@@ -57,4 +85,7 @@ if os.path.exists(path):
               f"B1+B2 {run['b1_plus_b2_ms']:.3f} ms  gram launches us {launches}")
 EOF
 cut -c1-400 "$OUT/parity.txt"
+for f in "$OUT"/bidir_parity_*.txt; do cut -c1-420 "$f" | grep -v "^wrote" | tail -n 3; done
+tail -n 4 "$OUT/bidir_warmup.txt"
+grep -v "^wrote" "$OUT/bidir_timing.txt" | tail -n 6
 cd "$OUT" && tar czf results.tgz --remove-files ./*
