@@ -6,6 +6,7 @@ and the time of the fused op against the two single-direction calls and the sum 
     HDLA_VISION_KERNELS=chunk64 python -m benchmarks.bidirectional --part warmup --kinds hdla,kda
     HDLA_VISION_KERNELS=chunk64 python -m benchmarks.bidirectional --part timing --shapes vision,hires \
         --gates mild,every8 --variants fused
+    HDLA_VISION_KERNELS=chunk64 python -m benchmarks.bidirectional --part scratch --shapes 224px_b256,512px_b64
 
 ``--part parity``: per case (HDLA, and the generalized op with stacked and shared inputs, ranks 0 and 1,
 a decay per head), y, both final states and every gradient in bf16 (gates in fp32, as the mixers keep
@@ -19,7 +20,9 @@ mixers' gates and with log lambda = -20 per step on every eighth key channel (fa
 diagonal blocks by levels, kernels/generalized/diag_levels.py), ``--variants`` a subset of the three.
 ``--part warmup``: one forward+backward of
 every timing variant at every shape, untimed, so that the Triton kernels are compiled (and cached on
-disk) before a timing run; several warm-ups and parity runs can compile side by side. Writes
+disk) before a timing run; several warm-ups and parity runs can compile side by side. ``--part scratch``:
+the fused op's forward+backward time and peak memory above its inputs at each of ``--budgets`` (MiB of
+B2's scratch per launch, ``$HDLA_VISION_B2_SCRATCH_MIB``; 0 = the whole batch in one launch). Writes
 ``bidirectional_<part>.json`` to ``--out`` (default ``$OUT`` or ``.``), headed by the device, date and
 commit (parity with ``--cases``: ``bidirectional_parity_<first case>.json``).
 """
@@ -40,6 +43,8 @@ SHAPES = {  # (B, T, H, K = V): the vision mixers' scans at 224, 1024 and 2048 p
     "1024px": (16, 4096, 3, 64),
     "2048px": (2, 16384, 3, 64),
     "hires": (8, 4096, 3, 64),  # benchmarks/kernels.py's high-res shape
+    "224px_b256": (256, 196, 3, 64),  # benchmarks/models.py's training batches
+    "512px_b64": (64, 1024, 3, 64),
 }
 # (kind, bidirectional_problem keywords): T = 300 is not a multiple of the chunk (32)
 PARITY = {
@@ -239,14 +244,46 @@ def timing(device, shapes, kinds, gates=("mild",), variants=None) -> dict:
     return results
 
 
+def scratch(device, shapes, kinds, budgets) -> dict:
+    """{kind/shape: {budget MiB: {fwd_bwd ms, peak MiB}}}: the fused op under each B2 scratch budget;
+    peak is the most memory allocated during one forward+backward above what was allocated before it."""
+    from hdla_vision.kernels.generalized.bwd import SCRATCH_BUDGET_ENV
+
+    results = {}
+    for kind in kinds:
+        fn = _variants(kind)["fused"]
+        for name in shapes:
+            inputs = _timing_inputs(kind, *SHAPES[name], device)
+            grad = torch.randn_like(fn(*inputs))
+            row = {}
+            for budget in budgets:
+                os.environ[SCRATCH_BUDGET_ENV] = str(budget)
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                torch.autograd.grad(fn(*inputs), inputs, grad, allow_unused=True)
+                torch.cuda.synchronize()
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+                _, ms = time_fwd_bwd(fn, inputs)
+                row[str(budget)] = {"fwd_bwd": ms, "peak_mib": peak}
+                print(f"{kind:5s} {name:10s} {SHAPES[name]} budget {budget:5d} MiB: fwd+bwd {ms:.3f} ms, "
+                      f"peak {peak:.0f} MiB", flush=True)
+            results[f"{kind}/{name}"] = row
+            del inputs, grad
+            torch.cuda.empty_cache()
+    os.environ.pop(SCRATCH_BUDGET_ENV, None)
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("parity", "timing", "warmup"), required=True)
+    parser.add_argument("--part", choices=("parity", "timing", "warmup", "scratch"), required=True)
     parser.add_argument("--cases", default=",".join(PARITY), help="parity cases")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--kinds", default="hdla", help="hdla and/or kda (the generalized op at rank 1)")
     parser.add_argument("--gates", default="mild", help="timing / warmup: mild and/or every8 (-20 on 1/8 of channels)")
     parser.add_argument("--variants", default=None, help="timing / warmup: a subset of fused,fused+stack,two_calls")
+    parser.add_argument("--budgets", default="0,1024,512", help="--part scratch: B2 scratch budgets in MiB")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -258,6 +295,9 @@ def main(argv=None):
     runs = dict(gates=args.gates.split(","), variants=args.variants.split(",") if args.variants else None)
     if args.part == "parity":
         result["cases"] = parity(device, cases)
+    elif args.part == "scratch":
+        budgets = [int(b) for b in args.budgets.split(",")]
+        result["scratch"] = scratch(device, args.shapes.split(","), args.kinds.split(","), budgets)
     elif args.part == "warmup":
         result["seconds"] = warmup(device, args.shapes.split(","), args.kinds.split(","), **runs)
     else:

@@ -9,9 +9,11 @@ the step, model and optimizer state included.
 
     python -m benchmarks.models                 # table; JSON to --out (default $OUT, else .)/models.json
     python -m benchmarks.models --profile       # also torch.profiler's top kernels of training (--profile-model)
+                                                # and per block: the scan op, GEMMs, attention, ViT parts, glue
     python -m benchmarks.models --engine        # also the training engine's own step (Accelerate, EMA)
     python -m benchmarks.models --compile       # also each cell with torch.compile(model) (inductor)
     python -m benchmarks.models --cuda-graphs   # also with torch.compile(mode="reduce-overhead"): CUDA graphs
+    python -m benchmarks.models --no-activation-recompute   # the mixers save their activations (more memory)
 
 Compiled cells (``--compile [MODE ...]``, ``--cuda-graphs``) compile the model alone (the loss and the
 optimizer step stay eager), with static shapes (``dynamic=False``) and a fresh dynamo cache per cell;
@@ -39,6 +41,8 @@ import triton.testing
 from torch._dynamo.utils import counters
 
 import hdla_vision  # noqa: F401  registers hdla_tiny
+from hdla_vision.kernels.utils import kernel_family
+from hdla_vision.layers.mixer import activation_recompute, set_activation_recompute
 from tools.provenance import provenance
 
 MODELS = ("hdla_tiny", "deit_tiny_patch16_224")
@@ -182,8 +186,54 @@ def print_table(rows: List[Dict], ratios: List[Dict]) -> None:
               f"{cols[2]:>13}{cols[3]:>11}")
 
 
-def profile_training(res: int, batch: int, device: torch.device, row_limit: int = 25, name: str = MODELS[0]) -> str:
-    """torch.profiler's top CUDA kernels for a few training steps of model ``name``."""
+PROFILE_STEPS = 3
+# torch.profiler kernel names by part of a block: our scan kernels (the Triton JIT functions of
+# hdla_vision.kernels), GEMMs (cuBLAS / CUTLASS: projections, MLP, patch embedding), attention
+# (FlashAttention / SDPA: DeiT's), the parts a ViT block has too (LayerNorm, GELU, softmax), the
+# optimizer, and the rest: elementwise glue (casts, copies, activations, norms, gates, reductions).
+PART_PATTERNS = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "splitk")),
+                 ("attention", ("flash", "fmha", "attention")),
+                 ("vit_shared", ("layer_norm", "gelu", "softmax")),
+                 ("optimizer", ("multi_tensor", "adam")))
+
+
+def scan_kernel_names() -> set:
+    """Names of the Triton kernels in the loaded ``hdla_vision.kernels`` modules (the scan op's)."""
+    from triton.runtime.jit import JITFunction
+
+    return {name for mod_name, mod in list(sys.modules.items()) if mod_name.startswith("hdla_vision.kernels")
+            for name, obj in vars(mod).items() if isinstance(obj, JITFunction)}
+
+
+def block_part(kernel: str, scan_names: set) -> str:
+    """The part of a training step (:data:`PART_PATTERNS`) a CUDA kernel's name belongs to."""
+    if kernel in scan_names:
+        return "scan_op"
+    low = kernel.lower()
+    for part, patterns in PART_PATTERNS:
+        if any(p in low for p in patterns):
+            return part
+    return "glue"
+
+
+def profile_parts(events, blocks: int, steps: int) -> Dict[str, dict]:
+    """{part: {ms per block, launches per block}} from torch.profiler's key averages over ``steps``
+    training steps of a model with ``blocks`` blocks (the optimizer, the loss and the stem are
+    spread over the blocks too: a step's cost per block)."""
+    scan_names = scan_kernel_names()
+    parts: Dict[str, dict] = {}
+    for event in events:
+        if event.device_type != torch.autograd.DeviceType.CUDA or not event.self_device_time_total:
+            continue
+        part = parts.setdefault(block_part(event.key, scan_names), {"ms": 0.0, "launches": 0.0})
+        part["ms"] += event.self_device_time_total / 1e3 / steps / blocks
+        part["launches"] += event.count / steps / blocks
+    return parts
+
+
+def profile_training(res: int, batch: int, device: torch.device, row_limit: int = 25, name: str = MODELS[0]):
+    """torch.profiler's top CUDA kernels for a few training steps of model ``name`` (a table) and their
+    time and launches per block by part (:func:`profile_parts`)."""
     model = build(name, device)
     step = train_step_fn(model, batch, res, device)
     for _ in range(3):
@@ -191,10 +241,22 @@ def profile_training(res: int, batch: int, device: torch.device, row_limit: int 
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(3):
+        for _ in range(PROFILE_STEPS):
             step()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="self_device_time_total", row_limit=row_limit)
+    events = prof.key_averages()
+    parts = profile_parts(events, len(model.blocks), PROFILE_STEPS)
+    return events.table(sort_by="self_device_time_total", row_limit=row_limit), parts
+
+
+def format_parts(parts: Dict[str, dict]) -> str:
+    total_ms = sum(p["ms"] for p in parts.values())
+    total_launches = sum(p["launches"] for p in parts.values())
+    lines = [f"{'part':12s} {'ms/block':>9s} {'share':>6s} {'launches/block':>15s}"]
+    for part, p in sorted(parts.items(), key=lambda kv: -kv[1]["ms"]):
+        lines.append(f"{part:12s} {p['ms']:9.3f} {p['ms'] / total_ms:6.1%} {p['launches']:15.1f}")
+    lines.append(f"{'total':12s} {total_ms:9.3f} {'':6s} {total_launches:15.1f}")
+    return "\n".join(lines)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -207,8 +269,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup-ms", type=int, default=100)
     parser.add_argument("--rep-ms", type=int, default=400)
     parser.add_argument("--profile", action="store_true", help="print the top kernels of a model's training")
-    parser.add_argument("--profile-model", default=MODELS[0], help="the model --profile profiles")
-    parser.add_argument("--profile-res", type=int, default=1024)
+    parser.add_argument("--profile-model", default=MODELS[0], help="the models --profile profiles (comma-separated)")
+    parser.add_argument("--profile-res", type=int, nargs="+", default=[1024])
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for models.json")
     parser.add_argument("--engine", action="store_true", help="also time the training engine's step (224 px, batch 256)")
     parser.add_argument("--compile", nargs="*", choices=COMPILE_MODES, default=None, metavar="MODE",
@@ -217,6 +279,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="also measure torch.compile(model, mode='reduce-overhead') (CUDA graphs)")
     parser.add_argument("--no-eager", action="store_true", help="leave out the eager cells (with --compile)")
+    parser.add_argument("--no-activation-recompute", action="store_true",
+                        help="the mixers and blocks save their activations instead of recomputing their prologue, "
+                             "output stage and MLP activation in the backward (hdla_vision.layers.mixer)")
     args = parser.parse_args(argv)
     args.compile_modes = compile_settings(args)
     if not args.compile_modes:
@@ -296,6 +361,7 @@ def main(argv=None) -> int:
         print("python -m benchmarks.models needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
+    set_activation_recompute(not args.no_activation_recompute)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     rows = []
@@ -312,14 +378,19 @@ def main(argv=None) -> int:
         **provenance(torch.cuda.get_device_name(device)),
         torch=torch.__version__, timm=timm.__version__, triton=triton.__version__,
         autocast="bfloat16", timing="triton.testing.do_bench median", compile_settings=args.compile_modes,
+        activation_recompute=activation_recompute(), kernels=kernel_family(),
         compiled="torch.compile(model, mode=<compile>, dynamic=False); loss and optimizer step eager",
         rows=rows, ratios=ratios,
     )
     if args.profile:
-        batch = BATCH_SIZES.get(args.profile_res, 4)
-        table = profile_training(args.profile_res, batch, device, name=args.profile_model)
-        print(f"\n{args.profile_model} training, {args.profile_res}px, batch {batch}: top kernels by CUDA time\n{table}")
-        result["profile"] = dict(model=args.profile_model, resolution=args.profile_res, batch=batch, table=table)
+        result["profile"] = []
+        for name in args.profile_model.split(","):
+            for res in args.profile_res:
+                batch = BATCH_SIZES.get(res, 4)
+                table, parts = profile_training(res, batch, device, name=name)
+                print(f"\n{name} training, {res}px, batch {batch}: top kernels by CUDA time\n{table}")
+                print(f"{name} {res}px: CUDA time and launches per block and step, by part\n{format_parts(parts)}")
+                result["profile"].append(dict(model=name, resolution=res, batch=batch, parts=parts, table=table))
     if args.engine:
         result["engine"] = [measure_engine_step(name, 256, 224, 30, 10, "bf16", compile_=compile_mode != EAGER)
                             for name in args.models for compile_mode in args.compile_modes

@@ -3,7 +3,7 @@
 under ``TRITON_INTERPRET=1`` on CPU in fp32, against the float64 token loops: the output, the final
 state and every gradient (dh0 included) to a relative error < 1e-4 (also with F2 and B1 as the two-level
 scan over 2 or 3 groups of chunks), and in fp16 (against the loop on
-the fp16-rounded inputs) < 5e-3; ``torch.library.opcheck`` of both ops; a compiled (``fullgraph=True``) call equal to eager.
+the fp16-rounded inputs) < 5e-3; the backward in batch slices (B2's scratch budget); ``torch.library.opcheck`` of both ops; a compiled (``fullgraph=True``) call equal to eager.
 
 Run by tests/test_chunk64_ops.py in a pytest subprocess started with ``TRITON_INTERPRET=1``: Triton
 decides at decoration time (of its own library too, e.g. ``tl.cumsum``) whether a kernel is
@@ -120,6 +120,38 @@ def test_two_level_state_scan_matches_float64_loop(chunk64, monkeypatch, case):
         names = ["o", "final_state", "dq", "dk", "dv", "da", "db", "dg"]
     assert chains == [(groups, False), (groups, True)], chains
     _assert_close(errors, names + (["dinitial_state"] if h0 else []))
+
+
+def _count_b2_launches(monkeypatch):
+    """B2's scratch budget forced to 1 byte (every batch element its own slice); returns the list that
+    receives the batch of each ``chunk_vjp`` call."""
+    from hdla_vision.kernels.generalized import bwd
+
+    monkeypatch.setattr(bwd, "scratch_budget_bytes", lambda: 1)
+    batches = []
+    real = bwd.chunk_vjp
+    monkeypatch.setattr(bwd, "chunk_vjp", lambda *args, **kw: batches.append(args[1].shape[0]) or real(*args, **kw))
+    return batches
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kind", ["hdla", "generalized"])
+def test_sliced_backward_matches_float64_loop(chunk64, monkeypatch, kind):
+    """The backward in batch slices (bwd.scratch_batch_slices, one element each at a 1-byte budget):
+    batch 2, T = 37 (3 chunks of 16), initial states, reversed scan for HDLA, r_ab = 2 with a decay per
+    head for the generalized op."""
+    _small_chunk(monkeypatch, chunk64, 16)
+    batches = _count_b2_launches(monkeypatch)
+    if kind == "hdla":
+        p = hdla_problem(2, 37, 1, 8, 6, g_min=-20.0)
+        errors = compare_with_loop(chunk_hdla, "hdla", p, scale=0.7, reverse=True)
+        names = ["o", "final_state", "dq", "dk", "dv", "dbeta", "dg", "dinitial_state"]
+    else:
+        p = generalized_problem(2, 37, 1, 8, 6, 1, 2, per_head_g=True)
+        errors = compare_with_loop(chunk_generalized, "generalized", p, scale=0.7)
+        names = ["o", "final_state", "dq", "dk", "dv", "da", "db", "dg", "dinitial_state"]
+    assert batches == [1, 1], batches
+    _assert_close(errors, names)
 
 
 # fp16 inputs (fp32 accumulation) against the loop on the fp16-rounded inputs: (op kind, problem, op

@@ -192,7 +192,8 @@ def test_class_token_in_the_middle(name):
     model = small_model(name, class_token=True, global_pool="token", img_size=48).eval()  # 9 patches
     x = torch.randn(1, 3, 48, 48)
     scanned = []
-    model.blocks[0].attn.register_forward_hook(lambda module, args, out: scanned.append((args[0], out)))
+    model.blocks[0].attn.register_forward_hook(lambda module, args, kwargs, out: scanned.append((args[0], kwargs, out)),
+                                               with_kwargs=True)
     feats = model.forward_features(x)
     assert feats.shape == (1, 10, model.num_features)
     torch.testing.assert_close(model.forward_head(feats, pre_logits=True), feats[:, 0])
@@ -200,10 +201,14 @@ def test_class_token_in_the_middle(name):
 
     idx = class_token_index(9)
     assert idx == 4
-    tokens = model.blocks[0].norm1(model._pos_embed(model.patch_embed(x)))  # [cls, 9 patches]
-    mixer_in, mixer_out = scanned[0]
+    tokens = model._pos_embed(model.patch_embed(x))  # [cls, 9 patches], the block's input
+    mixer_in, mixer_kwargs, mixer_out = scanned[0]
+    # the mixer gets the block's input (class token moved) and applies norm1 itself, inside its recomputed stages
     torch.testing.assert_close(mixer_in, torch.cat([tokens[:, 1:5], tokens[:, :1], tokens[:, 5:]], 1))
+    assert mixer_kwargs["norm"] is model.blocks[0].norm1
     torch.testing.assert_close(model.blocks[0].mix(tokens), torch.cat([mixer_out[:, 4:5], mixer_out[:, :4], mixer_out[:, 5:]], 1))
+    normed = model.blocks[0].norm1(mixer_in)
+    torch.testing.assert_close(mixer_out, model.blocks[0].attn(normed))  # = the mixer on the normalised tokens
     with pytest.raises(ValueError, match="class_token"):
         small_model(name).reset_classifier(0, "token")
 

@@ -32,7 +32,8 @@ cpu_path = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                               reason="the CPU path (PyTorch chunk form); this process interprets the kernels")
 CHECKS = "tests/bidirectional_checks.py"
 INTERPRETED = ["test_hdla_bidirectional_matches_float64_loop", "test_generalized_bidirectional_matches_float64_loop",
-               "test_fast_gates_take_the_levels_in_both_directions", "test_fake_outputs_match_the_fused_path",
+               "test_fast_gates_take_the_levels_in_both_directions", "test_sliced_backward_matches_float64_loop",
+               "test_fake_outputs_match_the_fused_path",
                "test_chunk16_runs_the_two_scans"]
 
 

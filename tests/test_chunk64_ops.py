@@ -24,6 +24,8 @@ NAMES = ["test_chunk_generalized_matches_float64_loop[rab0_rkv2_T70]",
          "test_two_level_state_scan_matches_float64_loop[rab1_scalar_rev_noh0_g3]",
          "test_two_level_state_scan_matches_float64_loop[rab2_mild_rev_g3]",
          "test_two_level_state_scan_matches_float64_loop[hdla_gates20_g2]",
+         "test_sliced_backward_matches_float64_loop[hdla]",
+         "test_sliced_backward_matches_float64_loop[generalized]",
          "test_fp16_matches_float64_loop[hdla_fp16_slow_decay_T77]",
          "test_fp16_matches_float64_loop[rab1_fp16_rev_T77]",
          "test_fp16_matches_float64_loop[rab2_fp16_scalar_noh0_T70]",
@@ -42,6 +44,35 @@ def interpreted_outcomes():
 def test_chunk64_interpreted(interpreted_outcomes, name):
     outcomes, log = interpreted_outcomes
     assert outcomes.get(name) == "PASSED", f"{name}: {outcomes.get(name, 'not run')}\n{log}"
+
+
+def test_scratch_batch_slices(monkeypatch):
+    """Even slices under the budget (MiB), one slice at 0 (no limit) or when the batch fits, at least one
+    element per slice, a clear error for a bad budget."""
+    from hdla_vision.kernels.generalized import bwd
+
+    mib = 1 << 20
+    monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "7")
+    assert bwd.scratch_batch_slices(5, 3 * mib) == (slice(0, 2), slice(2, 4), slice(4, 5))
+    assert bwd.scratch_batch_slices(2, 3 * mib) == (slice(0, 2),)
+    assert bwd.scratch_batch_slices(3, 100 * mib) == (slice(0, 1), slice(1, 2), slice(2, 3))
+    monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "0")
+    assert bwd.scratch_batch_slices(64, 100 * mib) == (slice(0, 64),)
+    monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "1.5")
+    with pytest.raises(ValueError, match="HDLA_VISION_B2_SCRATCH_MIB"):
+        bwd.scratch_batch_slices(2, mib)
+
+
+def test_b2_scratch_bytes_match_chunk_vjp_allocations():
+    """scratch_bytes_per_block counts what chunk_vjp allocates: HDLA bf16 at d = 64, chunk 32 is
+    dominated by the rank-2 stacks (tens of KB per token and head)."""
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    per_block = bwd_chunk.scratch_bytes_per_block(32, 64, 64, 1, 2, True, False, torch.bfloat16, torch.bfloat16)
+    fp32 = bwd_chunk.scratch_bytes_per_block(32, 64, 64, 1, 2, True, False, torch.float32, torch.float32)
+    shapes = bwd_chunk.scratch_shapes(32, 64, 64, 1, 2, True, False, {})
+    assert fp32 > per_block > fp32 // 2 and fp32 > 4 * sum(torch.Size(s).numel() for s, _ in shapes.values())
+    assert 8_000 < per_block / 32 < 20_000
 
 
 def test_auto_family_by_length_ranks_and_dtype(monkeypatch):

@@ -189,6 +189,8 @@ def test_models_benchmark_compares_compiled_cells_with_eager_and_deit(tmp_path, 
         "max-autotune"]
     with pytest.raises(SystemExit):
         models.parse_args(["--resolutions", "224", "--no-eager"])
+    assert not models.parse_args(["--resolutions", "224"]).no_activation_recompute
+    assert models.parse_args(["--resolutions", "224", "--no-activation-recompute"]).no_activation_recompute
 
     def row(model, compile_mode, images_per_s, mem, **extra):
         return dict(model=model, mode="train", compile=compile_mode, resolution=224, batch=256, tokens=196,
@@ -212,3 +214,29 @@ def test_models_benchmark_compares_compiled_cells_with_eager_and_deit(tmp_path, 
     table = benchmark_tables.render("models_c.json")
     assert "| hdla_tiny | train | default | 224 | 256 | 1706.667 | 150.0 | 800 | 1/0 |" in table
     assert "| hdla_tiny | train | default | 224 | 0.25 | 2.0 | 1.5 | 0.8 |" in table
+
+
+def test_models_profile_sorts_kernels_into_block_parts():
+    """``benchmarks.models --profile``: each CUDA kernel goes to one part of a block (our scan kernels by
+    their Triton names, cuBLAS / CUTLASS GEMMs, attention, the ViT's own norms and activations, the
+    optimizer, the rest glue), summed per block and step."""
+    from types import SimpleNamespace
+
+    from benchmarks import models
+
+    cuda = torch.autograd.DeviceType.CUDA
+    scan = {"_gram_kernel"}
+    assert models.block_part("_gram_kernel", scan) == "scan_op"
+    assert models.block_part("nvjet_tst_128x64_64x8_1x1_v_bz_coopB_TNN", scan) == "gemm"
+    assert models.block_part("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", scan) == "gemm"
+    assert models.block_part("flash_fwd_kernel", scan) == "attention"
+    assert models.block_part("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel", scan) == \
+        "vit_shared"
+    assert models.block_part("void at::native::vectorized_elementwise_kernel<4, at::native::sigmoid>", scan) == "glue"
+    events = [SimpleNamespace(key="nvjet_x", device_type=cuda, self_device_time_total=6000.0, count=12),
+              SimpleNamespace(key="elementwise", device_type=cuda, self_device_time_total=3000.0, count=24),
+              SimpleNamespace(key="aten::mm", device_type=torch.autograd.DeviceType.CPU,
+                              self_device_time_total=0.0, count=5)]
+    parts = models.profile_parts(events, blocks=2, steps=3)
+    assert parts == {"gemm": {"ms": 1.0, "launches": 2.0}, "glue": {"ms": 0.5, "launches": 4.0}}
+    assert "total" in models.format_parts(parts)

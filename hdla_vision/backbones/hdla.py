@@ -32,13 +32,14 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import register_notrace_function, register_notrace_module
+from timm.layers import Mlp, register_notrace_function, register_notrace_module
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._input import update_model_args
 from timm.models.vision_transformer import Block, VisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoint_filter_fn
 
 from hdla_vision.layers import create_mixer
+from hdla_vision.layers.mixer import recompute
 
 __all__ = ["HDLAVisionTransformer", "MixerBlock", "checkpoint_filter_fn"]
 
@@ -135,16 +136,32 @@ class MixerBlock(Block):
         self.num_prefix_tokens = num_prefix_tokens
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
-        """``attn`` with the class token (first in ``x [B, 1 + N, C]``) scanned at index ``N // 2``."""
+        """``attn(norm1(x))`` for the block's input ``x``, with the class token (first in ``x [B, 1 + N, C]``)
+        scanned at index ``N // 2``. The mixer applies ``norm1`` itself, inside its recomputed stages
+        (:mod:`hdla_vision.layers.mixer`): the normalised tokens are not kept for the backward."""
         if not self.num_prefix_tokens:
-            return self.attn(x)
-        cls, patches = split_class_token(self.attn(insert_class_token(x[:, 1:], x[:, :1])))
+            return self.attn(x, norm=self.norm1)
+        cls, patches = split_class_token(self.attn(insert_class_token(x[:, 1:], x[:, :1]), norm=self.norm1))
         return torch.cat([cls, patches], dim=1)
+
+    def mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``self.mlp(x)``; for timm's ``Mlp``, the activation recomputed in the backward
+        (:func:`~hdla_vision.layers.mixer.recompute`): fc1's output is kept, not the activation's."""
+        mlp = self.mlp
+        if type(mlp) is not Mlp:
+            return mlp(x)
+        random = self.training and mlp.drop1.p > 0
+        return mlp.drop2(recompute(self.mlp_hidden_to_output, mlp.fc1(x), random=random))
+
+    def mlp_hidden_to_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        """timm's ``Mlp`` after fc1, before its last dropout: ``fc2(norm(drop1(act(hidden))))``."""
+        mlp = self.mlp
+        return mlp.fc2(mlp.norm(mlp.drop1(mlp.act(hidden))))
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
         check_no_mask(attn_mask, is_causal)
-        x = x + self.drop_path1(self.ls1(self.mix(self.norm1(x))))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        x = x + self.drop_path1(self.ls1(self.mix(x)))
+        return x + self.drop_path2(self.ls2(self.mlp_forward(self.norm2(x))))
 
 
 class HDLAVisionTransformer(VisionTransformer):

@@ -104,6 +104,9 @@ class HDLAMixer(LinearAttentionMixer):
     def own_write(self, q, feats):
         return (q * feats.k).sum(-1, keepdim=True) * feats.v
 
+    def op_inputs(self, q, feats):
+        return feats._replace(beta=feats.beta.contiguous())
+
     def bidirectional_scan(self, q, fwd, bwd):
         """:meth:`two_scans` as one ``chunk_hdla_bidirectional``: k, v shared (the projections'), beta
         and g stacked ``[2, ...]`` (forward, reversed)."""
@@ -140,7 +143,8 @@ class AuthorsHDLAMixer(HDLAMixer):
         self.norm = nn.RMSNorm(width, eps=self.norm_eps, **dd)
         self.proj = nn.Linear(width, self.dim, bias=proj_bias, **dd)
 
-    def output(self, y, x):
-        """``W_o RMSNorm_all(y * act_g(x U_g V_g))``."""
+    def output(self, y, x, norm=None):
+        """``W_o RMSNorm_all(y * act_g(x' U_g V_g))``, ``x' = norm(x)`` (x without a norm)."""
+        x = x if norm is None else norm(x)
         gated = y.reshape(*x.shape[:2], -1) * self.gate_activation(self.gate(x))
         return self.proj_drop(self.proj(self.norm(gated)))

@@ -60,12 +60,35 @@ with ``level(t, s) = min(bit_length(t XOR s), num_levels - 1)`` on absolute posi
   ``t XOR s``. The backward level-0 weight is 0, so the token's own write is counted once (by
   the forward scan) and nothing is subtracted: ``y_t = y^fwd_t + y^bwd_t``.
 The log-linear ops run the public linear ops once per level whatever :func:`set_chunk_backend` says.
+
+Recomputed activations (training memory, issue 12 part 4). With grad enabled and
+:func:`set_activation_recompute` on (the default), two stages of the mixer keep only their inputs for the
+backward and recompute what lies inside (:func:`recompute`, PyTorch's non-reentrant checkpoint; the
+vision backbones' blocks recompute their MLP's activation the same way):
+
+- the prologue of the bidirectional scans, ``x -> q`` and each direction's op inputs (:meth:`op_inputs`):
+  the projections, SiLU and L2 norms, the gates (their low-rank projections, logsigmoid, sigmoid, fp32
+  casts) and the factor functions. The bidirectional op (:meth:`bidirectional_scan`, one op for both
+  directions) runs outside the recomputed stage: autograd keeps ``x`` and what the op saves (q, k, v,
+  the per-direction inputs stacked as the op takes them), not the projections' outputs, the
+  activations' inputs, the fp32 gate logits, nor a copy of k and v per direction. The backward never
+  reruns the op's forward;
+- the output stage before ``W_o``: the per-head RMS norm, ``x W_g`` and its activation, their product.
+  Autograd keeps y and x.
+A pre-norm block passes its norm (``forward(x, norm=...)``): both stages apply it to x themselves, so
+autograd keeps the block's input (which the residual path needs anyway), not the normalised x.
+The recomputation runs the same ops on the same inputs, so outputs and gradients are those of the plain
+forward, bit for bit; the backward runs the stages' forward ops a second time (the q/k/v and gate GEMMs,
+a few elementwise kernels). The causal use recomputes only the output stage: its prologue may read and
+advance a cache.
 """
+from functools import partial
 from typing import NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from .gates import GateModule, LevelScales
 
@@ -80,6 +103,7 @@ DEFAULT_NUM_LEVELS = 16
 # PyTorch chunk form called directly on any device (differentiable by autograd, traced by dynamo).
 CHUNK_BACKENDS = ("auto", "torch")
 _chunk_backend = "auto"
+_activation_recompute = True
 
 
 def set_chunk_backend(name: str) -> None:
@@ -92,6 +116,30 @@ def set_chunk_backend(name: str) -> None:
 
 def chunk_backend() -> str:
     return _chunk_backend
+
+
+def set_activation_recompute(enabled: bool) -> None:
+    """Recompute the mixers' prologue and output stage in the backward (True, the default) or save
+    their activations (False: more memory, no second forward of those ops); module docstring."""
+    global _activation_recompute
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled must be a bool, got {enabled!r}")
+    _activation_recompute = enabled
+
+
+def activation_recompute() -> bool:
+    return _activation_recompute
+
+
+def recompute(function, *args, random: bool = False):
+    """``function(*args)`` keeping only ``args`` (and what later ops save of its outputs) for the
+    backward, which reruns ``function`` to rebuild the rest (non-reentrant ``torch.utils.checkpoint``:
+    the recomputed graph is the original one, autocast state included). A plain call when grad is off
+    or :func:`set_activation_recompute` is off. ``random``: ``function`` draws random numbers (dropout),
+    so the RNG state is stashed and replayed for the recomputation."""
+    if not (_activation_recompute and torch.is_grad_enabled()):
+        return function(*args)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=random)
 
 
 class MixerCache(Protocol):
@@ -300,6 +348,11 @@ class LinearAttentionMixer(nn.Module):
         """The token's own contribution to a scan ``scale * q_t^T K_t V_t^T``: ``[B, N, H, V]``."""
         raise NotImplementedError
 
+    def op_inputs(self, q: torch.Tensor, feats: NamedTuple) -> NamedTuple:
+        """``feats`` in the layout and dtypes the ops take (what :meth:`scan` would make of them, so that
+        it and :meth:`own_write` make no copy of their own); the identity unless a mixer converts."""
+        return feats
+
     def two_scans(self, q: torch.Tensor, fwd: NamedTuple, bwd: NamedTuple) -> torch.Tensor:
         """The bidirectional sum by its definition: the forward scan with ``fwd``'s inputs, the reversed
         scan with ``bwd``'s, minus the reversed scan's own write: ``y [B, N, H, V]``."""
@@ -328,13 +381,18 @@ class LinearAttentionMixer(nn.Module):
             return torch.sigmoid(gate)
         return gate
 
-    def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``y [B, N, H, V]``, ``x [B, N, C]`` -> ``W_o (RMSNorm_head(y) * act_g(x W_g))  [B, N, C]``."""
+    def output(self, y: torch.Tensor, x: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """``y [B, N, H, V]``, ``x [B, N, C]`` -> ``W_o (RMSNorm_head(y) * act_g(x' W_g))  [B, N, C]`` with
+        ``x' = norm(x)`` (x without a norm); the gated norm is recomputed in the backward (module docstring)."""
+        return self.proj_drop(self.proj(recompute(partial(self.gated_norm, norm=norm), y, x)))
+
+    def gated_norm(self, y: torch.Tensor, x: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """``RMSNorm_head(y) * act_g(norm(x) W_g)``: ``[B, N, H * V]``."""
+        x = x if norm is None else norm(x)
         # weight cast to y's dtype: under autocast y is bf16 and rms_norm's fused kernel (fp32
         # accumulation inside) needs matching dtypes
         y = F.rms_norm(y, (self.head_dim_v,), self.norm.weight.to(y.dtype), self.norm_eps)
-        y = y.reshape(*x.shape[:2], -1) * self.gate_activation(self.gate(x))
-        return self.proj_drop(self.proj(y))
+        return y.reshape(*x.shape[:2], -1) * self.gate_activation(self.gate(x))
 
     # -- shared ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -352,8 +410,9 @@ class LinearAttentionMixer(nn.Module):
         return F.conv1d(seq, self.conv.weight, groups=seq.shape[1]).transpose(1, 2)
 
     def projections(self, x: torch.Tensor, cache: Optional[MixerCache] = None):
-        """q ``[B, N, H, K]`` (contiguous); k ``[B, N, H, n, K]``, v ``[B, N, H, n, V]``, activated
-        (n = ``num_keys``); k (and q where ``normalize_q``) L2-normalised after a SiLU activation."""
+        """q ``[B, N, H, K]``, k ``[B, N, H, n, K]``, v ``[B, N, H, n, V]``, activated (n = ``num_keys``),
+        contiguous, in the projection's dtype; k (and q where ``normalize_q``) L2-normalised after a SiLU
+        activation."""
         batch, seq_len, _ = x.shape
         heads, n = self.num_heads, self.num_keys
         proj = self.qkv(x)
@@ -371,7 +430,9 @@ class LinearAttentionMixer(nn.Module):
             if self.normalize_q:
                 q = F.normalize(q, p=2.0, dim=-1, eps=self.norm_eps).to(dtype)
             k = F.normalize(k, p=2.0, dim=-1, eps=self.norm_eps).to(dtype)
-        return q.contiguous(), k, v
+        # one contiguous k and v for both directions and the own write: the ops save them as given, and a
+        # view would keep the whole projection alive
+        return q.contiguous(), k.contiguous(), v.contiguous()
 
     def check_input(self, x: torch.Tensor, attention_mask, cache) -> None:
         if x.dim() != 3 or x.shape[-1] != self.dim:
@@ -385,24 +446,38 @@ class LinearAttentionMixer(nn.Module):
             check_loglinear_padding(attention_mask, cache)
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                cache: Optional[MixerCache] = None) -> torch.Tensor:
+                cache: Optional[MixerCache] = None, norm: Optional[nn.Module] = None) -> torch.Tensor:
         """``x [B, N, C] -> [B, N, C]``; ``attention_mask [B, N]`` (1 = token, 0 = pad) and ``cache``
-        for the causal use only."""
+        for the causal use only. ``norm``: a per-token module (a pre-norm block's norm) the mixer applies
+        to x first; the bidirectional use applies it inside its recomputed stages, so that the
+        normalised x is not kept for the backward (module docstring)."""
         self.check_input(x, attention_mask, cache)
         if self.bidirectional:
-            return self.output(self.mix(x), x)
+            return self.output(self.mix(x, norm), x, norm)
+        x = x if norm is None else norm(x)
         if attention_mask is not None:
             x = x * attention_mask.to(x.dtype)[..., None]
         return self.output(self.causal_mix(x, attention_mask, cache), x)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
-        """The bidirectional sum before norm and gate: ``x [B, N, C] -> y [B, N, H, V]``."""
+    def scan_inputs(self, x: torch.Tensor, norm: Optional[nn.Module] = None
+                    ) -> Tuple[torch.Tensor, NamedTuple, NamedTuple]:
+        """The prologue of the bidirectional scans: ``x [B, N, C] -> (q, forward inputs, backward inputs)``
+        as the ops take them (:meth:`op_inputs`), of ``norm(x)`` (x without a norm)."""
+        x = x if norm is None else norm(x)
         q, k, v = self.projections(x)
-        fwd = self.features(x, q, k, v, self.directions[0])
-        bwd = self.features(x, q, k, v, self.directions[1])
-        if self.log_linear:
+        fwd = self.op_inputs(q, self.features(x, q, k, v, self.directions[0]))
+        bwd = self.op_inputs(q, self.features(x, q, k, v, self.directions[1]))
+        return q, fwd, bwd
+
+    def mix(self, x: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """The bidirectional sum before norm and gate: ``x [B, N, C] -> y [B, N, H, V]`` (of ``norm(x)``);
+        the prologue is recomputed in the backward (module docstring)."""
+        if self.log_linear:  # the level weights read the normalised x too: normalise it once, up front
+            x = x if norm is None else norm(x)
+            q, fwd, bwd = recompute(self.scan_inputs, x)
             return self.loglinear_mix(x, q, fwd, bwd)
-        return self.bidirectional_scan(q, fwd, bwd)
+        q, fwd, bwd = recompute(partial(self.scan_inputs, norm=norm), x)
+        return self.bidirectional_scan(q, fwd, bwd)  # outside the recomputed stage: the op's saved tensors stay saved
 
     def loglinear_mix(self, x: torch.Tensor, q: torch.Tensor, fwd: NamedTuple, bwd: NamedTuple) -> torch.Tensor:
         """Both log-linear scans on one absolute grid (module docstring): ``y [B, N, H, V]``."""

@@ -59,8 +59,16 @@ class GeneralizedMixer(LinearAttentionMixer):
         return self.head_dim ** -0.5
 
     def kernel_inputs(self, q: torch.Tensor, step: sm.GeneralizedStep):
-        """k, v, a, b of ``step`` in q's dtype, contiguous (the ops' layout)."""
-        return tuple(t.to(q.dtype).contiguous() for t in (step.k, step.v, step.a, step.b))
+        """k, v, a, b of ``step`` in q's dtype, contiguous (the ops' layout); a tensor that fills two of
+        them (KDA's and DeltaNet's ``beta k`` is both k and a) is converted once, so the op saves it once."""
+        converted = {}
+        for t in (step.k, step.v, step.a, step.b):
+            if id(t) not in converted:
+                converted[id(t)] = t.to(q.dtype).contiguous()
+        return tuple(converted[id(t)] for t in (step.k, step.v, step.a, step.b))
+
+    def op_inputs(self, q, feats):
+        return sm.GeneralizedStep(*self.kernel_inputs(q, feats), feats.g.contiguous())
 
     def scan(self, q, feats, reverse=False, initial_state=None, output_final_state=False, recurrent=False):
         k, v, a, b = self.kernel_inputs(q, feats)
@@ -89,13 +97,18 @@ class GeneralizedMixer(LinearAttentionMixer):
 
     def bidirectional_scan(self, q, fwd, bwd):
         """:meth:`two_scans` as one ``chunk_generalized_bidirectional``: the ``shared_fields`` once (the
-        forward step's), the other fields and g stacked ``[2, ...]`` (forward, reversed)."""
+        forward step's), the other fields and g stacked ``[2, ...]`` (forward, reversed); a tensor that
+        fills two fields in both directions (:meth:`kernel_inputs`) is stacked once."""
         if chunk_backend() == "torch":
             return self.two_scans(q, fwd, bwd)
-        inputs = {}
+        inputs, made = {}, {}  # made: one op input per pair of tensors, so the op saves it once
         for name, x_fwd, x_bwd in zip(("k", "v", "a", "b"), fwd[:4], bwd[:4]):
-            x_fwd = x_fwd.to(q.dtype)
-            inputs[name] = x_fwd.contiguous() if name in self.shared_fields else torch.stack([x_fwd, x_bwd.to(q.dtype)])
+            shared = name in self.shared_fields
+            key = (id(x_fwd), None if shared else id(x_bwd))
+            if key not in made:  # KDA's and DeltaNet's beta k is both k and a
+                x_fwd = x_fwd.to(q.dtype)
+                made[key] = x_fwd.contiguous() if shared else torch.stack([x_fwd, x_bwd.to(q.dtype)])
+            inputs[name] = made[key]
         g = torch.stack([fwd.g, bwd.g])
         return chunk_generalized_bidirectional(q, **inputs, g=g, scale=self.scale)[0]
 

@@ -64,8 +64,8 @@ def deltanet_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> Ge
     """DeltaNet: ``S_t = (I - beta k k^T) S_{t-1} + beta k v^T``: ``d = 1``, ``A = beta k``, ``B = k``."""
     if beta.shape != k.shape[:-1]:
         raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
-    bk = beta.unsqueeze(-1) * k
-    return GeneralizedStep(bk.unsqueeze(-2), v.unsqueeze(-2), bk.unsqueeze(-2), k.unsqueeze(-2), _no_log_decay(k))
+    bk = (beta.unsqueeze(-1) * k).unsqueeze(-2)  # both the write's key and A: one tensor
+    return GeneralizedStep(bk, v.unsqueeze(-2), bk, k.unsqueeze(-2), _no_log_decay(k))
 
 
 def gated_deltanet_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
@@ -148,9 +148,9 @@ def kda_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.T
     _check_same_shape(k=k, g=g)
     if beta.shape != k.shape[:-1]:
         raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
-    bk = beta.unsqueeze(-1) * k
+    bk = (beta.unsqueeze(-1) * k).unsqueeze(-2)  # both the write's key and A: one tensor
     decayed_k = g.exp().to(k.dtype) * k
-    return GeneralizedStep(bk.unsqueeze(-2), v.unsqueeze(-2), bk.unsqueeze(-2), decayed_k.unsqueeze(-2), g)
+    return GeneralizedStep(bk, v.unsqueeze(-2), bk, decayed_k.unsqueeze(-2), g)
 
 
 def rwkv7_factors(k: torch.Tensor, v: torch.Tensor, kappa_hat: torch.Tensor, icl_rate: torch.Tensor,

@@ -25,15 +25,23 @@ Flat rank rows are token-major, rank fastest (row t*RP + j; RP = rank padded to 
 padded rows are zero). g is clamped at LOG_ZERO_FP32 as loaded, dg = 0 below it.
 """
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from . import fwd, two_level
-from .bwd_chunk import check_diag_limit, chunk_vjp
+from .bwd_chunk import check_diag_limit, chunk_vjp, scratch_bytes_per_block
 from .directions import scan_time, split_direction
 
 SUB = 16  # token sub-block of the exact decays
+# B2's scratch per launch; larger batches run in slices (scratch_batch_slices). On the H100 the fused
+# bidirectional op's peak at the training batches of 224 / 512 / 1024 px fell from 4.8 / 5.5 / 5.5 GB to
+# 1.8 / 2.1 / 2.2 GB for 5-6% more time; at 1024 MiB 1024 px took twice as long (B1's serial pass runs
+# once per slice): benchmarks/results/b2_scratch_slices_h100.
+SCRATCH_BUDGET_MIB = 2048
+SCRATCH_BUDGET_ENV = "HDLA_VISION_B2_SCRATCH_MIB"
 
 
 @triton.jit
@@ -243,9 +251,71 @@ def _check(do, dht, q, k, v, a, b, g, initial_state, h, hdla_beta, dirs=1):
                          f"got {list(h.shape)}")
 
 
+def scratch_budget_bytes() -> int:
+    """B2's scratch budget in bytes: :data:`SCRATCH_BUDGET_MIB` or ``$HDLA_VISION_B2_SCRATCH_MIB``
+    (0: no limit, the whole batch in one launch)."""
+    raw = os.environ.get(SCRATCH_BUDGET_ENV, "") or str(SCRATCH_BUDGET_MIB)
+    if not raw.isdigit():
+        raise ValueError(f"{SCRATCH_BUDGET_ENV} must be a whole number of MiB (0: no limit), got {raw!r}")
+    return int(raw) << 20
+
+
+def scratch_batch_slices(batch: int, bytes_per_batch: int) -> tuple:
+    """Slices of the batch axis, as even as possible, whose B2 scratch (``bytes_per_batch`` per batch
+    element) fits :func:`scratch_budget_bytes`, at least one element each. Each slice's backward is
+    independent (B1's serial pass runs per batch and head), so the gradients are those of one launch
+    while the transient scratch (tens of KB per token at chunk 64) stays bounded."""
+    budget = scratch_budget_bytes()
+    parts = 1 if budget == 0 else max(1, min(batch, triton.cdiv(batch * bytes_per_batch, budget)))
+    per = triton.cdiv(batch, parts)
+    return tuple(slice(start, min(start + per, batch)) for start in range(0, batch, per))
+
+
+def _batch_part(x, part: slice, batch: int, dirs: int):
+    """Batch slice ``part`` of an input ``[B, ...]`` or, with ``dirs = 2``, of a direction-stacked state
+    ``[2B, ...]`` (both directions' rows of the slice, forward first); None stays None."""
+    if x is None:
+        return None
+    if dirs == 1:
+        return x[part]
+    return x.view(2, batch, *x.shape[1:])[:, part].flatten(0, 1)
+
+
+def _join_parts(parts: list, dim: int, dirs_stacked: bool):
+    """Per-slice results joined along the batch axis ``dim``; ``dirs_stacked``: ``[2b, ...]`` states of
+    both directions, joined as ``[2, B, ...]`` and flattened back. None stays None."""
+    if parts[0] is None:
+        return None
+    if dirs_stacked:
+        return torch.cat([p.view(2, -1, *p.shape[1:]) for p in parts], dim=1).flatten(0, 1)
+    return torch.cat(parts, dim=dim)
+
+
+def _sliced_backward(parts, do, dht, q, k, v, a, b, g, scale, initial_state, h, reverse, hdla_beta, groups,
+                     diag_limit, direction_strides):
+    """:func:`generalized_backward` on each batch slice of ``parts`` (:func:`scratch_batch_slices`),
+    the gradients joined; arguments and returns as that function's."""
+    batch = q.shape[0]
+    dirs = 1 if direction_strides is None else 2
+    names = ("q", "k", "v", "hdla_beta", "g") if hdla_beta is not None else ("q", "k", "v", "a", "b", "g")
+    results = []
+    for part in parts:
+        sliced = [_batch_part(x, part, batch, 1) for x in (do, q, k, v, a, b, g, hdla_beta)]
+        states = [_batch_part(x, part, batch, dirs) for x in (dht, initial_state, h)]
+        do_, q_, k_, v_, a_, b_, g_, beta_ = sliced
+        results.append(generalized_backward(do_, states[0], q_, k_, v_, a_, b_, g_, scale, states[1], states[2],
+                                            reverse, hdla_beta=beta_, groups=groups, diag_limit=diag_limit,
+                                            direction_strides=direction_strides))
+    stacked = [dirs == 2 and n in direction_strides for n in names]
+    grads = [_join_parts(list(p), 1 if s else 0, False) for p, s in zip(list(zip(*results))[:-1], stacked)]
+    return (*grads, _join_parts([r[-1] for r in results], 0, dirs == 2))
+
+
 def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, reverse, hdla_beta=None,
                          stages=None, groups=None, diag_limit=None, diag_paths=None, direction_strides=None):
-    """Gradients of the chunked generalized op by B1 and B2 (module docstring).
+    """Gradients of the chunked generalized op by B1 and B2 (module docstring). A batch whose B2 scratch
+    exceeds :func:`scratch_budget_bytes` runs in slices (:func:`scratch_batch_slices`; one launch when
+    ``stages`` or ``diag_paths`` is given).
 
     Args (kernels/README.md §8): do ``[B, T, H, V]``; dht ``[B, H, K, V]`` or None; q ``[B, T, H, K]``;
         k ``[B, T, H, r_kv, K]``, v ``[B, T, H, r_kv, V]``, a, b ``[B, T, H, r_ab, K]`` (HDLA: k
@@ -284,6 +354,11 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     nt = triton.cdiv(seq_len, c)
     if h.shape[2] != nt:
         raise ValueError(f"h has {h.shape[2]} chunks; the chunk size {c} gives {nt}")
+    parts = scratch_batch_slices(batch, dirs * heads * nt * scratch_bytes_per_block(
+        c, dk, dv, r_kv, r_ab, hdla, g.dim() == 3, q.dtype, v.dtype))
+    if len(parts) > 1 and stages is None and diag_paths is None:
+        return _sliced_backward(parts, do, dht, q, k, v, a, b, g, scale, initial_state, h, reverse, hdla_beta,
+                                groups, diag_limit, direction_strides)
     lowp = {torch.bfloat16: 1, torch.float16: 2}.get(q.dtype, 0)
     dev = q.device
     if dirs == 1:

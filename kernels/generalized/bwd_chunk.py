@@ -37,6 +37,7 @@ Scratch is fp32, except for 16-bit inputs the tensors that only S4's products re
 stored in the dtype those products cast them to: the same bits, half the bytes), 16-bit copies of T and
 At that S4 reads instead (:data:`OPERAND_COPIES`), and dV's stack (dv's dtype); :func:`scratch_dtypes`.
 """
+import math
 import os
 
 import torch
@@ -1126,6 +1127,36 @@ def check_diag_limit(diag_limit) -> float:
     return float(diag_limit)
 
 
+def scratch_shapes(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla: bool, scalar: bool, dtypes: dict) -> dict:
+    """{name: (shape, dtype)} of B2's scratch per block (one chunk of one batch, head and direction) for
+    chunk size ``c``, head dims ``dk``, ``dv``, ranks ``r_kv``, ``r_ab`` and the dtypes of
+    :func:`scratch_dtypes` (fp32 where it names none); a tensor this call does not use has shape (0,)."""
+    rkp, rap = _pow2(r_kv), (_pow2(r_ab) if r_ab else 1)
+    rk, ra = c * rkp, c * rap
+    gshape = (c,) if scalar else (c, dk)
+    shapes = dict(gs=gshape, gps=gshape, s=(c,) if hdla else (0,), xq=(c, dk), kf=(rk, dk), kt=(rk, dk),
+                  vf=(rk, dv), dos=(c, dv), mqk=(c, rk), dqe=(c, dk), dmo=(c, rk), det=(rk, dk), dvs=(rk, dv),
+                  gxqk=(c, dk), gyqk=(rk, dk))
+    for name, shape in dict(af=(ra, dk), bf=(ra, dk), at=(ra, dk), bh=(ra, dk), mqa=(c, ra), lab=(ra, ra),
+                            lkb=(ra, rk), tm=(ra, ra), w=(ra, dk), u=(ra, rk), mo=(c, rk), et=(rk, dk),
+                            dn=(dk, dk), dat=(ra, dk), du=(ra, rk), dw=(ra, dk), dmqa=(c, ra), dwp=(ra, dk),
+                            dup=(ra, rk), dlab=(ra, ra), gxqa=(c, dk), gyqa=(ra, dk), gxab=(ra, dk),
+                            gyab=(ra, dk), gxkb=(ra, dk), gykb=(rk, dk)).items():
+        shapes[name] = shape if r_ab else (0,)
+    for name, shape in dict(tm16=(ra, ra), at16=(ra, dk)).items():  # S4's copies: only where 16-bit
+        shapes[name] = shape if r_ab and name in dtypes else (0,)
+    return {name: (shape, dtypes.get(name, torch.float32)) for name, shape in shapes.items()}
+
+
+def scratch_bytes_per_block(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla: bool, scalar: bool,
+                            q_dtype: torch.dtype, v_dtype: torch.dtype) -> int:
+    """Bytes of B2's scratch per block (:func:`scratch_shapes`), the reduction buffer of dg / dbeta included."""
+    shapes = scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, scratch_dtypes(q_dtype, v_dtype, r_ab))
+    total = sum(math.prod(shape) * dtype.itemsize for shape, dtype in shapes.values())
+    reduction = triton.cdiv(dk, b2_config(dk, dv, c, r_kv, r_ab)["BKV"]) * 2 * c * 4 if hdla or scalar else 0
+    return total + reduction
+
+
 def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=None, diag_limit=None,
               diag_paths=None, direction_strides=None, state_pass=None):
     """B2: the chunk-local VJP given h (the states entering each chunk) and ds (B1's dS_c), both
@@ -1166,19 +1197,8 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     limit = check_diag_limit(cfg["diag_limit"] if diag_limit is None else diag_limit)
     dev = q.device
     sc = lambda *shape, dtype=torch.float32: torch.empty(blocks, *shape, device=dev, dtype=dtype)  # noqa: E731
-    gshape = (c,) if scalar else (c, dk)
-    shapes = dict(gs=gshape, gps=gshape, s=(c,) if hdla else (0,), xq=(c, dk), kf=(rk, dk), kt=(rk, dk),
-                  vf=(rk, dv), dos=(c, dv), mqk=(c, rk), dqe=(c, dk), dmo=(c, rk), det=(rk, dk), dvs=(rk, dv),
-                  gxqk=(c, dk), gyqk=(rk, dk))
-    for name, shape in dict(af=(ra, dk), bf=(ra, dk), at=(ra, dk), bh=(ra, dk), mqa=(c, ra), lab=(ra, ra),
-                            lkb=(ra, rk), tm=(ra, ra), w=(ra, dk), u=(ra, rk), mo=(c, rk), et=(rk, dk),
-                            dn=(dk, dk), dat=(ra, dk), du=(ra, rk), dw=(ra, dk), dmqa=(c, ra), dwp=(ra, dk),
-                            dup=(ra, rk), dlab=(ra, ra), gxqa=(c, dk), gyqa=(ra, dk), gxab=(ra, dk),
-                            gyab=(ra, dk), gxkb=(ra, dk), gykb=(rk, dk)).items():
-        shapes[name] = shape if r_ab else (0,)
-    for name, shape in dict(tm16=(ra, ra), at16=(ra, dk)).items():  # S4's copies: only where 16-bit
-        shapes[name] = shape if r_ab and name in dtypes else (0,)
-    z = {name: sc(*shape, dtype=dtypes.get(name, torch.float32)) for name, shape in shapes.items()}
+    z = {name: sc(*shape, dtype=dtype) for name, (shape, dtype) in
+         scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, dtypes).items()}
     def grad_of(x):  # one direction: x's gradient; both: the two directions' partials [2, *x.shape]
         return torch.empty_like(x) if dirs == 1 else x.new_empty(2, *x.shape)
 
