@@ -4,6 +4,8 @@ and the time of the fused op against the two single-direction calls and the sum 
     HDLA_VISION_KERNELS=chunk64 python -m benchmarks.bidirectional --part parity [--cases hdla_mild,...]
     HDLA_VISION_KERNELS=chunk64 python -m benchmarks.bidirectional --part timing --shapes vision,1024px,2048px
     HDLA_VISION_KERNELS=chunk64 python -m benchmarks.bidirectional --part warmup --kinds hdla,kda
+    HDLA_VISION_KERNELS=chunk64 python -m benchmarks.bidirectional --part timing --shapes vision,hires \
+        --gates mild,every8 --variants fused
     HDLA_VISION_KERNELS=chunk64 python -m benchmarks.bidirectional --part scratch --shapes 224px_b256,512px_b64
 
 ``--part parity``: per case (HDLA, and the generalized op with stacked and shared inputs, ranks 0 and 1,
@@ -13,7 +15,10 @@ single-direction calls (``two_calls``) in bf16. ``--part timing``: at each shape
 forward+backward (``benchmarks.timing``) of ``chunk_hdla_bidirectional`` (``fused``; ``fused+stack``
 adds the mixer's ``torch.stack`` of the gates) and of ``chunk_hdla`` twice plus the mixer's old sum
 ``y_f + y_b - (q.k) v`` (``two_calls``), with the ratio fused / two_calls; ``--kinds hdla,kda`` adds
-the generalized op at rank 1 (k, a, b stacked, v shared). ``--part warmup``: one forward+backward of
+the generalized op at rank 1 (k, a, b stacked, v shared); ``--gates mild,every8`` times each shape with the
+mixers' gates and with log lambda = -20 per step on every eighth key channel (fast-forgetting gates: the
+diagonal blocks by levels, kernels/generalized/diag_levels.py), ``--variants`` a subset of the three.
+``--part warmup``: one forward+backward of
 every timing variant at every shape, untimed, so that the Triton kernels are compiled (and cached on
 disk) before a timing run; several warm-ups and parity runs can compile side by side. ``--part scratch``:
 the fused op's forward+backward time and peak memory above its inputs at each of ``--budgets`` (MiB of
@@ -37,6 +42,7 @@ SHAPES = {  # (B, T, H, K = V): the vision mixers' scans at 224, 1024 and 2048 p
     "vision": (128, 196, 3, 64),
     "1024px": (16, 4096, 3, 64),
     "2048px": (2, 16384, 3, 64),
+    "hires": (8, 4096, 3, 64),  # benchmarks/kernels.py's high-res shape
     "224px_b256": (256, 196, 3, 64),  # benchmarks/models.py's training batches
     "512px_b64": (64, 1024, 3, 64),
 }
@@ -47,6 +53,9 @@ PARITY = {
     "rab1_stacked_kab": ("generalized", dict(stacked=("k", "a", "b"), r_ab=1)),
     "rab1_scalar_shared_vb": ("generalized", dict(stacked=("k", "a"), r_ab=1, per_head_g=True)),
     "rab0_shared_kv": ("generalized", dict(stacked=(), r_ab=0)),
+    # fast-forgetting gates: log lambda = -20 per step on every eighth channel (both directions), mild elsewhere
+    "hdla_every8_m20": ("hdla", dict(g_min=-1.0, every8=-20.0)),
+    "rab1_every8_m20_stacked_ka": ("generalized", dict(stacked=("k", "a"), r_ab=1, g_min=-1.0, every8=-20.0)),
 }
 PARITY_SHAPE = (2, 300, 2, 64, 64)
 
@@ -99,7 +108,11 @@ def parity(device, cases) -> dict:
     results = {}
     for name in cases:
         kind, kw = PARITY[name]
+        kw = dict(kw)
+        every8 = kw.pop("every8", None)
         problem = bidirectional_problem(kind, *PARITY_SHAPE, **kw)
+        if every8 is not None:
+            problem["g"][..., ::8] = every8
         fused = chunk_hdla_bidirectional if kind == "hdla" else chunk_generalized_bidirectional
         before = len(launches)
         errors = compare_bidirectional(fused, kind, problem, scale=0.5, dtype=torch.bfloat16, device=device,
@@ -127,15 +140,20 @@ def _fused_against_two_calls(kind, problem, device) -> dict:
     return {"y": rel_err(y_fused, y_two), "final_state": rel_err(s_fused, s_two)}
 
 
-def _timing_inputs(kind, batch, seq_len, heads, dim, device, seed=0):
+def _timing_inputs(kind, batch, seq_len, heads, dim, device, seed=0, gates="mild"):
     """bf16 q, k (unit), v and fp32 gates stacked by direction (beta in (0, 2), g = logsigmoid(x + 2)),
-    as the vision mixers hand them over; ``kda``: the generalized op at rank 1 (k, a, b stacked)."""
+    as the vision mixers hand them over; ``kda``: the generalized op at rank 1 (k, a, b stacked).
+    ``gates="every8"``: g = -20 on every eighth channel (benchmarks/kernels.py's fast-forgetting gates)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
     q = rnd(batch, seq_len, heads, dim)
     k = F.normalize(rnd(batch, seq_len, heads, dim), dim=-1)
     v = rnd(batch, seq_len, heads, dim)
     g = F.logsigmoid(rnd(2, batch, seq_len, heads, dim) + 2.0)
+    if gates == "every8":
+        g[..., ::8] = -20.0
+    elif gates != "mild":
+        raise ValueError(f"gates must be mild or every8, got {gates!r}")
     if kind == "hdla":
         beta = 2 * torch.sigmoid(rnd(2, batch, seq_len, heads))
         return [q.bfloat16().requires_grad_(), k.bfloat16().requires_grad_(), v.bfloat16().requires_grad_(),
@@ -171,44 +189,58 @@ def _variants(kind):
     return {"fused": fused, "fused+stack": fused_stack, "two_calls": two_calls}
 
 
-def warmup(device, shapes, kinds) -> dict:
+def _runs(kinds, shapes, gates):
+    """(result key, kind, shape name, gates) of each timing row: ``kind/shape`` for the mixers' gates,
+    ``kind/shape/every8`` for the fast-forgetting ones."""
+    return [(f"{kind}/{name}" + ("" if gate == "mild" else f"/{gate}"), kind, name, gate)
+            for kind in kinds for name in shapes for gate in gates]
+
+
+def warmup(device, shapes, kinds, gates=("mild",), variants=None) -> dict:
     """One forward+backward per variant and shape (compiles the kernels); returns the seconds each took."""
     import time
 
     seconds = {}
-    for kind in kinds:
-        for name in shapes:
-            inputs = _timing_inputs(kind, *SHAPES[name], device)
-            for variant, fn in _variants(kind).items():
-                start = time.perf_counter()
-                torch.autograd.grad(fn(*inputs).float().square().sum(), inputs, allow_unused=True)
-                torch.cuda.synchronize()
-                seconds[f"{kind}/{name}/{variant}"] = time.perf_counter() - start
-            print(f"warm-up {kind} {name}: " + ", ".join(f"{v} {seconds[f'{kind}/{name}/{v}']:.1f} s"
-                                                         for v in _variants(kind)), flush=True)
-            del inputs
-            torch.cuda.empty_cache()
+    for key, kind, name, gate in _runs(kinds, shapes, gates):
+        inputs = _timing_inputs(kind, *SHAPES[name], device, gates=gate)
+        chosen = {v: fn for v, fn in _variants(kind).items() if variants is None or v in variants}
+        for variant, fn in chosen.items():
+            start = time.perf_counter()
+            torch.autograd.grad(fn(*inputs).float().square().sum(), inputs, allow_unused=True)
+            torch.cuda.synchronize()
+            seconds[f"{key}/{variant}"] = time.perf_counter() - start
+        print(f"warm-up {key}: " + ", ".join(f"{v} {seconds[f'{key}/{v}']:.1f} s" for v in chosen), flush=True)
+        del inputs
+        torch.cuda.empty_cache()
     return seconds
 
 
-def timing(device, shapes, kinds) -> dict:
+def timing(device, shapes, kinds, gates=("mild",), variants=None) -> dict:
+    """ms of forward and forward+backward per row of :func:`_runs` and variant; with both variants, the
+    ratio fused / two_calls; with both gates, every8 / mild of each variant (under the every8 key)."""
     results = {}
-    for kind in kinds:
-        for name in shapes:
-            inputs = _timing_inputs(kind, *SHAPES[name], device)
-            row = {}
-            for variant, fn in _variants(kind).items():
+    for key, kind, name, gate in _runs(kinds, shapes, gates):
+        inputs = _timing_inputs(kind, *SHAPES[name], device, gates=gate)
+        row = {}
+        for variant, fn in _variants(kind).items():
+            if variants is None or variant in variants:
                 fwd_ms, all_ms = time_fwd_bwd(fn, inputs)
                 row[variant] = {"fwd": fwd_ms, "fwd_bwd": all_ms}
+        line = "  ".join(f"{v} fwd {t['fwd']:.3f} fwd+bwd {t['fwd_bwd']:.3f} ms" for v, t in row.items())
+        if "fused" in row and "two_calls" in row:
             row["ratio_fused_over_two_calls"] = {p: row["fused"][p] / row["two_calls"][p] for p in ("fwd", "fwd_bwd")}
-            results[f"{kind}/{name}"] = row
-            print(f"{kind:5s} {name:7s} {SHAPES[name]}  "
-                  + "  ".join(f"{v} fwd {row[v]['fwd']:.3f} fwd+bwd {row[v]['fwd_bwd']:.3f} ms"
-                              for v in ("fused", "fused+stack", "two_calls"))
-                  + f"  | fused/two: fwd {row['ratio_fused_over_two_calls']['fwd']:.2f}x "
-                  f"fwd+bwd {row['ratio_fused_over_two_calls']['fwd_bwd']:.2f}x", flush=True)
-            del inputs
-            torch.cuda.empty_cache()
+            line += (f"  | fused/two: fwd {row['ratio_fused_over_two_calls']['fwd']:.2f}x "
+                     f"fwd+bwd {row['ratio_fused_over_two_calls']['fwd_bwd']:.2f}x")
+        mild = results.get(f"{kind}/{name}")
+        if gate != "mild" and mild is not None:
+            row["ratio_over_mild"] = {v: {p: t[p] / mild[v][p] for p in ("fwd", "fwd_bwd")}
+                                      for v, t in row.items() if v in mild}
+            line += "  | over mild: " + "  ".join(f"{v} fwd {r['fwd']:.2f}x fwd+bwd {r['fwd_bwd']:.2f}x"
+                                                  for v, r in row["ratio_over_mild"].items())
+        results[key] = row
+        print(f"{key:20s} {SHAPES[name]}  {line}", flush=True)
+        del inputs
+        torch.cuda.empty_cache()
     return results
 
 
@@ -249,6 +281,8 @@ def main(argv=None):
     parser.add_argument("--cases", default=",".join(PARITY), help="parity cases")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--kinds", default="hdla", help="hdla and/or kda (the generalized op at rank 1)")
+    parser.add_argument("--gates", default="mild", help="timing / warmup: mild and/or every8 (-20 on 1/8 of channels)")
+    parser.add_argument("--variants", default=None, help="timing / warmup: a subset of fused,fused+stack,two_calls")
     parser.add_argument("--budgets", default="0,1024,512", help="--part scratch: B2 scratch budgets in MiB")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
@@ -258,15 +292,16 @@ def main(argv=None):
     device = "cuda"
     result = dict(provenance(torch.cuda.get_device_name()), kernels=os.environ.get("HDLA_VISION_KERNELS", "chunk16"))
     cases = args.cases.split(",")
+    runs = dict(gates=args.gates.split(","), variants=args.variants.split(",") if args.variants else None)
     if args.part == "parity":
         result["cases"] = parity(device, cases)
     elif args.part == "scratch":
         budgets = [int(b) for b in args.budgets.split(",")]
         result["scratch"] = scratch(device, args.shapes.split(","), args.kinds.split(","), budgets)
     elif args.part == "warmup":
-        result["seconds"] = warmup(device, args.shapes.split(","), args.kinds.split(","))
+        result["seconds"] = warmup(device, args.shapes.split(","), args.kinds.split(","), **runs)
     else:
-        result["timings_ms"] = timing(device, args.shapes.split(","), args.kinds.split(","))
+        result["timings_ms"] = timing(device, args.shapes.split(","), args.kinds.split(","), **runs)
     suffix = f"_{cases[0]}" if args.part == "parity" and cases != list(PARITY) else ""
     path = os.path.join(args.out, f"bidirectional_{args.part}{suffix}.json")
     with open(path, "w") as f:

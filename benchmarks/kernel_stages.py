@@ -5,7 +5,7 @@
     python -m benchmarks.kernel_stages --case 2 1 64 64        # one parity case: r_ab r_kv K V (r_ab -1: HDLA)
     python -m benchmarks.kernel_stages --part aot              # compile the forward for the H100, no GPU
     python -m benchmarks.kernel_stages --part f2 --groups 1,auto,8 --shapes long   # F2 one- vs two-level
-    python -m benchmarks.kernel_stages --part f1 --kinds hdla,kda_like,rank2 --gates mild,fast   # F1 diagonal
+    python -m benchmarks.kernel_stages --part f1 --kinds hdla,kda_like,rank2 --gates mild,fast,every8   # F1 diagonal
 
 ``--part aot`` compiles every forward kernel (``tools/aot_check.py``: Triton's pipeline down to an
 sm_90a cubin, nothing launched) for each mixer (HDLA; KDA-like r_ab = 1 vector decay; GLA r_ab = 0;
@@ -22,10 +22,11 @@ and compares o and the final state in bf16 against the float64 token loop run on
 bf16-rounded inputs (relative error < 5e-3). JSON goes to ``--out`` (default ``$OUT``).
 
 ``--part f1`` times F1 (``chunk_prepare``: F0, F1ab, F1c) and F1ab alone (``chunk_intra_kernel``,
-torch.profiler) with F1ab's factored diagonal blocks on (the default limit) and forced off
-(``diag_limit=0``, the exact column loop in every row block), for mild gates (logsigmoid(randn + 2))
-and fast ones (log lambda uniform in [-20, 0]); each row records the share of row blocks that took
-the product and Qeff's / Mo's relative difference from the forced-off run (bf16 parity of the paths).
+torch.profiler) with F1ab's factored diagonal blocks on (the default limit: one product, or by levels
+where one could overflow) and forced off (``diag_limit=0``, the exact column loop in every row block),
+for mild gates (logsigmoid(randn + 2)), fast ones (log lambda uniform in [-20, 0]) and every8 (mild with
+-20 on every eighth channel); each row records the share of row blocks that took one product and
+Qeff's / Mo's relative difference from the forced-off run (bf16 parity of the paths).
 A ``--case`` takes ``--mixed-gates`` (16-token blocks alternately mild and uniform in [-20, 0]) and
 ``--diag-limit``, and reports the share of row blocks that took the product.
 """
@@ -153,7 +154,8 @@ def parity_sweep(workers=8):
 # ----------------------------------------------------------------------------- timing
 def _timing_inputs(kind, shape, gates="mild", dev="cuda"):
     """bf16 inputs (g fp32) of ``kind``: hdla; kda_like (r_ab = r_kv = 1, vector decay); rank2 (r_ab =
-    r_kv = 2, vector decay). Gates: mild, logsigmoid(randn + 2); fast, log lambda uniform in [-20, 0]."""
+    r_kv = 2, vector decay). Gates: mild, logsigmoid(randn + 2); fast, log lambda uniform in [-20, 0];
+    every8, mild with -20 on every eighth channel (benchmarks/kernels.py --fast-gates)."""
     batch, seq_len, heads, d = shape
     gen = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *s: torch.randn(*s, device=dev, generator=gen)  # noqa: E731
@@ -165,6 +167,8 @@ def _timing_inputs(kind, shape, gates="mild", dev="cuda"):
         g = -20.0 * torch.rand(batch, seq_len, heads, d, device=dev, generator=gen)
     else:
         g = F.logsigmoid(rnd(batch, seq_len, heads, d) + 2.0)
+        if gates == "every8":
+            g[..., ::8] = -20.0
     beta = 2 * torch.sigmoid(rnd(batch, seq_len, heads))
     if kind == "hdla":
         return dict(q=q, k=k.to(bf), v=v, beta=beta, g=g)
@@ -414,7 +418,7 @@ def main():
                         help="--part f2: two-level scan groups to time, comma-separated ints or 'auto'")
     parser.add_argument("--seq-len", type=int, default=150, help="T of a --case")
     parser.add_argument("--kinds", default="hdla,kda_like", help="--part f2, f1: input kinds (f1 also rank2)")
-    parser.add_argument("--gates", default="mild,fast", help="--part f1: gates, mild and/or fast")
+    parser.add_argument("--gates", default="mild,fast", help="--part f1: gates, mild, fast and/or every8")
     parser.add_argument("--warm-only", action="store_true", help="--part f1: compile, time nothing")
     parser.add_argument("--mixed-gates", action="store_true", help="--case: 16-token blocks mild / fast")
     parser.add_argument("--diag-limit", type=float, default=None, help="--case: F1ab's diagonal limit")

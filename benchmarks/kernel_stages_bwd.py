@@ -3,10 +3,10 @@
 
     python -m benchmarks.kernel_stages_bwd [--out results.json] [--shapes vision,hires,lm,2048px] [--profile]
     python -m benchmarks.kernel_stages_bwd --shapes 2048px --kinds rab1 --groups 1,auto,8,16   # B1 two-level
-    python -m benchmarks.kernel_stages_bwd --diag-limits default,0 --gates mild,fast --profile
-        # B2's diagonal Gram blocks: the factored product (default limit) against the token loop (0),
-        # with mild gates (every block factored) and fast ones (log-decay uniform in [-20, 0]: every
-        # vector-decay block falls back to the token loop)
+    python -m benchmarks.kernel_stages_bwd --diag-limits default,0 --gates mild,fast,every8 --profile
+        # B2's diagonal Gram blocks: one factored product or the levels (default limit) against the token
+        # loop (0), with mild gates (every block one product), fast ones (log-decay uniform in [-20, 0])
+        # and every8 (-20 on every eighth channel): those blocks by levels (S2b, S5b)
     python -m benchmarks.kernel_stages_bwd --scratch lowp,fp32 --profile
         # B2's operand-only scratch in 16 bits (the default) against all scratch fp32 (bwd_chunk.scratch_dtypes),
         # with every gradient of the two compared bit for bit (lowp_scratch_equal)
@@ -45,9 +45,18 @@ VARIANTS = {"hdla": (2, 1, False), "kda": (1, 1, False), "gla": (0, 1, False), "
 HEAD_DIMS = [(16, 16), (32, 32), (256, 256), (64, 128), (128, 64)]
 
 
+def _every8(x):
+    """Mild gates with log lambda = -20 on every eighth channel (benchmarks/kernels.py --fast-gates)."""
+    g = -0.5 * x.abs()
+    if g.dim() == 4:
+        g[..., ::8] = -20.0
+    return g
+
+
 # gates -> g from a draw of ``fill``: mild (|N(0, 1/4)|, a 16-token block's log-decay spread ~6, every
-# diagonal block factored) or fast (uniform in [-20, 0], issue 11 part 5: every block token by token)
-GATES = {"mild": lambda x: -0.5 * x.abs(), "fast": lambda x: -20.0 * torch.special.ndtr(x)}
+# diagonal block one product), fast (uniform in [-20, 0]: most blocks by levels, kernels/generalized/
+# diag_levels.py) or every8 (mild with -20 on every eighth channel: every block and K tile by levels)
+GATES = {"mild": lambda x: -0.5 * x.abs(), "fast": lambda x: -20.0 * torch.special.ndtr(x), "every8": _every8}
 
 
 def _inputs(kind, batch, seq_len, heads, dk, chunk, dv=None, dev="cuda", fill=torch.randn, dtype=torch.bfloat16,
@@ -110,8 +119,9 @@ def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, g
     two-level groups (None: the launcher's rule). Other than 1 group, also the relative difference of
     every gradient from the one-level B1's (``two_level_vs_one_level``, bf16 parity). ``diag_limit``:
     B2's bound for the factored diagonal Gram blocks (None: the default; 0: all token by token), and
-    ``diag_paths``, the fraction of diagonal blocks (S2 and S5a) that took the product, and where some
-    did, ``factored_vs_loop``: every gradient's relative difference from the token loop's (bf16 parity).
+    ``diag_paths``, per S2 and S5a the fraction of diagonal blocks (and K tiles) on each path (1 one
+    product, 2..5 by levels, 0 the token loop), and where some did not take the loop,
+    ``factored_vs_loop``: every gradient's relative difference from the token loop's (bf16 parity).
     ``check_scratch``: ``lowp_scratch_equal``, whether each gradient with B2's 16-bit scratch equals
     (torch.equal) the one with all scratch fp32 (the caller's scratch mode is timed). ``check_paths``
     False skips ``diag_paths`` and ``factored_vs_loop``, whose kernel variants (the path record, the
@@ -129,9 +139,9 @@ def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, g
     if check_paths:
         paths = {}
         out = full(paths=paths)
-        timings["diag_paths"] = {name: round(((t == 1).sum() / (t >= 0).sum()).item(), 4)
-                                 for name, t in paths.items()}
-        if any(fraction > 0 for fraction in timings["diag_paths"].values()):
+        timings["diag_paths"] = {name: {str(code): round(((t == code).sum() / (t >= 0).sum()).item(), 4)
+                                        for code in t[t >= 0].unique().tolist()} for name, t in paths.items()}
+        if any(code != "0" for shares in timings["diag_paths"].values() for code in shares):
             ref = full(limit=0.0)
             timings["factored_vs_loop"] = {f"d{i}": _rel(o, r) for i, (o, r) in enumerate(zip(out, ref))
                                            if o is not None}

@@ -2,7 +2,9 @@
 launch per stage, kernels/README.md §9) under ``TRITON_INTERPRET=1`` on CPU in fp32, against the float64
 token loops (forward scan + reversed scan - the reversed scan's own write): y, both final states and
 every gradient to a relative error < 1e-4 (T not a multiple of the chunk, batch 1, initial states, gates
-down to -20, HDLA's beta at 0 and 2; stacked and shared inputs, a decay per head); the fake
+down to -20, HDLA's beta at 0 and 2; stacked and shared inputs, a decay per head; fast-forgetting channels,
+whose diagonal blocks take the levels of kernels/generalized/diag_levels.py in both scans, each path
+recorded); the fake
 implementations against the real outputs (``torch.library.opcheck``'s fake-tensor test).
 
 Run by tests/test_bidirectional.py in a pytest subprocess started with ``TRITON_INTERPRET=1`` (Triton
@@ -33,6 +35,42 @@ def fused_launches(monkeypatch):
     return launches
 
 
+@pytest.fixture
+def diag_paths(monkeypatch):
+    """The path each diagonal 16-token block took (kernels/generalized/diag_levels.py: 1 one product, 2..5
+    by levels) in the fused launches: ``f1`` F1's ``diag_path [2B, H, NT, C/16]`` (batches direction-major),
+    ``gram`` B2's S2 / S2b ``[2 B H NT, 4, C/16, K tiles]`` and ``gram_vjp`` S5a / S5b ``[4, 2 B H NT, C/16,
+    K tiles]`` (blocks direction-major: the reversed scan's after the forward's)."""
+    from hdla_vision.kernels.generalized import bwd, fwd
+
+    taken = {}
+    real_prepare, real_vjp = fwd.chunk_prepare, bwd.chunk_vjp
+
+    def prepare(*args, **kw):
+        prep = real_prepare(*args, **dict(kw, record_path=True))
+        taken["f1"] = prep["diag_path"]
+        return prep
+
+    def vjp(*args, **kw):
+        return real_vjp(*args, **dict(kw, diag_paths=taken))
+
+    monkeypatch.setattr(fwd, "chunk_prepare", prepare)
+    monkeypatch.setattr(bwd, "chunk_vjp", vjp)
+    return taken
+
+
+def _assert_levels_in_both_directions(paths, grams):
+    """Some diagonal block of each direction took the levels (path >= 2) in F1 and in B2's Grams ``grams``
+    (0 M_QK, 1 M_QA, 2 L_AB, 3 L_KB), forward and VJP."""
+    f1, gram, gram_vjp = paths["f1"], paths["gram"], paths["gram_vjp"]
+    for d in (0, 1):
+        half = lambda x, n: x.narrow(0, d * (n // 2), n // 2)  # noqa: E731  direction d's batches / blocks
+        assert (half(f1, f1.shape[0]) >= 2).any(), f"F1, direction {d}: {f1.flatten().tolist()}"
+        for gid in grams:
+            assert (half(gram[:, gid], gram.shape[0]) >= 2).any(), f"S2b, Gram {gid}, direction {d}"
+            assert (half(gram_vjp[gid], gram_vjp.shape[1]) >= 2).any(), f"S5b, Gram {gid}, direction {d}"
+
+
 def _assert_close(errors, expected_names):
     assert set(expected_names) <= set(errors), errors
     bad = {name: err for name, err in errors.items() if not err < TOL}  # NaN fails too
@@ -40,13 +78,15 @@ def _assert_close(errors, expected_names):
 
 
 @pytest.mark.interpret
-def test_hdla_bidirectional_matches_float64_loop(fused_launches):
+def test_hdla_bidirectional_matches_float64_loop(fused_launches, diag_paths):
     """Batch 1, T = 40 (chunks of 32: the reversed scan's first chunk starts with 24 identity steps),
-    initial states, g uniform in [-20, 0], beta at 0 and 2 on two thirds of the tokens."""
+    initial states, g uniform in [-20, 0] (diagonal blocks by levels in both directions), beta at 0 and 2
+    on two thirds of the tokens."""
     p = bidirectional_problem("hdla", 1, 40, 1, 8, 6, g_min=-20.0, beta_ends=True)
     errors = compare_bidirectional(chunk_hdla_bidirectional, "hdla", p, scale=0.7)
     assert fused_launches == [1]
     _assert_close(errors, ["y", "final_state", "dq", "dk", "dv", "dbeta", "dg", "dinitial_state"])
+    _assert_levels_in_both_directions(diag_paths, grams=(0, 1, 2, 3))
 
 
 @pytest.mark.interpret
@@ -56,6 +96,20 @@ def test_generalized_bidirectional_matches_float64_loop(fused_launches):
     errors = compare_bidirectional(chunk_generalized_bidirectional, "generalized", p, scale=0.7)
     assert fused_launches == [1]
     _assert_close(errors, ["y", "final_state", "dq", "dk", "dv", "da", "db", "dg", "dinitial_state"])
+
+
+@pytest.mark.interpret
+def test_fast_gates_take_the_levels_in_both_directions(fused_launches, diag_paths):
+    """The benchmarks' fast-forgetting channels: log lambda = -20 per step on every fourth channel (both
+    directions), mild gates in [-1, 0] elsewhere; r_ab = 1 with k, a stacked, batch 1, T = 40. The
+    diagonal blocks of F1 and of all four B2 Grams take the levels in both scans, the reversed one's
+    M_QK strictly lower (kernels/README.md §9), and the op still equals the float64 loops."""
+    p = bidirectional_problem("generalized", 1, 40, 1, 8, 6, stacked=("k", "a"), g_min=-1.0)
+    p["g"][..., ::4] = -20.0
+    errors = compare_bidirectional(chunk_generalized_bidirectional, "generalized", p, scale=0.7)
+    assert fused_launches == [1]
+    _assert_close(errors, ["y", "final_state", "dq", "dk", "dv", "da", "db", "dg", "dinitial_state"])
+    _assert_levels_in_both_directions(diag_paths, grams=(0, 1, 2, 3))
 
 
 @pytest.mark.interpret

@@ -50,6 +50,8 @@ GENERALIZED = {
     "rab2_scalar_T70": (2, 1, 70, True, False, -3.0, 0.0, True, None),
     "rab1_scalar_rev_noh0_c16": (1, 1, 37, True, True, -3.0, 0.0, False, 16),
     "rab2_resets_c16": (2, 1, 37, False, False, -3.0, 0.05, True, 16),
+    # fast gates down to -35 per step and resets: the diagonal blocks by levels (diag_levels.py)
+    "rab2_rev_gates35_resets_T77": (2, 1, 77, False, True, -35.0, 0.05, True, None),
 }
 
 
@@ -69,6 +71,7 @@ def test_chunk_generalized_matches_float64_loop(chunk64, monkeypatch, case):
 HDLA = {
     "hdla_beta02_gates20_T70": (70, False, -20.0, True, None),
     "hdla_rev_noh0_c16": (37, True, -3.0, False, 16),
+    "hdla_rev_gates35_T77": (77, True, -35.0, True, None),
 }
 
 

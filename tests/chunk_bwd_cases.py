@@ -1,5 +1,6 @@
 """Cases of the interpreted backward-kernel test (tests/test_chunk_bwd_kernels.py, run by
 tests/chunk_bwd_worker.py): small fp32 problems over ranks, decay kinds, directions and gates."""
+import torch
 
 SCALE = 0.7
 # name -> (kind, problem kwargs, chunk, reverse, with a final-state cotangent)
@@ -38,13 +39,16 @@ CASES.update({
     "rab1_k16_v32_c64": ("gen", dict(batch=1, seq_len=70, heads=1, dk=16, dv=32, r_kv=1, r_ab=1), 64, False, True),
 })
 
-# The diagonal token blocks of B2's Gram matrices (kernels/README.md §8 Numerics): a product through
-# the block's reference where its bound allows, else token by token. Gates chosen so that the bound
-# decides: ``mild`` g uniform in that range everywhere, except ``fast`` (g uniform in [-20, 0], a
-# block's bound then ~80 > 30) at the scan steps ``fast_steps`` [start, end) in every channel and at
-# every step in the channels ``fast_channels``. A block falls back where one of its steps is fast in one of the
-# tile's channels; a decay per head never falls back (its diagonal block is the plain product times
-# the exact decay matrix). name -> (kind, problem kwargs, chunk, reverse, dtype, gates)
+# The diagonal token blocks of B2's Gram matrices (kernels/README.md §8 Numerics, "Fast gates"): one product
+# through the block's reference where its bound allows, else by levels (kernels/generalized/diag_levels.py).
+# Gates chosen so that each path is taken: ``mild`` g uniform in that range everywhere, except ``fast`` (g
+# uniform in [-20, 0]) at the scan steps ``fast_steps`` [start, end) in every channel and at every step in
+# the channels ``fast_channels``, and constants ``const``: (start, end, channels or None for all, value) at
+# those scan steps, e.g. log lambda = -20 or -35 per step, or -inf (a reset). The path of each block and K
+# tile follows from the cumsums (tests/diag_levels_rule.py); a decay per head always takes the product (its
+# diagonal block is the plain product times the exact decay matrix). name -> (kind, problem kwargs, chunk,
+# reverse, dtype, gates)
+INF = float("inf")
 DIAG_CASES = {
     "hdla_mild_rev_T70_c64": ("hdla", dict(batch=1, seq_len=70, heads=1, dk=16, dv=8), 64, True, "float32",
                               dict(mild=(-1.0, 0.0))),
@@ -58,7 +62,40 @@ DIAG_CASES = {
     # factors up to e^26, far outside fp16's range: the factored products must not take fp16 operands
     "hdla_fp16_mixed_rev_c32": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=32, dv=16), 32, True, "float16",
                                 dict(mild=(-3.25, -2.75), fast_steps=[(16, 32)])),
+    # the benchmarks' fast-forgetting gates: log lambda = -20 on every eighth channel (quarter groups, path 3)
+    "hdla_m20_every8th_rev_T45_c32": ("hdla", dict(batch=1, seq_len=45, heads=2, dk=32, dv=8), 32, True, "float32",
+                                      dict(mild=(-1.0, 0.0), const=[(0, 45, list(range(0, 32, 8)), -20.0)])),
+    # -35 per step in one channel (pair groups, path 4), -inf resets at single steps (one-token groups, path 5),
+    # a 16-step run of -20 in every channel, mild elsewhere: every path in one chunk of 64, K = 80 (2 or 3 K tiles)
+    "rab1_m35_resets_k80_c64": ("gen", dict(batch=1, seq_len=100, heads=1, dk=80, dv=8, r_kv=1, r_ab=1), 64, False,
+                                "float32", dict(mild=(-1.0, 0.0), const=[(0, 100, [3], -35.0), (21, 22, [40, 70], -INF),
+                                                                       (37, 38, None, -INF), (64, 80, None, -20.0)])),
+    "rab2_mixed_block_rev_T50_c32": ("gen", dict(batch=1, seq_len=50, heads=1, dk=16, dv=8, r_kv=1, r_ab=2), 32, True,
+                                     "float32", dict(mild=(-0.5, 0.0), const=[(3, 7, [1, 2], -20.0), (9, 10, [7], -INF),
+                                                                           (20, 30, [11], -35.0),
+                                                                           (32, 48, [13], -6.0)])),
+    "hdla_fp16_m20_c32": ("hdla", dict(batch=1, seq_len=40, heads=1, dk=16, dv=16), 32, False, "float16",
+                          dict(mild=(-1.0, 0.0), const=[(0, 40, [2, 9], -20.0), (17, 18, [5], -INF)])),
 }
+
+
+def diag_gates(shape, reverse, mild, fast_steps=(), fast_channels=(), const=()):
+    """g [B, T, H, K] or [B, T, H] (float64) of a DIAG_CASES entry in scan steps (token T-1-p at step p
+    when reversed): uniform in ``mild``, in [-20, 0] at the scan steps ``fast_steps`` ([start, end) pairs)
+    and in the channels ``fast_channels``, then the constants ``const`` ((start, end, channels, value))."""
+    gen = torch.Generator().manual_seed(2)
+    lo, hi = mild
+    g = lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=torch.float64)
+    fast = torch.zeros(shape, dtype=torch.bool)
+    for start, end in fast_steps:
+        fast[:, start:end] = True
+    for ch in fast_channels:
+        fast[..., ch] = True
+    g = torch.where(fast, -20.0 * torch.rand(shape, generator=gen, dtype=torch.float64), g)
+    for start, end, channels, value in const:
+        g[:, start:end, ..., slice(None) if channels is None else channels] = value
+    return g.flip(1) if reverse else g
+
 
 # B2's 16-bit scratch (bwd_chunk.scratch_dtypes): fp16 problems run with every scratch tensor fp32 and with
 # the operand-only ones in fp16, whose gradients must be bit-identical. Over HDLA, rank 0 (M_QK 16-bit),

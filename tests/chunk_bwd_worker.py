@@ -19,7 +19,7 @@ from hdla_vision.kernels.generalized.bwd import generalized_backward  # noqa: E4
 from hdla_vision.kernels.generalized.fwd import chunk_prepare, chunk_state_pass  # noqa: E402
 from hdla_vision.kernels.generalized.naive import naive_generalized  # noqa: E402
 from hdla_vision.kernels.hdla.naive import naive_hdla  # noqa: E402
-from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCALE, SCRATCH_CASES  # noqa: E402
+from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCALE, SCRATCH_CASES, diag_gates  # noqa: E402
 from tests.oracle import generalized_problem, hdla_problem, rel_err  # noqa: E402
 
 
@@ -72,24 +72,10 @@ def _run(kind, problem, chunk, reverse, with_dht):
     return {n: rel_err(m, r) for n, m, r in zip(grad_names, out, ref)}
 
 
-def diag_gates(shape, reverse, mild, fast_steps=(), fast_channels=()):
-    """g [B, T, H, K] or [B, T, H] (float64) of a DIAG_CASES entry: uniform in ``mild``, in [-20, 0] at
-    the scan steps ``fast_steps`` ([start, end) pairs) and in the channels ``fast_channels``."""
-    gen = torch.Generator().manual_seed(2)
-    lo, hi = mild
-    g = lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=torch.float64)
-    fast = torch.zeros(shape, dtype=torch.bool)
-    for start, end in fast_steps:
-        fast[:, start:end] = True
-    for ch in fast_channels:
-        fast[..., ch] = True
-    g = torch.where(fast, -20.0 * torch.rand(shape, generator=gen, dtype=torch.float64), g)
-    return g.flip(1) if reverse else g  # steps are scan steps: token T-1-p when reversed
-
-
 def _run_diag(kind, problem, chunk, reverse, dtype, gates):
     """One DIAG_CASES entry: errors with the default limit and with every diagonal block forced through
-    the token loop (diag_limit 0), their difference, and the paths each took."""
+    the token loop (diag_limit 0), their difference, and the paths each took (S2 and S5a after their
+    levels passes)."""
     make = hdla_problem if kind == "hdla" else generalized_problem
     p = make(**problem)
     p["g"] = diag_gates(p["g"].shape, reverse, **gates)

@@ -13,6 +13,8 @@ from hdla_vision.kernels.generalized import fwd
 from hdla_vision.kernels.generalized.fwd import chunk_output, chunk_prepare, chunk_state_pass, generalized_forward
 from hdla_vision.kernels.generalized.naive import naive_generalized
 from hdla_vision.kernels.hdla.naive import naive_hdla
+from tests.chunk_bwd_cases import DIAG_CASES, diag_gates
+from tests.diag_levels_rule import chunk_cumsums, level_paths
 from tests.oracle import generalized_problem, hdla_problem, rel_err
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run this module through tests/test_chunk_fwd_kernels.py"
@@ -180,9 +182,10 @@ def test_hdla_wide_keys(dk, chunk):
 
 # ----------------------------------------------------------------------------- F1's factored diagonal
 # Per 16-token row block, F1 computes the vector-decay diagonal Grams as one product through the block's
-# reference where G's half range over the block is below diag_limit, else by the exact column loop. The
-# launcher records which path each row block took (record_path); the checks below predict that map from
-# the gates on the host and require both paths to match the float64 loop.
+# reference where G's half range over the block is below diag_limit, else by levels (2 to 5 products per
+# Gram, kernels/generalized/diag_levels.py), or by the exact column loop at diag_limit 0. The launcher
+# records which path each row block took (record_path); the checks below predict that map from the gates
+# on the host (tests/diag_levels_rule.py) and require every path to match the float64 loop.
 BLOCK_GATES = {"mild": (-0.5, 0.0), "ramp": (-1.2, -1.0), "fast": (-20.0, -19.0)}  # per-step log-decay ranges
 
 
@@ -199,16 +202,14 @@ def _block_gates(shape, pattern, reverse, seed=3):
 
 
 def _expected_path(g, chunk, reverse, limit):
-    """The row blocks whose diagonal should be one product (1) or the loop (0), ``[B, H, NT, C/16]``:
-    G's largest half range over a block's 16 scan steps (chunk-local cumsum of the clamped g, steps
-    past T add 0) below ``limit``."""
-    batch, seq_len, heads, dk = g.shape
-    n_chunks = -(-seq_len // chunk)
-    gs = (g.flip(1) if reverse else g).clamp_min(-110.0)
-    gs = torch.cat([gs, gs.new_zeros(batch, n_chunks * chunk - seq_len, heads, dk)], 1)
-    G = gs.view(batch, n_chunks, chunk // 16, 16, heads, dk).cumsum(3)  # G up to a constant per block
-    half = (G.amax(3) - G.amin(3)).amax(-1) / 2  # [B, NT, C/16, H]
-    return (half < limit).to(torch.int8).permute(0, 3, 1, 2)
+    """The path each row block's diagonal should take, ``[B, H, NT, C/16]``: 1 one product, 2..5 by levels
+    (tests/diag_levels_rule.py over all K channels: F1 decides per row block from G), 0 the loop at limit 0."""
+    G, _ = chunk_cumsums(g, chunk, reverse)
+    if limit == 0:
+        return torch.zeros(G.shape[:3] + (chunk // 16,), dtype=torch.int8)
+    path, margin = level_paths(G, G, G.shape[-1], limit)
+    assert margin > 1e-3, f"a row block's bound is {margin} from the limit {limit}: the prediction is not meaningful"
+    return path[..., 0].to(torch.int8)
 
 
 def _forward_recorded(f, reverse, chunk, limit):
@@ -237,9 +238,9 @@ def _check_diag_paths(p, reverse, chunk, limits, tol=TOL, dtype=torch.float32):
 
 @pytest.mark.parametrize("pattern,reverse", [("mild", True), ("fast", False), (("mild", "fast"), True)])
 def test_diag_paths_hdla(pattern, reverse):
-    """HDLA, C = 32, T = 45 (the last chunk partial): mild gates take the product in every row block,
-    log lambda ~ -20 per step the loop in every block with two or more steps (one step: G constant), the
-    mix alternates inside each chunk; forced loop (limit 0) = default = float64 loop."""
+    """HDLA, C = 32, T = 45 (the last chunk partial): mild gates take one product in every row block,
+    log lambda ~ -20 per step the levels in every block with two or more steps (one step: G constant),
+    the mix alternates inside each chunk; forced loop (limit 0) = default = float64 loop."""
     p = hdla_problem(1, 45, 2, 16, 16)
     p["g"] = _block_gates(p["g"].shape, pattern if isinstance(pattern, tuple) else (pattern,), reverse)
     paths, outs = _check_diag_paths(p, reverse, 32, (fwd.DIAG_LIMIT, 0.0))
@@ -248,37 +249,52 @@ def test_diag_paths_hdla(pattern, reverse):
     if pattern == "mild":
         assert bool((default == 1).all())
     elif pattern == "fast":
-        assert bool((default[valid.expand_as(default)] == 0).all())
+        assert bool((default[valid.expand_as(default)] > 1).all())
     else:
-        assert set(default.flatten().tolist()) == {0, 1}
+        assert 1 in default and bool((default > 1).any())
     assert bool((paths[0.0] == 0).all()) and rel_err(outs[0.0], outs[fwd.DIAG_LIMIT]) < 1e-5
 
 
 def test_diag_limit_decides_rank_2():
     """r_ab = r_kv = 2, C = 64, T = 70: row blocks of half range <= 3.75 (mild) and 7.5-9 (ramp) in one
-    chunk; the limit moves the ramp blocks between the paths (30: product, 5: loop, 0: every block the
-    loop), all exact."""
+    chunk; the limit moves the ramp blocks between the paths (35: one product, 5: by halves, whose
+    bound is 3.5-4.2; 0: every block the loop), all exact."""
     p = generalized_problem(1, 70, 2, 16, 16, 2, 2)
     p["g"] = _block_gates(p["g"].shape, ("ramp", "mild"), False)
     paths, _ = _check_diag_paths(p, False, 64, (fwd.DIAG_LIMIT, 5.0, 0.0))
     assert bool((paths[fwd.DIAG_LIMIT][:, :, 0] == 1).all())  # chunk 0: every row block the product
-    assert bool((paths[5.0][:, :, 0, 0::2] == 0).all()) and bool((paths[5.0][:, :, 0, 1::2] == 1).all())  # ramp: loop
+    assert bool((paths[5.0][:, :, 0, 0::2] == 2).all()) and bool((paths[5.0][:, :, 0, 1::2] == 1).all())  # ramp
     assert bool((paths[0.0] == 0).all())
 
 
 def test_diag_paths_fp16():
     """fp16 inputs (the product's factors in TF32: fp16 cannot hold e^lim), mild and fast row blocks
-    mixed, rank 1 generalized reversed: within 2e-3 of the loop on the fp16-rounded inputs, both paths."""
+    mixed, rank 1 generalized reversed: within 2e-3 of the loop on the fp16-rounded inputs, every path."""
     p = generalized_problem(1, 45, 2, 16, 32, 1, 1)
     p["g"] = _block_gates(p["g"].shape, ("fast", "mild"), True)
     paths, outs = _check_diag_paths(p, True, 32, (fwd.DIAG_LIMIT, 0.0), tol=2e-3, dtype=torch.float16)
-    assert set(paths[fwd.DIAG_LIMIT].flatten().tolist()) == {0, 1}
+    assert set(paths[fwd.DIAG_LIMIT].flatten().tolist()) == {1, 3}
     assert outs[0.0].dtype == torch.float16
+
+
+@pytest.mark.parametrize("case", [name for name, spec in DIAG_CASES.items() if not spec[1].get("per_head_g")])
+def test_diag_cases_forward(case):
+    """The backward's DIAG_CASES of vector decay (tests/chunk_bwd_cases.py: log lambda = -20 on every eighth
+    channel, -35, -inf resets, runs of them inside single blocks, HDLA and ranks 1, 2, reversed, T not a
+    multiple of the chunk, fp16) through F1, F2, F3: o and the final state within the tolerance of the float64 loop on the
+    inputs the kernels get, every row block on the path the rule predicts, and equal to the loop (limit 0)."""
+    kind, problem, chunk, reverse, dtype, gates = DIAG_CASES[case]
+    p = (hdla_problem if kind == "hdla" else generalized_problem)(**problem)
+    p["g"] = diag_gates(p["g"].shape, reverse, **gates)
+    fp16 = dtype == "float16"
+    _, outs = _check_diag_paths(p, reverse, chunk, (fwd.DIAG_LIMIT, 0.0), tol=2e-3 if fp16 else TOL,
+                                dtype=getattr(torch, dtype))
+    assert rel_err(outs[0.0], outs[fwd.DIAG_LIMIT]) < (1e-3 if fp16 else 1e-5)
 
 
 def test_diag_limit_bad_values():
     p = _fp32(hdla_problem(1, 20, 1, 16, 16))
-    for bad in (-1.0, 31.0):
+    for bad in (-1.0, 36.0):
         with pytest.raises(ValueError, match="diag_limit"):
             chunk_prepare(p["q"], p["k"], p["v"], None, None, p["g"], 1.0, False, hdla_beta=p["beta"], diag_limit=bad)
 

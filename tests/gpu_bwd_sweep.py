@@ -1,6 +1,7 @@
 """GPU parity sweep of the backward kernels (kernels/generalized/bwd.py): bf16 inputs against the float64
-chunk-algorithm reference (tests/chunk_bwd_reference.py, itself checked against the token loops), one
-subprocess per case so that a crash (an illegal memory access) fails that case only.
+chunk-algorithm reference (tests/chunk_bwd_reference.py, itself checked against the token loops), and of
+the forward's o and final state against the float64 token loop, one subprocess per case so that a crash
+(an illegal memory access) fails that case only.
 
     python -m tests.gpu_bwd_sweep OUT.json          # the sweep (each case at the default chunk)
     python -m tests.gpu_bwd_sweep OUT.json --all-chunks   # each case at chunks 16, 32 and 64 (forced)
@@ -34,6 +35,14 @@ for r_ab, dk in ((3, 32), (4, 32), (3, 128)):
     CASES[f"rab{r_ab}_k{dk}_v{dk}"] = dict(kind="gen", r_ab=r_ab, r_kv=1, dk=dk, dv=dk)
 CASES["rab4_rkv4_k64"] = dict(kind="gen", r_ab=4, r_kv=4, dk=64, dv=64)
 CASES["rab1_rkv3_scalar_k128"] = dict(kind="gen", r_ab=1, r_kv=3, dk=128, dv=64, per_head=True)
+# fast gates by levels (kernels/generalized/diag_levels.py): log lambda = -20 exactly on every eighth channel (the
+# benchmarks' fast gates: 4-token groups), -35 (2-token groups) with resets (-inf: 1-token groups), mild elsewhere
+CASES["hdla_k64_every8_m20"] = dict(kind="hdla", dk=64, dv=64, g_min=-1.0, every8=-20.0)
+CASES["hdla_k128_every8_m20_rev"] = dict(kind="hdla", dk=128, dv=128, g_min=-1.0, every8=-20.0, reverse=True)
+CASES["rab1_k128_every8_m20"] = dict(kind="gen", r_ab=1, r_kv=1, dk=128, dv=128, g_min=-1.0, every8=-20.0)
+CASES["rab2_k64_every8_m35_resets_rev"] = dict(kind="gen", r_ab=2, r_kv=1, dk=64, dv=64, g_min=-1.0, every8=-35.0,
+                                               resets=0.02, reverse=True)
+CASES["hdla_k64_every8_m20_fp32"] = dict(kind="hdla", dk=64, dv=64, g_min=-1.0, every8=-20.0, dtype="float32")
 CASES["hdla_k64_fp32"] = dict(kind="hdla", dk=64, dv=64, dtype="float32")
 CASES["rab2_k128_fp32"] = dict(kind="gen", r_ab=2, r_kv=1, dk=128, dv=128, dtype="float32")
 
@@ -43,7 +52,9 @@ def run_case(name, chunk=None):
     import torch.nn.functional as F
 
     from hdla_vision.kernels.generalized.bwd import generalized_backward
-    from hdla_vision.kernels.generalized.fwd import chunk_prepare, chunk_state_pass
+    from hdla_vision.kernels.generalized.fwd import chunk_output, chunk_prepare, chunk_state_pass
+    from hdla_vision.kernels.generalized.naive import naive_generalized
+    from hdla_vision.kernels.hdla.naive import naive_hdla
     from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
     from tests.oracle import rel_err
 
@@ -56,10 +67,14 @@ def run_case(name, chunk=None):
     g_min, reverse = cfg.get("g_min", -3.0), cfg.get("reverse", False)
 
     def gates(*shape):
-        """g uniform in [g_min, 0], in [-20, 0] in the channels cfg["fast_channels"]."""
+        """g uniform in [g_min, 0], in [-20, 0] in the channels cfg["fast_channels"], cfg["every8"] on every
+        eighth channel, -inf (a reset) at a fraction cfg["resets"] of the entries."""
         g = g_min * unif(*shape)
         for ch in cfg.get("fast_channels", ()):
             g[..., ch] = -20.0 * unif(*shape[:-1])
+        if "every8" in cfg:
+            g[..., ::8] = cfg["every8"]
+        g = torch.where(unif(*shape) < cfg.get("resets", 0.0), float("-inf"), g)
         return g.float()
 
     q = rnd(batch, seq_len, heads, dk).to(bf)
@@ -89,10 +104,17 @@ def run_case(name, chunk=None):
                                              prep["chunk"])
         names = ["dq", "dk", "dv", "da", "db", "dg", "dh0"]
         beta = None
-    h, _ = chunk_state_pass(prep, h0.float())
+    h, final = chunk_state_pass(prep, h0.float())
+    o = chunk_output(prep, h, args[2], reverse)
     out = generalized_backward(do, dht.float(), *args, 0.5, h0.float(), h, reverse, hdla_beta=beta)
     torch.cuda.synchronize()
-    errs = {n: rel_err(m.float(), r) for n, m, r in zip(names, out, ref)}
+    ins = [x.double() if x is not None else None for x in args]
+    if beta is None:
+        ref_o, ref_final = naive_generalized(*ins, 0.5, h0, True, reverse)
+    else:
+        ref_o, ref_final = naive_hdla(ins[0], ins[1], ins[2], beta.double(), ins[5], 0.5, h0, True, reverse)
+    errs = {"o": rel_err(o.float(), ref_o), "final": rel_err(final.float(), ref_final)}
+    errs.update({n: rel_err(m.float(), r) for n, m, r in zip(names, out, ref)})
     errs["nan"] = float(any(bool(torch.isnan(m).any()) for m in out if m is not None))
     errs["chunk"] = prep["chunk"]
     return errs
@@ -121,7 +143,8 @@ def sweep(path, chunks=(None,), names=None):
 
 def report(name, errs):
     """One line per case: ok / FAIL, the errors (or the crash's message)."""
-    bad = "error" in errs or errs.get("nan") or any(v >= TOL for k, v in errs.items() if k.startswith("d"))
+    bad = "error" in errs or errs.get("nan") or any(v >= TOL for k, v in errs.items() if k.startswith("d")
+                                                    or k in ("o", "final"))
     print(("FAIL " if bad else "ok   ") + name, {k: (round(v, 6) if isinstance(v, float) else v)
                                                      for k, v in errs.items() if k != "error"},
               errs.get("error", "")[-600:], flush=True)

@@ -59,13 +59,14 @@ def test_generalized_decoding_kernel_compiles_for_the_h100_without_spills(dk, r_
     assert 0 < record["reg"] <= 255 and record["stack"] == 0 and record["local"] == 0, format_records(records)
 
 
-@pytest.mark.parametrize("diag_limit, record_path", [(30.0, False), (0.0, False), (30.0, True)])
+@pytest.mark.parametrize("diag_limit, record_path", [(35.0, False), (0.0, False), (35.0, True)])
 def test_forward_intra_kernel_compiles_for_the_h100(diag_limit, record_path):
-    """F1ab (``chunk_intra_kernel``) with its factored diagonal blocks (limit 30), without them (limit 0:
-    the exact loop alone) and recording its path, HDLA at K = 64 in bf16: the branches that the
-    interpreter tests may never take compile too."""
+    """F1ab (``chunk_intra_kernel``) with its factored diagonal blocks and their levels (limit 35, the
+    default), without them (limit 0: the exact loop alone) and recording its path, HDLA at K = 64 in
+    bf16: the branches that the interpreter tests may never take compile too."""
     from hdla_vision.kernels.generalized import fwd
 
+    assert diag_limit in (fwd.DIAG_LIMIT, 0.0)
     batch, seq_len, heads, dk = 1, 64, 1, 64
     q, k, v = (torch.zeros(batch, seq_len, heads, dk, dtype=torch.bfloat16) for _ in range(3))
     beta = torch.zeros(batch, seq_len, heads, dtype=torch.bfloat16)
@@ -76,3 +77,29 @@ def test_forward_intra_kernel_compiles_for_the_h100(diag_limit, record_path):
     (intra,) = [r for r in records if r["kernel"] == "chunk_intra_kernel"]
     assert intra["constexprs"]["DIAG_LIMIT"] == diag_limit and intra["constexprs"]["RECORD_PATH"] == record_path
     assert 0 < intra["reg"] <= 255, format_records(records)
+
+
+@pytest.mark.parametrize("dtype, dirs", [(torch.bfloat16, 1), (torch.float32, 1), (torch.bfloat16, 2)])
+def test_backward_levels_kernels_compile_for_the_h100(dtype, dirs):
+    """B2's levels passes (S2b ``_gram_levels_kernel``, S5b ``_gram_vjp_levels_kernel``: the diagonal blocks
+    of fast gates, kernels/generalized/diag_levels.py) compile for HDLA at K = 64 with tf32x3 (bf16 inputs)
+    and exact fp32 operands, and with both directions in one launch (``dirs = 2``: the reversed scan's
+    strict M_QK a runtime flag, kernels/README.md §9); the interpreter tests run them, the device only
+    where gates are fast."""
+    from hdla_vision.kernels.generalized import bwd
+
+    batch, seq_len, heads, dk = 1, 64, 1, 64
+    q, k, v, do = (torch.zeros(batch, seq_len, heads, dk, dtype=dtype) for _ in range(4))
+    beta = torch.zeros(dirs, batch, seq_len, heads, dtype=dtype)  # per direction, as g
+    g = torch.zeros(dirs, batch, seq_len, heads, dk)
+    strides = dict(hdla_beta=beta[0].numel(), g=g[0].numel()) if dirs == 2 else None
+    h = torch.zeros(dirs * batch, heads, 2, dk, dk, dtype=dtype)
+    with compile_only() as records:  # (F1's levels: test_forward_intra_kernel_compiles_for_the_h100)
+        bwd.generalized_backward(do, None, q, k, v, None, None, g[0], 1.0, None, h, False, hdla_beta=beta[0],
+                                 direction_strides=strides)
+    names = [r["kernel"] for r in records]
+    assert "_gram_levels_kernel" in names and "_gram_vjp_levels_kernel" in names, names
+    for r in records:
+        assert 0 < r["reg"] <= 255, format_records(records)
+        if r["kernel"] in ("_gram_levels_kernel", "_gram_vjp_levels_kernel"):
+            assert r["constexprs"]["DIRS"] == dirs, r["constexprs"]

@@ -4,7 +4,8 @@
 * on the chunk64 kernels under ``TRITON_INTERPRET=1`` (both directions in one launch; the checks of
   tests/bidirectional_checks.py in one subprocess) and on the PyTorch chunk form (CPU), the op equals
   the forward scan + the reversed scan - the reversed scan's own write on the float64 token loops: y,
-  both final states and every gradient, fp32 < 1e-4;
+  both final states and every gradient, fp32 < 1e-4 (on chunk64 also with fast-forgetting gates, whose
+  diagonal blocks take the levels in both scans, kernels/generalized/diag_levels.py);
 * bad arguments raise ValueError naming the argument;
 * every bidirectional mixer's op path equals its definition (:meth:`two_scans`), forward and gradients;
 * ``torch.compile(fullgraph=True)`` traces a mixer as one op node forward and one backward.
@@ -31,7 +32,8 @@ cpu_path = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                               reason="the CPU path (PyTorch chunk form); this process interprets the kernels")
 CHECKS = "tests/bidirectional_checks.py"
 INTERPRETED = ["test_hdla_bidirectional_matches_float64_loop", "test_generalized_bidirectional_matches_float64_loop",
-               "test_sliced_backward_matches_float64_loop", "test_fake_outputs_match_the_fused_path",
+               "test_fast_gates_take_the_levels_in_both_directions", "test_sliced_backward_matches_float64_loop",
+               "test_fake_outputs_match_the_fused_path",
                "test_chunk16_runs_the_two_scans"]
 
 

@@ -1,7 +1,7 @@
 """The chunk backward (issue 11): its float64 specification against autograd through the token loops,
 and the Triton kernels of kernels/generalized/bwd.py under TRITON_INTERPRET=1 (fp32, CPU, in a
 subprocess: tests/chunk_bwd_worker.py) against the same, relative error < 1e-4 for every gradient;
-B2's diagonal Gram blocks on both of their paths (the factored product and the token loop), each
+B2's diagonal Gram blocks on each of their paths (one factored product, by levels, the token loop), each
 block's path as its gates decide; B2's 16-bit scratch bit-identical to fp32 scratch (fp16 inputs)."""
 
 import pytest
@@ -10,7 +10,8 @@ import torch
 from hdla_vision.kernels.generalized.naive import naive_generalized
 from hdla_vision.kernels.hdla.naive import naive_hdla
 from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
-from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCRATCH_CASES
+from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCRATCH_CASES, diag_gates
+from tests.diag_levels_rule import chunk_cumsums, level_paths
 from tests.oracle import generalized_problem, hdla_problem, rel_err
 from tests.interpreted import run_interpreted_json
 
@@ -85,20 +86,37 @@ def diag_results():
 
 
 def _expected_paths(case, tile):
-    """[NT * C/16 diagonal blocks, K tiles of width ``tile``]: 1 where a block should take the factored
-    product, 0 where one of its valid steps is fast in one of the tile's channels (DIAG_CASES in
-    tests/chunk_bwd_cases.py); a decay per head: always 1."""
-    kind, problem, chunk, _, _, gates = DIAG_CASES[case]
-    seq_len, dk = problem["seq_len"], problem["dk"]
-    n_chunks, n_tiles = -(-seq_len // chunk), -(-dk // tile)
-    fast = torch.zeros(n_chunks * chunk, n_tiles * tile, dtype=torch.bool)  # scan step x channel
-    if not problem.get("per_head_g"):
-        for start, end in gates.get("fast_steps", ()):
-            fast[start:end, :dk] = True
-        for ch in gates.get("fast_channels", ()):
-            fast[:, ch] = True
-        fast[seq_len:] = False  # steps past T have g = 0
-    return (~fast.view(-1, 16, n_tiles, tile).any(dim=3).any(dim=1)).int()
+    """[4 Grams, B*H, NT * C/16, K tiles of width ``tile``]: the path each diagonal block and K tile
+    should take (tests/diag_levels_rule.py: 1 one product, 2..5 by levels), from the case's gates as the
+    kernels receive them; M_QK, M_QA compare G with G, L_AB, L_KB the rows' G' with G. A decay per head:
+    always 1."""
+    from hdla_vision.kernels.generalized.bwd_chunk import DIAG_LIMIT
+
+    kind, problem, chunk, reverse, dtype, gates = DIAG_CASES[case]
+    batch, seq_len, heads, dk = (problem[n] for n in ("batch", "seq_len", "heads", "dk"))
+    if problem.get("per_head_g"):
+        return torch.ones(4, batch * heads, -(-seq_len // chunk) * chunk // 16, -(-dk // tile), dtype=torch.long)
+    g = diag_gates((batch, seq_len, heads, dk), reverse, **gates).to(getattr(torch, dtype)).double()
+    G, Gp = chunk_cumsums(g, chunk, reverse)
+    paths = []
+    for X in (G, G, Gp, Gp):
+        path, margin = level_paths(G, X, tile, DIAG_LIMIT)
+        assert margin > 1e-3, f"{case}: a block's bound is {margin} from the limit: the prediction is not meaningful"
+        paths.append(path)
+    return torch.stack(paths).flatten(1, 2).flatten(2, 3)  # [4, B*H, NT * C/16, tiles]
+
+
+def test_diag_cases_take_every_path():
+    """DIAG_CASES exercise one product and each number of levels (paths 1..5) in S2's and S5a's tiles."""
+    from hdla_vision.kernels.generalized.bwd_chunk import b2_config
+
+    for key in ("BKS", "BKV"):
+        taken = set()
+        for case, (kind, problem, chunk, *_) in DIAG_CASES.items():
+            r_kv, r_ab = (1, 2) if kind == "hdla" else (problem["r_kv"], problem["r_ab"])
+            taken |= set(_expected_paths(case, b2_config(problem["dk"], problem["dv"], chunk, r_kv, r_ab)[key])
+                         .flatten().tolist())
+        assert taken == {1, 2, 3, 4, 5}, (key, taken)
 
 
 @pytest.mark.interpret
@@ -120,9 +138,11 @@ def test_diagonal_blocks_match_float64_loop(diag_results, case):
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(DIAG_CASES))
 def test_diagonal_block_paths_follow_the_gates(diag_results, case):
-    """The path each diagonal block took in S2 (four Grams) and S5a (four launches): the product where
-    its gates are mild, the token loop where they are fast, per block and K tile; every block through
-    the token loop at diag_limit 0 (a decay per head: always the product, exact without a limit)."""
+    """The path each diagonal block took in S2 (four Grams) and S5a (four launches), after their levels
+    passes: one product where the block's bound allows it, else the levels the gates call for (the
+    cross levels down to the largest groups whose bound allows one product), per block and K tile, as
+    tests/diag_levels_rule.py predicts; every block through the token loop at diag_limit 0 (a decay per
+    head: always the product, exact without a limit)."""
     from hdla_vision.kernels.generalized.bwd_chunk import b2_config
 
     kind, problem, chunk, *_ = DIAG_CASES[case]
@@ -135,11 +155,11 @@ def test_diagonal_block_paths_follow_the_gates(diag_results, case):
         gram = torch.tensor(paths["gram"]).transpose(0, 1)  # [4 Grams, blocks, C/16, K tiles]
         vjp = torch.tensor(paths["gram_vjp"])  # [4 Grams, blocks, C/16, K tiles]
         for got, tile in ((gram, cfg["BKS"]), (vjp, cfg["BKV"])):
-            want = _expected_paths(case, tile)
+            want = _expected_paths(case, tile)[:4 if r_ab else 1]
             if run == "loop" and every_block_loops:
                 want = torch.zeros_like(want)
-            got = got.reshape(4, heads, -1, got.shape[-1])  # blocks are (head, chunk), chunk fastest
-            assert torch.equal(got, want.expand_as(got)), f"{case} ({run}, tile {tile}):\n{got}\nexpected\n{want}"
+            got = got.reshape(4, heads, -1, got.shape[-1])[:4 if r_ab else 1]  # blocks: (head, chunk), chunk fastest
+            assert torch.equal(got.long(), want), f"{case} ({run}, tile {tile}):\n{got}\nexpected\n{want}"
 
 
 def test_diag_limit_outside_its_range_raises():
@@ -147,7 +167,7 @@ def test_diag_limit_outside_its_range_raises():
 
     p = generalized_problem(1, 5, 1, 8, 4, 1, 1)
     args = [p[n].float() for n in ("q", "k", "v", "a", "b", "g")]
-    for limit in (-1.0, 31.0):
+    for limit in (-1.0, 36.0):
         with pytest.raises(ValueError, match="diag_limit"):
             generalized_backward(torch.zeros(1, 5, 1, 4), None, *args, 1.0, None, torch.zeros(1, 1, 1, 8, 4), False,
                                  diag_limit=limit)

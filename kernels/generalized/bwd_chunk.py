@@ -8,9 +8,11 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
                             product through the reference G at the column block's last token (both
                             factors <= 1); the diagonal block per K tile by one product through its own
                             reference (the midpoint of its log-decays, both factors <= e^DIAG_LIMIT)
-                            masked after it, or token by token where that bound fails (per block and
-                            K tile, never per chunk); a decay per head: the plain product times the
-                            exact decay matrix (kernels/README.md §8 Numerics).
+                            masked after it, where that bound holds in every K tile; a decay per head:
+                            the plain product times the exact decay matrix (kernels/README.md §8).
+    S2b ``_gram_levels_kernel`` (vector decay) the diagonal blocks S2 left, each K tile by one product
+                            or by levels (kernels/generalized/diag_levels.py; per block and K tile,
+                            never per chunk); programs with nothing left exit at once.
     S3 ``_inverse_kernel``  T = (I + L_AB)^-1: 16-token diagonal blocks by doubling, the others by block
                             forward substitution (T_nm = -T_nn sum_k L_nk T_km).
     S4 ``_gemm_kernel``     every plain product of the VJP (W, U, Mo, E, dQeff, dMo, dE, dN, dV, dAt,
@@ -18,6 +20,9 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
     S5a ``_gram_vjp_kernel`` one launch per Gram matrix, per 16-token block and K tile: the Gram VJP
                             (same decay factoring and the same diagonal rule, the cotangent masked
                             before the products) into dx, dy scratch.
+    S5b ``_gram_vjp_levels_kernel`` (vector decay) the diagonal shares S5a left, by levels, added to
+                            its dx, dy. S2b and S5b are launches of their own so that S2's and S5a's
+                            registers stay those of the single product.
     S5 ``_vjp_kernel``      per K tile, over the 16-token blocks from last to first: the chain rule
                             through the decays, dq, dk, da, db, and dg as the chunk-local reverse cumsum
                             of the dG, dG' cotangents.
@@ -39,12 +44,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .directions import scan_time, split_direction
+from . import diag_levels as levels
+from .directions import earlier, later, scan_time, split_direction
 
 SUB = tl.constexpr(16)  # tokens per block of the exact decays and of the inverse's diagonal blocks
 # The diagonal token blocks' factored product runs where both factors are <= e^DIAG_LIMIT (kernels/README.md
-# §8 Numerics: no fp32 or bf16 overflow below it); the launchers accept any limit in [0, DIAG_LIMIT].
-DIAG_LIMIT = 30.0
+# §8 Numerics: no fp32 or bf16 overflow below it), else by levels under the same bound (diag_levels.py);
+# the launchers accept any limit in [0, DIAG_LIMIT]. 35: -20 per step keeps 4-token groups (e^30).
+DIAG_LIMIT = 35.0
 # Operands of the factored diagonal products for 16-bit inputs (a _dot LOWP code): 3 = tf32x3. The
 # diagonal blocks hold the largest entries of every Gram (nearby tokens, decays near 1) and dg is a
 # reverse cumsum of products of them that cancel: with bf16 operands dg was 1e-2 to 2.4e-2 off the
@@ -288,33 +295,9 @@ def _stacks_kernel(
 
 # ----------------------------------------------------------------------------- S2: Gram matrices
 @triton.jit
-def _later(x, y, STRICT):
-    """``x > y`` (STRICT) or ``x >= y``, elementwise. STRICT is a constexpr, or a runtime flag (M_QK when
-    both directions run: the reversed scan leaves out its own write), then applied as ``x >= y + STRICT``:
-    a branch on it would carry i1 tiles through control flow, which the GPU compiler refuses."""
-    if isinstance(STRICT, tl.tensor):
-        return x >= y + STRICT.to(tl.int32)
-    elif STRICT:
-        return x > y
-    else:
-        return x >= y
-
-
-@triton.jit
-def _earlier(x, y, STRICT):
-    """``x < y`` (STRICT) or ``x <= y``: :func:`_later` with the operands the other way round."""
-    if isinstance(STRICT, tl.tensor):
-        return x + STRICT.to(tl.int32) <= y
-    elif STRICT:
-        return x < y
-    else:
-        return x <= y
-
-
-@triton.jit
 def _token_mask(tx, ty, STRICT):
-    """[len(tx), len(ty)]: the Gram entries kept, column token < row token (STRICT) or <= (:func:`_earlier`)."""
-    return _earlier(ty[None, :], tx[:, None], STRICT)
+    """[len(tx), len(ty)]: the Gram entries kept, column token < row token (STRICT) or <= (:func:`directions.earlier`)."""
+    return earlier(ty[None, :], tx[:, None], STRICT)
 
 
 @triton.jit
@@ -344,7 +327,7 @@ def _gram_diag_loop(acc, x, X, y_ptr, g_ptr, blk, m, tx, cy, K, ck, mk, C: tl.co
     for j in range(SUB):
         tj = m * SUB + j
         Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, False)
-        live = _later(tx, tj, STRICT)
+        live = later(tx, tj, STRICT)
         xe = x * tl.exp(tl.where(live[:, None], X - Yj[None, :], float("-inf")))
         for l in tl.static_range(RY):
             yl = tl.load(y_ptr + (blk * C * RY + m * SUB * RY + j * RY + l) * K + ck, mask=mk, other=0.0)
@@ -354,7 +337,42 @@ def _gram_diag_loop(acc, x, X, y_ptr, g_ptr, blk, m, tx, cy, K, ck, mk, C: tl.co
 
 
 @triton.jit
-def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, path_ptr, blk, n, K, C: tl.constexpr, RX: tl.constexpr,
+def _gram_diag_levels(x_ptr, xg_ptr, y_ptr, g_ptr, blk, rx, ry, K, ck, mk, C: tl.constexpr, RX: tl.constexpr,
+                      RY: tl.constexpr, STRICT, BKS: tl.constexpr, F32: tl.constexpr, DLOWP: tl.constexpr,
+                      LIMIT: tl.constexpr):
+    """A diagonal block's K tile by levels (kernels/generalized/diag_levels.py), where one product through
+    the block's reference could overflow: rows rx of the x stack (cumsum xg: G or G'), columns ry of the y
+    stack (G). One masked product per level, its tiles loaded afresh (fewer live registers than keeping
+    them across the levels). Returns the block [16 RX, 16 RY] (entries outside the token mask 0) and its
+    path, 1 + the cross levels taken (2..5); operands in DLOWP (exact fp32 for F32)."""
+    tx = rx // RX
+    ty = ry // RY
+    g_base = g_ptr + blk * C * K
+    s_g = levels.group_shift(_load_g(g_ptr, blk, ty, C, K, ck, mk, BKS, False), ty, g_base, K, ck, mk, LIMIT)
+    acc = tl.zeros([SUB * RX, SUB * RY], dtype=tl.float32)
+    for lvl in range(0, levels.level_count(s_g, STRICT)):
+        ex = levels.level_row_exp(_load_g(xg_ptr, blk, tx, C, K, ck, mk, BKS, False), tx, lvl, s_g, g_base, K,
+                                  ck, mk, STRICT)
+        ey = levels.level_col_exp(_load_g(g_ptr, blk, ty, C, K, ck, mk, BKS, False), ty, lvl, s_g, g_base, K,
+                                  ck, mk)
+        xf = _load_tile(x_ptr, blk, rx, C * RX, K, ck, mk) * ex
+        yf = _load_tile(y_ptr, blk, ry, C * RY, K, ck, mk) * ey
+        acc += tl.where(levels.level_live(tx, ty, lvl, s_g, STRICT), _dot(xf, tl.trans(yf), F32, DLOWP), 0.0)
+    return acc, 5 - s_g
+
+
+@triton.jit
+def _diag_product(x, X, Y, ref, y_ptr, blk, ry, live, K, ck, mk, C: tl.constexpr, RY: tl.constexpr,
+                  F32: tl.constexpr, DLOWP: tl.constexpr):
+    """A diagonal block's K tile as one product through its reference ref (:func:`_diag_reference`, whose
+    bound the caller checked): (x e^{X-R}) (y e^{R-Y})^T masked after it, [16 RX, 16 RY]."""
+    xf = x * tl.exp(X - ref[None, :])
+    yf = _load_tile(y_ptr, blk, ry, C * RY, K, ck, mk) * tl.exp(ref[None, :] - Y)
+    return tl.where(live, _dot(xf, tl.trans(yf), F32, DLOWP), 0.0)
+
+
+@triton.jit
+def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, defer_ptr, path_ptr, blk, n, K, C: tl.constexpr, RX: tl.constexpr,
                RY: tl.constexpr, STRICT, BKS: tl.constexpr, SCALAR: tl.constexpr,
                F32: tl.constexpr, LOWP: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr,
                GID: tl.constexpr, RECORD: tl.constexpr):
@@ -363,15 +381,18 @@ def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, path_ptr, blk, n, K, C: tl.co
     cumsum scratch of x's side (G or G'), o [blocks, C*RX, C*RY]. Column blocks m < n: one product through
     the reference R = G at block m's last token (e^{X - R} <= 1, e^{R - G} <= 1). The diagonal block per
     K tile: one product through the block's own reference (:func:`_diag_reference`, operands in DLOWP)
-    masked after it, where its bound is below DIAG_LIMIT, else token by token (:func:`_gram_diag_loop`);
-    a decay per head: the plain product times the exact decay matrix. RECORD: the path of each
-    (block, K tile) into path_ptr [blocks, 4, C/16, K/BKS] (int32), Gram GID."""
+    masked after it, where its bound is below DIAG_LIMIT; if a tile's bound is not, the whole diagonal
+    block is left to :func:`_gram_levels_kernel` (``defer [blocks, 4, C/16]`` int8, Gram GID: 1), which
+    overwrites it; DIAG_LIMIT = 0: token by token (:func:`_gram_diag_loop`). A decay per head: the plain
+    product times the exact decay matrix. RECORD: the path of each (block, K tile) into path_ptr
+    [blocks, 4, C/16, K/BKS] (int32: 1 product, 0 token loop, -1 left to the levels kernel)."""
     NRX: tl.constexpr = SUB * RX
     NRY: tl.constexpr = SUB * RY
     rx = n * NRX + tl.arange(0, NRX)
     tx = rx // RX
     cy = tl.arange(0, NRY)
     o_rows = o_ptr + (blk * C * RX + rx)[:, None] * (C * RY)
+    deferred = n * 0
     for m in range(0, C // SUB):
         ry = m * NRY + cy
         acc = tl.zeros([NRX, NRY], dtype=tl.float32)
@@ -395,50 +416,111 @@ def _gram_rows(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, path_ptr, blk, n, K, C: tl.co
                 if SCALAR:
                     acc += _dot(x, tl.trans(_load_tile(y_ptr, blk, ry, C * RY, K, ck, mk)), F32, LOWP)
                     _record_path(path_ptr, rec + k0 // BKS, 1, RECORD)
+                elif DIAG_LIMIT == 0:  # the token loop only (the reference the tests compare with)
+                    X = _load_g(xg_ptr, blk, tx, C, K, ck, mk, BKS, False)
+                    acc = _gram_diag_loop(acc, x, X, y_ptr, g_ptr, blk, m, tx, cy, K, ck, mk, C, RY, STRICT, BKS)
+                    _record_path(path_ptr, rec + k0 // BKS, 0, RECORD)
                 else:
                     X = _load_g(xg_ptr, blk, tx, C, K, ck, mk, BKS, False)
                     Y = _load_g(g_ptr, blk, ry // RY, C, K, ck, mk, BKS, False)
                     ref, lim = _diag_reference(X, Y)
                     if lim < DIAG_LIMIT:
-                        xf = x * tl.exp(X - ref[None, :])
-                        yf = _load_tile(y_ptr, blk, ry, C * RY, K, ck, mk) * tl.exp(ref[None, :] - Y)
-                        acc += tl.where(live, _dot(xf, tl.trans(yf), F32, DLOWP), 0.0)
-                    else:
-                        acc = _gram_diag_loop(acc, x, X, y_ptr, g_ptr, blk, m, tx, cy, K, ck, mk, C, RY, STRICT,
-                                              BKS)
-                    _record_path(path_ptr, rec + k0 // BKS, (lim < DIAG_LIMIT).to(tl.int32), RECORD)
+                        acc += _diag_product(x, X, Y, ref, y_ptr, blk, ry, live, K, ck, mk, C, RY, F32, DLOWP)
+                    fits = (lim < DIAG_LIMIT).to(tl.int32)
+                    deferred = tl.maximum(deferred, 1 - fits)
+                    _record_path(path_ptr, rec + k0 // BKS, 2 * fits - 1, RECORD)
             if SCALAR:
                 Xs = tl.load(xg_ptr + blk * C + tx)
                 Ys = tl.load(g_ptr + blk * C + ry // RY)
                 acc = acc * tl.exp(tl.where(live, Xs[:, None] - Ys[None, :], float("-inf")))
         tl.store(o_rows + ry[None, :], acc.to(o_ptr.dtype.element_ty))
+    if not SCALAR and DIAG_LIMIT > 0:
+        tl.store(defer_ptr + (blk * 4 + GID) * (C // SUB) + n, deferred.to(tl.int8))
 
 
 @triton.jit
-def _gram_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, path_ptr,
-                 H, K, NT, C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr,
+def _gram_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, defer_ptr,
+                 path_ptr, H, K, NT, C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr,
                  RAP: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr,
                  DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, DIRS: tl.constexpr):
     """S2, grid (NT, B*H, C/16): row block n of M_QK [C, C*RKP], M_QA [C, C*RAP], L_AB [C*RAP, C*RAP]
     (strictly lower by token) and L_KB [C*RAP, C*RKP] (strictly lower), scratch in the dtypes of
     :func:`scratch_dtypes` (fp32 but M_QA, L_KB and, at r_ab = 0, M_QK for 16-bit inputs); Grams 0..3 of
-    the path record. DIRS = 2 (both directions, the reversed scan at batch-heads [B H, 2 B H)): the
-    reversed scan's M_QK is strictly lower, without its own write (kernels/README.md §9)."""
+    the path record and of ``defer``. DIRS = 2 (both directions, the reversed scan at batch-heads
+    [B H, 2 B H)): the reversed scan's M_QK is strictly lower, without its own write (kernels/README.md §9)."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     n = tl.program_id(2)
     if DIRS == 2:  # (a constexpr STRICT must be passed as such: a local assigned False would be a runtime flag)
-        _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, path_ptr, blk, n, K, C, 1, RKP,
+        _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP,
                    tl.program_id(1) >= tl.num_programs(1) // 2, BKS, SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT, 0, RECORD)
     else:
-        _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, path_ptr, blk, n, K, C, 1, RKP, False, BKS, SCALAR, F32,
-                   LOWP, DLOWP, DIAG_LIMIT, 0, RECORD)
+        _gram_rows(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP, False, BKS,
+                   SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT, 0, RECORD)
     if RAB > 0:
-        _gram_rows(mqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, path_ptr, blk, n, K, C, 1, RAP, False, BKS, SCALAR,
-                   F32, LOWP, DLOWP, DIAG_LIMIT, 1, RECORD)
-        _gram_rows(lab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, path_ptr, blk, n, K, C, RAP, RAP, True, BKS, SCALAR,
-                   F32, LOWP, DLOWP, DIAG_LIMIT, 2, RECORD)
-        _gram_rows(lkb_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, path_ptr, blk, n, K, C, RAP, RKP, True, BKS, SCALAR,
-                   F32, LOWP, DLOWP, DIAG_LIMIT, 3, RECORD)
+        _gram_rows(mqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RAP, False, BKS,
+                   SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT, 1, RECORD)
+        _gram_rows(lab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, RAP, RAP, True, BKS,
+                   SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT, 2, RECORD)
+        _gram_rows(lkb_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, RAP, RKP, True, BKS,
+                   SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT, 3, RECORD)
+
+
+@triton.jit
+def _gram_diag_block(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, defer_ptr, path_ptr, blk, n, K, C: tl.constexpr,
+                     RX: tl.constexpr, RY: tl.constexpr, STRICT, BKS: tl.constexpr, F32: tl.constexpr,
+                     DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, GID: tl.constexpr, RECORD: tl.constexpr):
+    """The diagonal block of row block n of Gram GID (:func:`_gram_rows`) if S2 left it here: every K tile
+    again, one product where its bound allows, else by levels (:func:`_gram_diag_levels`), stored over
+    S2's partial block; RECORD: each K tile's path (1, or 2..5 the levels)."""
+    if tl.load(defer_ptr + (blk * 4 + GID) * (C // SUB) + n) != 0:
+        rx = n * SUB * RX + tl.arange(0, SUB * RX)
+        ry = n * SUB * RY + tl.arange(0, SUB * RY)
+        tx = rx // RX
+        live = _token_mask(tx, ry // RY, STRICT)
+        rec = ((blk * 4 + GID) * (C // SUB) + n) * tl.cdiv(K, BKS)
+        acc = tl.zeros([SUB * RX, SUB * RY], dtype=tl.float32)
+        for k0 in range(0, K, BKS):
+            ck = k0 + tl.arange(0, BKS)
+            mk = ck < K
+            x = _load_tile(x_ptr, blk, rx, C * RX, K, ck, mk)
+            X = _load_g(xg_ptr, blk, tx, C, K, ck, mk, BKS, False)
+            Y = _load_g(g_ptr, blk, ry // RY, C, K, ck, mk, BKS, False)
+            ref, lim = _diag_reference(X, Y)
+            if lim < DIAG_LIMIT:
+                acc += _diag_product(x, X, Y, ref, y_ptr, blk, ry, live, K, ck, mk, C, RY, F32, DLOWP)
+                path = lim.to(tl.int32) * 0 + 1
+            else:
+                tile, path = _gram_diag_levels(x_ptr, xg_ptr, y_ptr, g_ptr, blk, rx, ry, K, ck, mk, C, RX, RY,
+                                               STRICT, BKS, F32, DLOWP, DIAG_LIMIT)
+                acc += tile
+            _record_path(path_ptr, rec + k0 // BKS, path, RECORD)
+        tl.store(o_ptr + (blk * C * RX + rx)[:, None] * (C * RY) + ry[None, :], acc.to(o_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _gram_levels_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr,
+                        defer_ptr, path_ptr, K, NT, C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr,
+                        RAB: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr, DLOWP: tl.constexpr,
+                        DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, DIRS: tl.constexpr):
+    """S2b (vector decay), grid (NT, B*H, C/16), after S2: the diagonal blocks that S2 left (a K tile whose
+    single product could overflow), by :func:`_gram_diag_block`; a program whose blocks all fit exits
+    after reading their flags. Its own launch keeps S2's registers as they were without the levels.
+    DIRS = 2: S2's rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower."""
+    blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
+    n = tl.program_id(2)
+    if DIRS == 2:  # (as in _gram_kernel: a constexpr STRICT is passed as such)
+        _gram_diag_block(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP,
+                         tl.program_id(1) >= tl.num_programs(1) // 2, BKS, F32, DLOWP, DIAG_LIMIT, 0, RECORD)
+    else:
+        _gram_diag_block(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP, False,
+                         BKS, F32, DLOWP, DIAG_LIMIT, 0, RECORD)
+    if RAB > 0:
+        _gram_diag_block(mqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RAP, False,
+                         BKS, F32, DLOWP, DIAG_LIMIT, 1, RECORD)
+        _gram_diag_block(lab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, RAP, RAP, True,
+                         BKS, F32, DLOWP, DIAG_LIMIT, 2, RECORD)
+        _gram_diag_block(lkb_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, RAP, RKP, True,
+                         BKS, F32, DLOWP, DIAG_LIMIT, 3, RECORD)
 
 
 # ----------------------------------------------------------------------------- S3: T = (I + L_AB)^-1
@@ -559,8 +641,8 @@ def _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb
         tj = b * SUB + j
         Yj = _load_g_row(g_ptr, blk, tj, C, K, ck, mk, BKS, False)
         Xj = _load_g_row(xg_ptr, blk, tj, C, K, ck, mk, BKS, False)
-        live_x = _later(txb, tj, STRICT)
-        live_y = _earlier(tyb, tj, STRICT)
+        live_x = later(txb, tj, STRICT)
+        live_y = earlier(tyb, tj, STRICT)
         ex = tl.exp(tl.where(live_x[:, None], Xb - Yj[None, :], float("-inf")))
         ey = tl.exp(tl.where(live_y[:, None], Xj[None, :] - Yb, float("-inf")))
         for l in tl.static_range(RY):
@@ -575,16 +657,44 @@ def _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb
 
 
 @triton.jit
+def _gram_vjp_diag_levels(dx, dy, d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.constexpr,
+                          RX: tl.constexpr, RY: tl.constexpr, STRICT, BKS: tl.constexpr, F32: tl.constexpr,
+                          DLOWP: tl.constexpr, LIMIT: tl.constexpr):
+    """The diagonal block's share of :func:`_gram_vjp` by levels (:func:`_gram_diag_levels`): per level
+    its cotangent D [16 RX, 16 RY] masked to the level's pairs, then dx += (D (y e^{R-Y})) e^{X-R},
+    dy += (D^T (x e^{X-R})) e^{R-Y} (cross levels: factors <= 1; the group level: within [e^-LIMIT,
+    e^LIMIT]), every tile loaded afresh per level. Returns (dx, dy, path 2..5)."""
+    rxb = b * SUB * RX + tl.arange(0, SUB * RX)
+    ryb = b * SUB * RY + tl.arange(0, SUB * RY)
+    txb = rxb // RX
+    tyb = ryb // RY
+    g_base = g_ptr + blk * C * K
+    d_base = d_ptr + blk * (C * RX) * (C * RY)
+    s_g = levels.group_shift(_load_g(g_ptr, blk, tyb, C, K, ck, mk, BKS, False), tyb, g_base, K, ck, mk, LIMIT)
+    for lvl in range(0, levels.level_count(s_g, STRICT)):
+        ex = levels.level_row_exp(_load_g(xg_ptr, blk, txb, C, K, ck, mk, BKS, False), txb, lvl, s_g, g_base, K,
+                                  ck, mk, STRICT)
+        ey = levels.level_col_exp(_load_g(g_ptr, blk, tyb, C, K, ck, mk, BKS, False), tyb, lvl, s_g, g_base, K,
+                                  ck, mk)
+        dl = tl.load(d_base + rxb[:, None] * (C * RY) + ryb[None, :],
+                     mask=levels.level_live(txb, tyb, lvl, s_g, STRICT), other=0.0)
+        dx += _dot(dl, _load_tile(y_ptr, blk, ryb, C * RY, K, ck, mk) * ey, F32, DLOWP) * ex
+        dy += _dot(tl.trans(dl), _load_tile(x_ptr, blk, rxb, C * RX, K, ck, mk) * ex, F32, DLOWP) * ey
+    return dx, dy, 5 - s_g
+
+
+@triton.jit
 def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.constexpr, RX: tl.constexpr,
               RY: tl.constexpr, STRICT, BKS: tl.constexpr, SCALAR: tl.constexpr, F32: tl.constexpr,
               LOWP: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr):
     """Token block b's share of the VJP of one Gram matrix (:func:`_gram_rows`) for its cotangent D
     [blocks, C*RX, C*RY] (entries outside the mask are ignored): (dx [16 RX, BKS] on x's rows of block b,
     dy [16 RY, BKS] on y's rows of block b, the gradients of x and y before the decay's chain rule;
-    1 if the diagonal block took a product, 0 if the token loop). The diagonal block as in
-    :func:`_gram_rows`: with D masked first, dx = (D (y e^{R-Y})) e^{X-R}, dy = (D^T (x e^{X-R})) e^{R-Y}
-    where the bound is below DIAG_LIMIT, else token by token; a decay per head: D times the exact
-    decay matrix, then plain products."""
+    1 if the diagonal block took a product, 0 if the token loop, -1 if it is left to S5b). The diagonal
+    block as in :func:`_gram_rows`: with D masked first, dx = (D (y e^{R-Y})) e^{X-R},
+    dy = (D^T (x e^{X-R})) e^{R-Y} where the bound is below DIAG_LIMIT, else nothing here (S5b adds its
+    share by levels, :func:`_gram_vjp_levels_kernel`); DIAG_LIMIT = 0: token by token; a decay per head:
+    D times the exact decay matrix, then plain products."""
     NRX: tl.constexpr = SUB * RX
     NRY: tl.constexpr = SUB * RY
     RXT: tl.constexpr = C * RX
@@ -624,6 +734,10 @@ def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.const
         dx += _dot(dbb, _load_tile(y_ptr, blk, ryb, RYT, K, ck, mk), F32, LOWP)
         dy += _dot(tl.trans(dbb), _load_tile(x_ptr, blk, rxb, RXT, K, ck, mk), F32, LOWP)
         product = 1
+    elif DIAG_LIMIT == 0:  # the token loop only (the reference the tests compare with)
+        dx, dy = _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb, tyb, Xb, Yb, K,
+                                     ck, mk, C, RX, RY, STRICT, BKS)
+        product = 0
     else:
         ref, lim = _diag_reference(Xb, Yb)
         if lim < DIAG_LIMIT:
@@ -632,22 +746,21 @@ def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.const
             ey = tl.exp(ref[None, :] - Yb)
             dx += _dot(dbb, _load_tile(y_ptr, blk, ryb, RYT, K, ck, mk) * ey, F32, DLOWP) * ex
             dy += _dot(tl.trans(dbb), _load_tile(x_ptr, blk, rxb, RXT, K, ck, mk) * ex, F32, DLOWP) * ey
-        else:
-            dx, dy = _gram_vjp_diag_loop(dx, dy, d_base, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, txb, tyb, Xb, Yb, K,
-                                         ck, mk, C, RX, RY, STRICT, BKS)
-        product = (lim < DIAG_LIMIT).to(tl.int32)
+        product = (lim < DIAG_LIMIT).to(tl.int32) * 2 - 1
     return dx, dy, product
 
 
 @triton.jit
-def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, path_ptr, K, NT, NKT, C: tl.constexpr,
-                     RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr,
+def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr, path_ptr, K, NT, NKT,
+                     C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr,
                      SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr, DLOWP: tl.constexpr,
                      DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, BIDIR_QK: tl.constexpr):
     """S5a, grid (NT, B*H, C/16 * K/BKS), one launch per Gram matrix: token block b's dx, dy of
-    :func:`_gram_vjp` stored in dx [blocks, C*RX, K], dy [blocks, C*RY, K] (fp32); RECORD: the
-    diagonal block's path into path_ptr [blocks, C/16, K/BKS] (int32). BIDIR_QK: M_QK of both
-    directions, strictly lower for the reversed scan's programs (batch-heads [B H, 2 B H): S2's rule)."""
+    :func:`_gram_vjp` stored in dx [blocks, C*RX, K], dy [blocks, C*RY, K] (fp32); vector decay with
+    DIAG_LIMIT > 0: 1 in ``defer [blocks, C/16, K/BKS]`` (int8) where the diagonal share is left to S5b,
+    else 0; RECORD: the diagonal block's path into path_ptr [blocks, C/16, K/BKS] (int32). BIDIR_QK: M_QK
+    of both directions, strictly lower for the reversed scan's programs (batch-heads [B H, 2 B H): S2's
+    rule)."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     b = tl.program_id(2) // NKT
     ck = (tl.program_id(2) % NKT) * BKS + tl.arange(0, BKS)
@@ -659,11 +772,70 @@ def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, path_pt
     else:
         dx, dy, product = _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C, RX, RY, STRICT, BKS,
                                     SCALAR, F32, LOWP, DLOWP, DIAG_LIMIT)
-    _record_path(path_ptr, blk * (C // SUB) * NKT + tl.program_id(2), product, RECORD)
+    item = blk * (C // SUB) * NKT + tl.program_id(2)
+    _record_path(path_ptr, item, product, RECORD)
+    if not SCALAR and DIAG_LIMIT > 0:
+        tl.store(defer_ptr + item, (product < 0).to(tl.int8))
     rx = b * SUB * RX + tl.arange(0, SUB * RX)
     ry = b * SUB * RY + tl.arange(0, SUB * RY)
     tl.store(dx_ptr + (blk * C * RX + rx)[:, None] * K + ck[None, :], dx, mask=mk[None, :])
     tl.store(dy_ptr + (blk * C * RY + ry)[:, None] * K + ck[None, :], dy, mask=mk[None, :])
+
+
+@triton.jit
+def _gram_vjp_fix(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr, path_ptr, blk, b, K, NKT,
+                  C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT, BKS: tl.constexpr,
+                  F32: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
+    """Token block b of one Gram VJP: each K tile whose diagonal block S5a left (``defer``, that Gram's
+    [blocks, C/16, K/BKS] int8) gets its share by levels (:func:`_gram_vjp_diag_levels`) added to S5a's
+    dx, dy; RECORD: its path (2..5)."""
+    rx = b * SUB * RX + tl.arange(0, SUB * RX)
+    ry = b * SUB * RY + tl.arange(0, SUB * RY)
+    for kt in range(0, NKT):
+        item = (blk * (C // SUB) + b) * NKT + kt
+        if tl.load(defer_ptr + item) != 0:
+            ck = kt * BKS + tl.arange(0, BKS)
+            mk = ck < K
+            dx_at = dx_ptr + (blk * C * RX + rx)[:, None] * K + ck[None, :]
+            dy_at = dy_ptr + (blk * C * RY + ry)[:, None] * K + ck[None, :]
+            dx, dy, path = _gram_vjp_diag_levels(tl.load(dx_at, mask=mk[None, :], other=0.0),
+                                                 tl.load(dy_at, mask=mk[None, :], other=0.0), d_ptr, x_ptr, xg_ptr,
+                                                 y_ptr, g_ptr, blk, b, K, ck, mk, C, RX, RY, STRICT, BKS, F32, DLOWP,
+                                                 DIAG_LIMIT)
+            tl.store(dx_at, dx, mask=mk[None, :])
+            tl.store(dy_at, dy, mask=mk[None, :])
+            _record_path(path_ptr, item, path, RECORD)
+
+
+@triton.jit
+def _gram_vjp_levels_kernel(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr,
+                            gxqk_ptr, gyqk_ptr, gxqa_ptr, gyqa_ptr, gxab_ptr, gyab_ptr, gxkb_ptr, gykb_ptr,
+                            defer_ptr, path_ptr, K, NT, NKT, n_items, C: tl.constexpr, BKS: tl.constexpr,
+                            RKP: tl.constexpr, RAB: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr,
+                            DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr,
+                            DIRS: tl.constexpr):
+    """S5b (vector decay), grid (NT, B*H, C/16), after the four S5a launches: token block b's diagonal
+    shares that S5a left (``defer [4, blocks, C/16, K/BKS]``, n_items per Gram), for M_QK, M_QA, L_AB,
+    L_KB as S5a's launches take them (:func:`_gram_vjp_fix`); a program with nothing left exits after
+    reading its flags. Its own launch keeps S5a's registers as they were without the levels. DIRS = 2:
+    S5a's BIDIR_QK rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower."""
+    blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
+    b = tl.program_id(2)
+    rec = n_items if RECORD else 0
+    if DIRS == 2:  # (as in _gram_kernel: a constexpr STRICT is passed as such)
+        _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gxqk_ptr, gyqk_ptr, defer_ptr, path_ptr, blk, b, K,
+                      NKT, C, 1, RKP, tl.program_id(1) >= tl.num_programs(1) // 2, BKS, F32, DLOWP, DIAG_LIMIT,
+                      RECORD)
+    else:
+        _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gxqk_ptr, gyqk_ptr, defer_ptr, path_ptr, blk, b, K,
+                      NKT, C, 1, RKP, False, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
+    if RAB > 0:
+        _gram_vjp_fix(dmqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, gxqa_ptr, gyqa_ptr, defer_ptr + n_items,
+                      path_ptr + rec, blk, b, K, NKT, C, 1, RAP, False, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
+        _gram_vjp_fix(dlab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, gxab_ptr, gyab_ptr, defer_ptr + 2 * n_items,
+                      path_ptr + 2 * rec, blk, b, K, NKT, C, RAP, RAP, True, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
+        _gram_vjp_fix(dup_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, gxkb_ptr, gykb_ptr, defer_ptr + 3 * n_items,
+                      path_ptr + 3 * rec, blk, b, K, NKT, C, RAP, RKP, True, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
 
 
 @triton.jit
@@ -904,7 +1076,8 @@ def _v(t, rows, cols, trans=False):
 def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: bool = False) -> dict:
     """B2's column tiles and warps, the one place to tune them: BKS of S2 (K columns per step of the Gram
     products), BK1 of S1 (the stacks), BKV of S5 (K columns per program), BVS (V columns per step);
-    diag_limit, the bound below which a diagonal token block takes the factored product (S2, S5a);
+    diag_limit, the bound on the diagonal token blocks' factors (one product per block below it, else by
+    levels; S2, S5a, S2b, S5b);
     stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
     dM_QA's, spilled a register on sm_90a), else 3; ``$HDLA_VISION_B2_GEMM_STAGES`` overrides it (the
     benchmarks). Its K loops take 1 to 4 steps of 64, so a third stage rarely has a load to hold; the
@@ -995,10 +1168,11 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     quantities of ``fwd.chunk_prepare``), and ``state_pass(dict(N=, Qeff=, gamma=, chunk=))`` fills ds
     before the stages that read it. ``stages`` (a list), if given, receives a closure that relaunches B2
     (without B1).
-    ``diag_limit`` (None: b2_config's; 0: every diagonal block token by token) bounds the factored
-    diagonal products. ``diag_paths`` (tests), a dict, receives the path each diagonal block took (1 a
-    product, 0 the token loop, -1 a Gram this rank has not): ``gram`` [blocks, 4, C/16, K/BKS] for S2's
-    M_QK, M_QA, L_AB, L_KB and ``gram_vjp`` [4, blocks, C/16, K/BKV] for S5a's (int32).
+    ``diag_limit`` (None: b2_config's; 0: every diagonal block token by token) bounds every factor of the
+    diagonal blocks' products, one per block or by levels (S2b, S5b). ``diag_paths`` (tests), a dict,
+    receives the path each diagonal block took (1 one product, 2..5 by levels: 1 + the cross levels, 0 the
+    token loop, -1 a Gram this rank has not): ``gram`` [blocks, 4, C/16, K/BKS] for S2's M_QK, M_QA,
+    L_AB, L_KB and ``gram_vjp`` [4, blocks, C/16, K/BKV] for S5a's (int32).
 
     ``direction_strides`` (``fwd.chunk_prepare``): both directions in one launch (h, ds with ``2B``
     batches, one ``do``); every gradient is then ``[2, *input shape]``, the two directions' partials
@@ -1042,6 +1216,9 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     prec = dict(F32=f32, LOWP=lowp)
     diag = dict(DLOWP=diag_lowp(lowp), DIAG_LIMIT=limit, RECORD=diag_paths is not None)
     nb = c // 16
+    levels_pass = not scalar and limit > 0  # S2b, S5b: the diagonal blocks S2, S5a leave (diag_levels.py)
+    defer = dict(gram=torch.empty((blocks, 4, nb) if levels_pass else (0,), device=dev, dtype=torch.int8),
+                 gram_vjp=torch.empty((4, blocks, nb, nkt) if levels_pass else (0,), device=dev, dtype=torch.int8))
     paths = dict(gram=empty, gram_vjp=[empty] * 4)
     if diag_paths is not None:
         unset = dict(device=dev, dtype=torch.int32)
@@ -1075,10 +1252,14 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=rev,
             LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0, DIRS=dirs, STATE_INPUTS=state_inputs is not None,
             num_warps=4)
-        _gram_kernel[(nt, bh_all, c // 16)](
-            z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"],
-            paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap, SCALAR=scalar, **prec,
-            **diag, DIRS=dirs, num_warps=cfg["warps_block"])
+        grams_in = (z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"])
+        _gram_kernel[(nt, bh_all, nb)](
+            *grams_in, defer["gram"], paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap,
+            SCALAR=scalar, **prec, **diag, DIRS=dirs, num_warps=cfg["warps_block"])
+        if levels_pass:
+            _gram_levels_kernel[(nt, bh_all, nb)](
+                *grams_in, defer["gram"], paths["gram"], dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap,
+                F32=f32, **diag, DIRS=dirs, num_warps=cfg["warps_block"])
         hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
         if r_ab:
             _inverse_kernel[grid](z["lab"], z["tm"], z["tm16"], nt, C=c, RAP=rap, F32=f32, T16=z["tm16"].numel() > 0,
@@ -1120,10 +1301,16 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
                       ("kb", z["dup"], z["bf"], z["gps"], z["kf"], rap, rkp, True)]
         for gid, (name, d, x, xg, y, rx, ry, strict) in enumerate(grams):
             _gram_vjp_kernel[(nt, bh_all, nb * nkt)](
-                d, x, xg, y, z["gs"], z["gx" + name], z["gy" + name], paths["gram_vjp"][gid], dk, nt, nkt, C=c,
-                RX=rx, RY=ry, STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec, **diag,
-                BIDIR_QK=dirs == 2 and name == "qk", num_warps=cfg["warps_block"])
+                d, x, xg, y, z["gs"], z["gx" + name], z["gy" + name], defer["gram_vjp"][gid] if levels_pass else empty,
+                paths["gram_vjp"][gid], dk, nt, nkt, C=c, RX=rx, RY=ry, STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar,
+                **prec, **diag, BIDIR_QK=dirs == 2 and name == "qk", num_warps=cfg["warps_block"])
         gv = [z[n] if n in z else empty for n in ("gxqk", "gyqk", "gxqa", "gyqa", "gxab", "gyab", "gxkb", "gykb")]
+        if levels_pass:
+            _gram_vjp_levels_kernel[(nt, bh_all, nb)](
+                z["dmo"], z["dmqa"], z["dlab"], z["dup"], z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], *gv,
+                defer["gram_vjp"], paths["gram_vjp"] if diag_paths is not None else empty, dk, nt, nkt,
+                blocks * nb * nkt, C=c, BKS=cfg["BKV"], RKP=rkp, RAB=r_ab, RAP=rap, F32=f32, **diag, DIRS=dirs,
+                num_warps=cfg["warps_block"])
         _vjp_kernel[(nt, bh_all, nkt)](
             k, g, beta if hdla else empty, h, ds, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"],
             z["af"], z["bf"], z["at"], z["bh"], z["dqe"], z["det"], z["dat"], z["dwp"], *gv, dq, dk_,

@@ -40,3 +40,27 @@ def split_direction(bh, H, n_bh):
     per_direction = n_bh // 2
     d = bh // per_direction
     return d.to(tl.int64), (bh - d * per_direction) // H, d == 1
+
+
+@triton.jit
+def later(x, y, STRICT):
+    """``x > y`` (STRICT) or ``x >= y``, elementwise. STRICT is a constexpr, or a runtime flag (M_QK when
+    both directions run: the reversed scan leaves out its own write), then applied as ``x >= y + STRICT``:
+    a branch on it would carry i1 tiles through control flow, which the GPU compiler refuses."""
+    if isinstance(STRICT, tl.tensor):
+        return x >= y + STRICT.to(tl.int32)
+    elif STRICT:
+        return x > y
+    else:
+        return x >= y
+
+
+@triton.jit
+def earlier(x, y, STRICT):
+    """``x < y`` (STRICT) or ``x <= y``: :func:`later` with the operands the other way round."""
+    if isinstance(STRICT, tl.tensor):
+        return x + STRICT.to(tl.int32) <= y
+    elif STRICT:
+        return x < y
+    else:
+        return x <= y

@@ -34,13 +34,14 @@ entries between row block n and an earlier 16-token column block m < n (A, K loa
 tokens) factor through the reference R_n = G' at row block n's first token: e^{X_t - R_n} <= 1 and
 e^{R_n - G_i} <= 1 (X = G' or G), one tensor-core product per sub-block and Gram. The diagonal
 16 x 16 token blocks factor the same way through the block's own reference, the per-channel
-midpoint of its 16 G values, when their half range lim is below ``DIAG_LIMIT`` (= 30: every factor
-<= e^30, the entries outside the token mask, dropped by a select after the product, <= e^60 times
-sum |x y|): one product per Gram. A block with a faster channel (lim >= 30, e.g. log lambda = -20
-per step, or g = -inf clamped at ``LOG_ZERO_FP32``) takes the exact loop instead: over the block's 16
-columns j, row j of A and K as vectors, with one exponential tile e^{G_t - G_j} (t >= j, masked
-with ``tl.where`` before ``exp``) shared by the four Grams (B's rows shifted by one token, as
-G'_{t+1} = G_t). The choice is per row block, never per chunk. Scalar
+midpoint of its 16 G values, when their half range lim is below ``DIAG_LIMIT`` (= 35: every factor
+<= e^35, the entries outside the token mask, dropped by a select after the product, <= e^70 times
+sum |x y|): one product per Gram. A block with a faster channel (lim >= 35, e.g. log lambda = -20
+per step, or g = -inf clamped at ``LOG_ZERO_FP32``) takes its pairs by levels instead
+(``_diag_levels``, kernels/generalized/diag_levels.py): the pairs across its halves, quarters, ...
+through the reference G at each boundary (factors <= 1), and those within groups of 8, 4, 2 or 1
+tokens through each group's midpoint, the largest groups whose bound stays below DIAG_LIMIT; 2 to 5
+products per Gram, exact for any gates. The choice is per row block, never per chunk. Scalar
 decay per head (g [B, T, H]) multiplies the plain products by the exact decay matrix instead. The
 diagonal blocks go to per-chunk scratch (and L_KB's to U's row block) and come back as tiles after a
 barrier. The inverse is never formed: W_n = T_nn (Bh_n - L_AB[n, <n] W_<n) (U likewise), with T_nn
@@ -76,6 +77,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..utils import LOG_ZERO_FP32
+from . import diag_levels as levels
 from . import two_level
 from .directions import scan_time, split_direction
 
@@ -83,9 +85,10 @@ LOG_ZERO = tl.constexpr(LOG_ZERO_FP32)
 SUB = tl.constexpr(16)  # tokens per row block (the exact diagonal block and the inverse's diagonal block)
 CHUNKS = (16, 32, 64)
 # F1's diagonal blocks (vector decay) take one tensor-core product each where G's half range over the
-# 16-token block is below this (kernels/README.md §8 Numerics): factors <= e^30 ~ 1e13, entries outside
-# the token mask <= e^60 ~ 1e26 times sum_k |x_k y_k| (finite in fp32 and bf16); else the exact loop.
-DIAG_LIMIT = 30.0
+# 16-token block is below this (kernels/README.md §8 Numerics): factors <= e^35 ~ 1.6e15, entries outside
+# the token mask <= e^70 ~ 2.5e30 times sum_k |x_k y_k| (finite in fp32 and bf16); else by levels, whose
+# group products keep the same bounds (diag_levels.py). 35: -20 per step keeps 4-token groups (e^30).
+DIAG_LIMIT = 35.0
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -501,9 +504,10 @@ def chunk_intra_kernel(
     (a) the diagonal blocks to per-chunk scratch ``scr`` (the L_AB and M_QA diagonal blocks, the M_QK
         row block; fp32) and L_KB's to U's row block n: vector decay one product each through the
         block's reference (:func:`_diag_factored`) where the block's half range of G, lim, is below
-        DIAG_LIMIT (0: never), else the exact column loop (:func:`_diag_vector`); a decision per row
-        block, recorded (1 factored, 0 loop) in ``path [B*H*NT, C/16]`` if RECORD_PATH; scalar decay
-        the product times the exact decay matrix;
+        DIAG_LIMIT, else by levels (:func:`_diag_levels`); DIAG_LIMIT = 0: the exact column loop
+        (:func:`_diag_vector`) everywhere; a decision per row block, recorded (1 one product, 2..5 the
+        levels, 0 loop) in ``path [B*H*NT, C/16]`` if RECORD_PATH; scalar decay the product times the
+        exact decay matrix;
     (b) W_n = T_nn (Bh_n - L_AB[n, <n] W_<n),  U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n);
     (c) Qeff_n = Qh_n - M_QA[n, <=n] W_<=n,     Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n.
 
@@ -573,13 +577,15 @@ def chunk_intra_kernel(
                                    u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
                                    sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
                                    ref_d, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS, F32, DIAG_LOWP)
+                    path = n * 0 + 1
                 else:
-                    _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
-                                 u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
-                                 sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                 n_cols, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS)
+                    path = _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
+                                        u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh,
+                                        sbr, sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols,
+                                        cmask, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS, F32, DIAG_LOWP,
+                                        DIAG_LIMIT)
                 if RECORD_PATH:
-                    tl.store(path_ptr + chunk * (C // SUB) + n, (lim < DIAG_LIMIT).to(tl.int8))
+                    tl.store(path_ptr + chunk * (C // SUB) + n, path.to(tl.int8))
             else:  # DIAG_LIMIT = 0: the loop only (nothing else compiled; the launcher records 0s)
                 _diag_vector(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK, u_diag,
                              sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
@@ -764,6 +770,81 @@ def _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_
         tl.store(s_ab + rows_a[:, None] * RA + rows_a[None, :], tl.where(tok_a[:, None] > tok_a[None, :], l_ab, 0.0))
         l_kb = _mm(bx, tl.trans(ky), F32, 0)
         tl.store(u_diag + rows_a[:, None] * CK + rows_k[None, :], tl.where(tok_a[:, None] > tok_k[None, :], l_kb, 0.0))
+
+
+@triton.jit
+def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk, u_diag,
+                 sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                 sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                 RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
+                 BK: tl.constexpr, HDLA: tl.constexpr, REVERSE, DIRS: tl.constexpr, F32: tl.constexpr,
+                 DIAG_LOWP: tl.constexpr, LIMIT: tl.constexpr):
+    """The four diagonal 16 x 16 token blocks of row block n0 / 16 (vector decay) by levels
+    (kernels/generalized/diag_levels.py), where one product through the block's reference could overflow
+    (lim >= LIMIT): the cross levels 3 .. s_g, factors <= 1, and the group level s_g, factors within
+    [e^-LIMIT, e^LIMIT], each one masked product per Gram; the group level's factors come from G (M's
+    rows and every column) and from G' with each group's first row 0 (L's rows). Stored where
+    :func:`_diag_factored` stores, in the same operand precisions. Returns the path, 1 + the cross levels
+    taken (2..5)."""
+    RA: tl.constexpr = SUB * RAP
+    RK: tl.constexpr = SUB * RKP
+    CK: tl.constexpr = C * RKP
+    tq = tl.arange(0, SUB)
+    rows_a = tl.arange(0, RA)
+    rows_k = tl.arange(0, RK)
+    tok_q = tq + n0
+    tok_a = rows_a // RAP + n0
+    tok_k = rows_k // RKP + n0
+    t_k, v_k = _tokens(c, tok_k, T, C, REVERSE, DIRS)
+    g_base = gs_ptr + (bh * NT + c).to(tl.int64) * C * BK
+    s_g = levels.group_shift(_cum(gs_ptr, bh, c, NT, tok_q[:, None], cols[None, :], C, BK, False), tok_q, g_base, BK,
+                             cols, cmask, LIMIT)
+    # one Gram at a time, every operand loaded afresh per level (HDLA builds A, B again): few live tiles
+    m_qk = tl.zeros([SUB, RK], dtype=tl.float32)
+    for lvl in range(0, 5 - s_g):
+        q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                            0, RAP, C, BK, False, HDLA, REVERSE, DIRS)
+        qx = q_n * levels.level_row_exp(gq, tok_q, lvl, s_g, g_base, BK, cols, cmask, False)
+        k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
+                      cols[None, :], cmask[None, :], RKV, HDLA)
+        ky = k_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_k[:, None], cols[None, :], C, BK, False), tok_k,
+                                        lvl, s_g, g_base, BK, cols, cmask)
+        m_qk += tl.where(levels.level_live(tok_q, tok_k, lvl, s_g, False), _mm(qx, tl.trans(ky), F32, DIAG_LOWP), 0.0)
+    tl.store(s_qk + tq[:, None] * CK + rows_k[None, :], m_qk)
+    if RAB > 0:
+        m_qa = tl.zeros([SUB, RA], dtype=tl.float32)
+        for lvl in range(0, 5 - s_g):
+            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                                skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                                sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                                RAB, RAP, C, BK, False, HDLA, REVERSE, DIRS)
+            qx = q_n * levels.level_row_exp(gq, tok_q, lvl, s_g, g_base, BK, cols, cmask, False)
+            ay = a_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_a[:, None], cols[None, :], C, BK, False),
+                                            tok_a, lvl, s_g, g_base, BK, cols, cmask)
+            m_qa += tl.where(levels.level_live(tok_q, tok_a, lvl, s_g, False), _mm(qx, tl.trans(ay), F32, DIAG_LOWP),
+                             0.0)
+        tl.store(s_qa + tq[:, None] * RA + rows_a[None, :], m_qa)
+        l_ab = tl.zeros([RA, RA], dtype=tl.float32)
+        l_kb = tl.zeros([RA, RK], dtype=tl.float32)
+        for lvl in range(0, 5 - s_g):
+            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
+                                                skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
+                                                sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
+                                                RAB, RAP, C, BK, False, HDLA, REVERSE, DIRS)
+            bx = b_n * levels.level_row_exp(gbp, tok_a, lvl, s_g, g_base, BK, cols, cmask, True)
+            ay = a_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_a[:, None], cols[None, :], C, BK, False),
+                                            tok_a, lvl, s_g, g_base, BK, cols, cmask)
+            l_ab += tl.where(levels.level_live(tok_a, tok_a, lvl, s_g, True), _mm(bx, tl.trans(ay), F32, 0), 0.0)
+            k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
+                          cols[None, :], cmask[None, :], RKV, HDLA)
+            ky = k_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_k[:, None], cols[None, :], C, BK, False),
+                                            tok_k, lvl, s_g, g_base, BK, cols, cmask)
+            l_kb += tl.where(levels.level_live(tok_a, tok_k, lvl, s_g, True), _mm(bx, tl.trans(ky), F32, 0), 0.0)
+        tl.store(s_ab + rows_a[:, None] * RA + rows_a[None, :], l_ab)
+        tl.store(u_diag + rows_a[:, None] * CK + rows_k[None, :], l_kb)
+    return 5 - s_g
 
 
 # ----------------------------------------------------------------------------- F2
@@ -991,8 +1072,9 @@ def chunk_prepare(q, k, v, a, b, g, scale, reverse, hdla_beta=None, chunk=None, 
     Qeff [B, H, NT*C, K], Mo [B, H, NT, C, r_kv*C], gamma [B, H, NT, K] fp32, G (scratch cumsum),
     chunk, and the launch facts F2/F3 reuse (see the module docstring for layouts and dtypes).
     ``diag_limit``: the largest half range of G over a 16-token block whose diagonal Grams are one
-    factored product (vector decay; 0: every block takes the exact loop). ``record_path``: also return
-    ``diag_path`` [B, H, NT, C/16] int8, 1 where a row block took the product, 0 the loop (-1: scalar
+    factored product, and over the groups of the levels that take the other blocks (vector decay; 0:
+    every block takes the exact loop). ``record_path``: also return ``diag_path`` [B, H, NT, C/16] int8,
+    1 where a row block took one product, 2..5 the levels (1 + the cross levels), 0 the loop (-1: scalar
     decay, always the product with the exact decay matrix).
 
     ``direction_strides``: both scan directions in one launch (directions.py; kernels/README.md §9):
