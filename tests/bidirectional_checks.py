@@ -14,6 +14,7 @@ import torch
 
 from hdla_vision.kernels import bidirectional_ops, chunk_generalized_bidirectional, chunk_hdla_bidirectional
 from tests.bidirectional_oracle import bidirectional_problem, compare_bidirectional
+from tests.chunk64_ops_checks import count_b2_launches
 
 TOL = 1e-4
 
@@ -116,12 +117,7 @@ def test_fast_gates_take_the_levels_in_both_directions(fused_launches, diag_path
 def test_sliced_backward_matches_float64_loop(fused_launches, monkeypatch):
     """The fused backward in batch slices (B2's scratch budget forced to 1 byte: one batch element per
     slice): the direction-stacked inputs and states sliced per direction, batch 2, r_ab = 1."""
-    from hdla_vision.kernels.generalized import bwd
-
-    monkeypatch.setattr(bwd, "scratch_budget_bytes", lambda: 1)
-    batches = []
-    real = bwd.chunk_vjp
-    monkeypatch.setattr(bwd, "chunk_vjp", lambda *args, **kw: batches.append(args[1].shape[0]) or real(*args, **kw))
+    batches = count_b2_launches(monkeypatch)
     p = bidirectional_problem("generalized", 2, 40, 1, 8, 6, stacked=("k", "a"))
     errors = compare_bidirectional(chunk_generalized_bidirectional, "generalized", p, scale=0.7)
     assert fused_launches == [1] and batches == [1, 1], (fused_launches, batches)

@@ -122,7 +122,7 @@ def test_two_level_state_scan_matches_float64_loop(chunk64, monkeypatch, case):
     _assert_close(errors, names + (["dinitial_state"] if h0 else []))
 
 
-def _count_b2_launches(monkeypatch):
+def count_b2_launches(monkeypatch):
     """B2's scratch budget forced to 1 byte (every batch element its own slice); returns the list that
     receives the batch of each ``chunk_vjp`` call."""
     from hdla_vision.kernels.generalized import bwd
@@ -141,7 +141,7 @@ def test_sliced_backward_matches_float64_loop(chunk64, monkeypatch, kind):
     batch 2, T = 37 (3 chunks of 16), initial states, reversed scan for HDLA, r_ab = 2 with a decay per
     head for the generalized op."""
     _small_chunk(monkeypatch, chunk64, 16)
-    batches = _count_b2_launches(monkeypatch)
+    batches = count_b2_launches(monkeypatch)
     if kind == "hdla":
         p = hdla_problem(2, 37, 1, 8, 6, g_min=-20.0)
         errors = compare_with_loop(chunk_hdla, "hdla", p, scale=0.7, reverse=True)
