@@ -1,13 +1,14 @@
 """Where the host's time goes in one backbone block's fwd+bwd: cProfile of the Python side, and the host
-time against the device time.
+time against the device time, and the calls that make it wait for the device.
 
     python -m benchmarks.host_profile --model hdla_tiny --res 2048 --batch 2
 
 A step is :func:`benchmarks.block_profile.block_step` (the block's forward under bf16 autocast, ``sum()``,
-backward). The host time of a step is its wall time with the GPU kept busy far ahead (a long sleep kernel
-queued first, so that no launch waits for the device); the device time is the ``do_bench`` median of the
-same step. cProfile's table (``--rows`` functions by own time) then says which Python functions the
-host time is spent in. Needs CUDA.
+backward). The host time of a step is its wall time with the GPU kept busy ahead of it (a sleep kernel queued
+first, so that no launch waits for the device); the device time is the ``do_bench`` median of the
+same step (the step is host-bound where its host time is the larger). ``set_sync_debug_mode`` lists the
+calls that synchronise with the device, and cProfile's table (``--rows`` functions by own time) says which
+Python functions the host time is spent in. Needs CUDA.
 """
 import argparse
 import cProfile
@@ -15,28 +16,56 @@ import io
 import os
 import pstats
 import time
+import traceback
+import warnings
 
 import torch
 
 from benchmarks.block_profile import FAMILIES, block_step, time_ms
 
 
-def host_ms(step, steps: int = 10) -> float:
-    """Wall time per step while the GPU is busy with a long sleep queued before the steps: the host's
-    own cost of issuing them (launches, Python, the dispatcher), with no wait on the device."""
-    step()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9))  # ~1 s of device time at ~2 GHz: the steps below queue behind it
-    start = time.perf_counter()
-    for _ in range(steps):
+def host_ms(step, reps: int = 5) -> float:
+    """Median wall time of issuing one step while the GPU is still busy with a sleep queued before it: the
+    host's own cost of the step (launches, Python, the dispatcher), with no wait on the device as long as
+    the step neither synchronises nor fills the launch queue (see :func:`sync_points`)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(4e8))  # ~0.2 s of device time at ~2 GHz: the step below queues behind it
+        start = time.perf_counter()
         step()
-    elapsed = (time.perf_counter() - start) / steps * 1e3
+        times.append((time.perf_counter() - start) * 1e3)
     torch.cuda.synchronize()
-    return elapsed
+    return sorted(times)[len(times) // 2]
+
+
+def sync_points(step) -> str:
+    """The calls of one step that synchronise with the device (``torch.cuda.set_sync_debug_mode``), with
+    the last frames of each one's stack."""
+    torch.cuda.synchronize()
+    caught = []
+
+    def keep(message, category, filename, lineno, file=None, line=None):
+        frames = [f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack()[-9:-1]]
+        caught.append((str(message)[:120], frames))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = keep
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    lines = [f"synchronising calls in one step: {len(caught)}"]
+    for message, frames in caught:
+        lines.append(f"  {message}")
+        lines.extend(f"    {frame}" for frame in frames)
+    return "\n".join(lines)
 
 
 def python_profile(step, steps: int = 5, rows: int = 40) -> str:
-    torch.cuda._sleep(int(4e9))
+    torch.cuda.synchronize()
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(steps):
@@ -64,6 +93,7 @@ def main(argv=None) -> None:
     step_ms = time_ms(step)
     print(f"{args.model} {args.res}px batch {args.batch} {args.family}: step {step_ms:.3f} ms (do_bench), "
           f"host {host_ms(step):.3f} ms per step", flush=True)
+    print(sync_points(step), flush=True)
     print(python_profile(step, rows=args.rows), flush=True)
 
 
