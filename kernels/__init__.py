@@ -30,6 +30,8 @@ else:
     from .loglinear.chunk import chunk_loglinear_generalized, chunk_loglinear_hdla
     from .loglinear.fused_recurrent import fused_recurrent_loglinear_generalized, fused_recurrent_loglinear_hdla
     from .loglinear.naive import naive_loglinear_generalized, naive_loglinear_hdla
+    from .prologue.fused import mixer_prologue
+    from .prologue.naive import naive_mixer_prologue
 
     __all__ = [
         "chunk_generalized",
@@ -48,4 +50,6 @@ else:
         "naive_loglinear_hdla",
         "fused_recurrent_loglinear_generalized",
         "fused_recurrent_loglinear_hdla",
+        "mixer_prologue",
+        "naive_mixer_prologue",
     ]

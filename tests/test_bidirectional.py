@@ -15,6 +15,7 @@ Everything but the interpreted checks runs on the CPU path; in a process started
 so those tests skip there and only the interpreted checks run.
 """
 import os
+from functools import partial
 
 import pytest
 import torch
@@ -179,6 +180,36 @@ def test_mixer_forward_calls_the_op(monkeypatch):
     monkeypatch.setattr(hdla_layer, "chunk_hdla", None)  # a call to the single-direction op would fail
     create_mixer("hdla", dim=16, num_heads=2, directions=("fwd", "bwd"))(torch.randn(1, 5, 16))
     assert calls == [1]
+
+
+@cpu_path
+@pytest.mark.parametrize("name", ["hdla", "hdla_authors"])
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_hdla_fused_prologue_equals_the_unfused_definition(name, qkv_bias):
+    """HDLA's ``mix`` (three GEMMs and the fused prologue op, layers/hdla.py) against the base class's
+    (the projections, gate modules and activations one by one): y and the gradients of x and every
+    parameter, equal to float64 rounding; the forward runs the prologue op once."""
+    from hdla_vision.layers.mixer import LinearAttentionMixer
+
+    torch.manual_seed(0)
+    mixer = create_mixer(name, dim=32, num_heads=2, directions=("fwd", "bwd"), qkv_bias=qkv_bias).double()
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(2, 23, 32, dtype=torch.float64)
+    runs = []
+    for mix in (mixer.mix, partial(LinearAttentionMixer.mix, mixer)):
+        mixer.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_()
+        y = mix(leaf)
+        y.square().sum().backward()
+        runs.append((y.detach(), leaf.grad, {n: p.grad.clone() for n, p in mixer.named_parameters()
+                                             if p.grad is not None}))
+    (y, dx, grads), (y_ref, dx_ref, grads_ref) = runs
+    assert rel_err(y, y_ref) < 1e-12 and rel_err(dx, dx_ref) < 1e-12
+    assert grads.keys() == grads_ref.keys() and len(grads) > 8
+    bad = {n: rel_err(grads[n], grads_ref[n]) for n in grads if not rel_err(grads[n], grads_ref[n]) < 1e-12}
+    assert not bad, bad
 
 
 # ----------------------------------------------------------------------------- torch.compile

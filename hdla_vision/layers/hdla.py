@@ -15,6 +15,13 @@ not depend on the gates), subtracted once; both run as one ``chunk_hdla_bidirect
 shared, beta and g stacked by direction). The output is the shared block's
 ``W_o (RMSNorm_head(y) * SiLU(x W_g))`` (eq. 29-30 with a per-head norm and a swish gate).
 
+The bidirectional prologue runs fused (:meth:`HDLAMixer.mix`): one GEMM for q, k, v and both
+directions' beta logits, one for both directions' low-rank decay down-projections, one batched GEMM for
+their up-projections, and one kernel (``hdla_vision.kernels.mixer_prologue``) for SiLU, the L2 norm of k,
+2 sigmoid(.) and logsigmoid, writing beta and g stacked by direction as the bidirectional op takes them.
+The parameters stay in their modules (the weights are concatenated per call), so checkpoints and the
+unfused definition (:meth:`~hdla_vision.layers.mixer.LinearAttentionMixer.scan_inputs`) are unchanged.
+
 Decay initialisation: ``b_d`` starts at ``logit(1 - 1/L)`` with memory lengths L spaced
 geometrically over [``min_memory``, ``max_memory``] tokens across each head's channels, so that at
 initialisation some channels forget within a few tokens and others span the sequence; ``beta``
@@ -24,16 +31,19 @@ starts at ``beta_range / 2`` (1: each write replaces its key's direction).
 comparison: a bias-free low-rank decay (lambda about 1/2 at init), a low-rank output gate that
 multiplies y *before* one RMS norm over all heads' features.
 """
-from typing import NamedTuple
+from functools import partial
+from typing import NamedTuple, Tuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from hdla_vision.kernels import (chunk_hdla, chunk_hdla_bidirectional, chunk_loglinear_hdla, fused_recurrent_hdla,
-                                 fused_recurrent_loglinear_hdla, hdla_decay_factors, torch_chunk_generalized)
+                                 fused_recurrent_loglinear_hdla, hdla_decay_factors, mixer_prologue,
+                                 torch_chunk_generalized)
 
 from .gates import BetaGate, LowRankProjection, VectorLogDecay, check_rank
-from .mixer import LinearAttentionMixer, chunk_backend
+from .mixer import LinearAttentionMixer, chunk_backend, recompute
 from .registry import register_mixer
 
 
@@ -106,6 +116,43 @@ class HDLAMixer(LinearAttentionMixer):
 
     def op_inputs(self, q, feats):
         return feats._replace(beta=feats.beta.contiguous())
+
+    def mix(self, x, norm=None):
+        """The bidirectional sum with the fused prologue (:meth:`fused_scan_inputs`, recomputed in the
+        backward like the unfused one); the log-linear mixers and the ``"torch"`` chunk backend take the
+        unfused definition."""
+        if self.log_linear or chunk_backend() == "torch":
+            return super().mix(x, norm)
+        q, k, v, beta, g = recompute(partial(self.fused_scan_inputs, norm=norm), x)
+        return chunk_hdla_bidirectional(q, k, v, beta, g)[0]
+
+    def fused_scan_inputs(self, x, norm=None) -> Tuple[torch.Tensor, ...]:
+        """``x [B, N, C]`` -> q, k ``[B, N, H, K]``, v ``[B, N, H, V]``, beta ``[2, B, N, H]``, g ``[2, B, N, H, K]``
+        of ``norm(x)``: :meth:`scan_inputs`' values, stacked by direction, from three GEMMs and one kernel."""
+        x = x if norm is None else norm(x)
+        batch, seq_len, _ = x.shape
+        gates = list(self.directions)
+        decays = [gate["decay"] for gate in gates]
+        proj = F.linear(x, *self.projection_weights())
+        down = F.linear(x, torch.cat([d.logits.down.weight for d in decays]))  # [B, N, 2 r]
+        down = down.view(batch * seq_len, len(gates), -1).transpose(0, 1)  # [2, B N, r]
+        up = torch.stack([d.logits.up.weight.t() for d in decays])  # [2, r, H K]
+        if decays[0].logits.up.bias is None:
+            logits = torch.bmm(down, up)
+        else:
+            logits = torch.baddbmm(torch.stack([d.logits.up.bias for d in decays]).unsqueeze(1), down, up)
+        return mixer_prologue(proj, logits.view(len(gates), batch, seq_len, -1), self.num_heads, self.head_dim,
+                              self.head_dim_v, self.beta_range, tau=decays[0].tau, eps=self.norm_eps)
+
+    def projection_weights(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The fused projection ``q | k | v | beta_fwd | beta_bwd | zero padding`` (to a multiple of 8 rows,
+        so that each token's row of its output is 16-byte aligned in 16 bits): ``(weight [P, C], bias [P])``."""
+        betas = [gate["beta"].proj for gate in self.directions]
+        weight = torch.cat([self.qkv.weight, *(b.weight for b in betas)])
+        qkv_bias = self.qkv.bias if self.qkv.bias is not None else weight.new_zeros(self.qkv.out_features)
+        bias = torch.cat([qkv_bias, *(b.bias for b in betas)])
+        pad = -weight.shape[0] % 8
+        return torch.cat([weight, weight.new_zeros(pad, weight.shape[1])]), torch.cat([bias, bias.new_zeros(pad)])
 
     def bidirectional_scan(self, q, fwd, bwd):
         """:meth:`two_scans` as one ``chunk_hdla_bidirectional``: k, v shared (the projections'), beta

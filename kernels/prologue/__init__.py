@@ -1,0 +1,1 @@
+"""The mixer prologue op (prologue/fused.py) and its PyTorch definition (prologue/naive.py)."""
