@@ -6,19 +6,37 @@ where its glue goes (torch.profiler's aten ops by input shape, device time per c
 
 The block is ``model.blocks[0]`` of ``timm.create_model(model)`` on a random input ``[batch, tokens,
 embed_dim]`` (tokens = (res / 16)^2, no class token); a step is the block's forward, ``sum()`` of its
-fp32 output and the backward. Times are ``triton.testing.do_bench`` medians after warm-up. Needs CUDA.
+fp32 output and the backward. Times are ``triton.testing.do_bench`` medians after warm-up; the host time
+is that of issuing one step behind a sleep kernel (:func:`host_ms`). ``--prologues fused unfused`` times
+HDLA's fused mixer prologue against the unfused definition in the same run. Needs CUDA.
 """
 import argparse
 import os
+import time
+from contextlib import contextmanager
 
 import timm
 import torch
 import triton.testing
 
 import hdla_vision  # noqa: F401  registers the models
-from hdla_vision.layers.mixer import set_activation_recompute
+from hdla_vision.layers.hdla import HDLAMixer
+from hdla_vision.layers.mixer import LinearAttentionMixer, set_activation_recompute
 
 FAMILIES = ("chunk16", "chunk64")
+PROLOGUES = ("fused", "unfused")
+
+
+@contextmanager
+def hdla_prologue(kind: str):
+    """HDLA's mixer with its fused prologue (the default) or the base class's unfused definition."""
+    fused = HDLAMixer.mix
+    if kind == "unfused":
+        HDLAMixer.mix = LinearAttentionMixer.mix
+    try:
+        yield
+    finally:
+        HDLAMixer.mix = fused
 
 
 def block_step(model_name: str, res: int, batch: int, device: torch.device):
@@ -37,6 +55,21 @@ def block_step(model_name: str, res: int, batch: int, device: torch.device):
 
 def time_ms(step, warmup_ms: int = 50, rep_ms: int = 200) -> float:
     return triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def host_ms(step, reps: int = 5) -> float:
+    """Median wall time of issuing one step while the GPU is still busy with a sleep queued before it: the
+    host's own cost of the step (launches, Python, the dispatcher), with no wait on the device as long as
+    the step neither synchronises nor fills the launch queue (see :func:`sync_points`)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(4e8))  # ~0.2 s of device time at ~2 GHz: the step below queues behind it
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]
 
 
 def profile_ops(step, steps: int = 3, rows: int = 45) -> str:
@@ -65,21 +98,26 @@ def main(argv=None) -> None:
     parser.add_argument("--res", type=int, default=224)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--prologues", nargs="+", default=["fused"], choices=PROLOGUES,
+                        help="HDLA's mixer prologue: fused (layers/hdla.py) or the unfused definition")
     parser.add_argument("--no-profile", action="store_true", help="times only")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     for family in args.families:
         os.environ["HDLA_VISION_KERNELS"] = family
-        for recompute in (True, False):
-            set_activation_recompute(recompute)
-            step = block_step(args.model, args.res, args.batch, device)
-            torch.cuda.reset_peak_memory_stats()
-            ms = time_ms(step)
-            peak = torch.cuda.max_memory_allocated() / 2**20
-            print(f"{args.model} {args.res}px batch {args.batch} {family} recompute={recompute}: "
-                  f"{ms:.3f} ms/step, peak {peak:.0f} MiB", flush=True)
-            if recompute and not args.no_profile:
-                print(profile_ops(step), flush=True)
+        for prologue in args.prologues:
+            for recompute in (True, False):
+                set_activation_recompute(recompute)
+                with hdla_prologue(prologue):
+                    step = block_step(args.model, args.res, args.batch, device)
+                    torch.cuda.reset_peak_memory_stats()
+                    ms = time_ms(step)
+                    peak = torch.cuda.max_memory_allocated() / 2**20
+                    print(f"{args.model} {args.res}px batch {args.batch} {family} prologue={prologue} "
+                          f"recompute={recompute}: {ms:.3f} ms/step, host {host_ms(step):.3f} ms, peak {peak:.0f} MiB",
+                          flush=True)
+                    if recompute and not args.no_profile:
+                        print(profile_ops(step), flush=True)
     set_activation_recompute(True)
 
 

@@ -15,28 +15,12 @@ import cProfile
 import io
 import os
 import pstats
-import time
 import traceback
 import warnings
 
 import torch
 
-from benchmarks.block_profile import FAMILIES, block_step, time_ms
-
-
-def host_ms(step, reps: int = 5) -> float:
-    """Median wall time of issuing one step while the GPU is still busy with a sleep queued before it: the
-    host's own cost of the step (launches, Python, the dispatcher), with no wait on the device as long as
-    the step neither synchronises nor fills the launch queue (see :func:`sync_points`)."""
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(4e8))  # ~0.2 s of device time at ~2 GHz: the step below queues behind it
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    torch.cuda.synchronize()
-    return sorted(times)[len(times) // 2]
+from benchmarks.block_profile import FAMILIES, block_step, host_ms, time_ms
 
 
 def sync_points(step) -> str:
