@@ -38,7 +38,7 @@ from torch import Tensor
 from .custom_ops import (FORM, NAMESPACE, _contiguous, _cotangents, _dh0_or_empty, _empty, _fake_outputs,
                          _generalized_path, _hdla_path, _state_dtype, run_generalized, run_generalized_backward,
                          run_hdla, run_hdla_backward)
-from .utils import check_log_decay
+from .utils import check_log_decay, use_triton
 
 FUSED = "chunk64"
 # The generalized op's inputs that may be shared or stacked per direction, and their single-direction dims.
@@ -112,6 +112,39 @@ def _unfused_outputs(q: Tensor, parts, own: Tensor, output_final_state: bool) ->
     return _contiguous(y, state, torch.stack([x_f, x_b]))
 
 
+def _combined_in_kernel(q: Tensor) -> bool:
+    """Whether the unfused path sums the directions and subtracts the own write in one Triton kernel each
+    way (bidirectional_combine.py): wherever Triton runs, except float64."""
+    return use_triton(q) and q.dtype != torch.float64
+
+
+def _combine(q: Tensor, k: Tensor, v: Tensor, scale: float, parts, output_final_state: bool
+             ) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(y, state, x)`` of the unfused path from the two directions' ``(o, state, x)``, with k, v
+    ``[B, T, H, r, K|V]`` the reversed scan's (subtracted once): one combine kernel on the Triton
+    path, else PyTorch (:func:`_unfused_outputs`)."""
+    if not _combined_in_kernel(q):
+        return _unfused_outputs(q, parts, own_write(q, k, v, scale), output_final_state)
+    from .bidirectional_combine import combine_outputs
+
+    (o_f, s_f, x_f), (o_b, s_b, x_b) = parts
+    state = torch.stack([s_f, s_b]) if output_final_state else _empty(q)
+    return _contiguous(combine_outputs(o_f, o_b, q, k, v, scale), state, torch.stack([x_f, x_b]))
+
+
+def _combine_grads(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float, grads_f, grads_b
+                   ) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of the shared q, k ``[B, T, H, r, K]``, v ``[B, T, H, r, V]``: the two directions'
+    ``(dq, dk, dv)`` summed, the own write's VJP subtracted (one kernel on the Triton path)."""
+    if _combined_in_kernel(q):
+        from .bidirectional_combine import combine_grads
+
+        return combine_grads(dy, q, k, v, grads_f, grads_b, scale)
+    dq, dk, dv = (_sum_shared([f, b], False, t.dtype) for f, b, t in zip(grads_f, grads_b, (q, k, v)))
+    own_dq, own_dk, own_dv = own_write_vjp(dy, q, k, v, scale)
+    return _minus(dq, own_dq), _minus(dk, own_dk), _minus(dv, own_dv)
+
+
 def _sum_shared(grads, stacked: bool, dtype: torch.dtype) -> Tensor:
     """One input's gradient from the two directions' ``grads``: stacked for a per-direction input, else
     their sum (in fp32, rounded once)."""
@@ -160,7 +193,7 @@ def chunk_hdla_bidirectional_op(
         return _fused_hdla(q, k, v, beta, g, scale, initial_state, output_final_state)
     parts = [run_hdla(q, k, v, beta[d], g[d], scale, direction(initial_state, d), output_final_state, d == 1)
              for d in (0, 1)]
-    return _unfused_outputs(q, parts, own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), scale), output_final_state)
+    return _combine(q, k.unsqueeze(-2), v.unsqueeze(-2), scale, parts, output_final_state)
 
 
 @chunk_hdla_bidirectional_op.register_fake
@@ -186,12 +219,11 @@ def chunk_hdla_bidirectional_backward_op(
         return _contiguous(*grads, dbeta, dg, _dh0_or_empty(dh0, initial_state, q))
     per = [run_hdla_backward(dy, direction(dht, d), q, k, v, beta[d], g[d], direction(initial_state, d), x[d],
                              _state_of(state, d), scale, d == 1) for d in (0, 1)]
-    dq, dk, dv = (_sum_shared([p[i] for p in per], False, t.dtype) for i, t in enumerate((q, k, v)))
-    own_dq, own_dk, own_dv = own_write_vjp(dy, q, k.unsqueeze(-2), v.unsqueeze(-2), scale)
+    dq, dk, dv = _combine_grads(dy, q, k.unsqueeze(-2), v.unsqueeze(-2), scale,
+                                *((p[0], p[1].unsqueeze(-2), p[2].unsqueeze(-2)) for p in per))
     dbeta, dg = torch.stack([p[3] for p in per]), torch.stack([p[4] for p in per])
     dh0 = torch.stack([p[5] for p in per]) if initial_state is not None else _empty(q)
-    return _contiguous(_minus(dq, own_dq), _minus(dk, own_dk[..., 0, :]), _minus(dv, own_dv[..., 0, :]), dbeta, dg,
-                       dh0)
+    return _contiguous(dq, dk[..., 0, :], dv[..., 0, :], dbeta, dg, dh0)
 
 
 @chunk_hdla_bidirectional_backward_op.register_fake
@@ -248,8 +280,7 @@ def chunk_generalized_bidirectional_op(
     parts = [run_generalized(q, direction(k, d, stacked["k"]), direction(v, d, stacked["v"]),
                              direction(a, d, stacked["a"]), direction(b, d, stacked["b"]), g[d], scale,
                              direction(initial_state, d), output_final_state, d == 1) for d in (0, 1)]
-    own = own_write(q, direction(k, 1, stacked["k"]), direction(v, 1, stacked["v"]), scale)
-    return _unfused_outputs(q, parts, own, output_final_state)
+    return _combine(q, direction(k, 1, stacked["k"]), direction(v, 1, stacked["v"]), scale, parts, output_final_state)
 
 
 @chunk_generalized_bidirectional_op.register_fake
@@ -284,17 +315,24 @@ def chunk_generalized_bidirectional_backward_op(
     per = [run_generalized_backward(dy, direction(dht, d), q, *(direction(t, d, stacked[n]) for n, t in inputs.items()),
                                     g[d], direction(initial_state, d), x[d], _state_of(state, d), scale, d == 1)
            for d in (0, 1)]
-    dq = _sum_shared([p[0] for p in per], False, q.dtype)
-    grads = {n: _sum_shared([p[i + 1] for p in per], stacked[n], t.dtype) for i, (n, t) in enumerate(inputs.items())}
-    own_dq, own_dk, own_dv = own_write_vjp(dy, q, direction(k, 1, stacked["k"]), direction(v, 1, stacked["v"]), scale)
-    for name, own in (("k", own_dk), ("v", own_dv)):  # the reversed scan's write: its slice, or the shared input
-        if stacked[name]:
-            grads[name][1] = _minus(grads[name][1], own)
-        else:
-            grads[name] = _minus(grads[name], own)
+    grads = {n: _sum_shared([p[i + 1] for p in per], stacked[n], t.dtype) for i, (n, t) in enumerate(inputs.items())
+             if n in ("a", "b") or stacked["k"] or stacked["v"]}
+    if stacked["k"] or stacked["v"]:
+        dq = _sum_shared([p[0] for p in per], False, q.dtype)
+        own_dq, own_dk, own_dv = own_write_vjp(dy, q, direction(k, 1, stacked["k"]), direction(v, 1, stacked["v"]),
+                                               scale)
+        dq = _minus(dq, own_dq)
+        for name, own in (("k", own_dk), ("v", own_dv)):  # the reversed scan's write: its slice, or the shared input
+            if stacked[name]:
+                grads[name][1] = _minus(grads[name][1], own)
+            else:
+                grads[name] = _minus(grads[name], own)
+    else:
+        dq, grads["k"], grads["v"] = _combine_grads(dy, q, k, v, scale, *((p[0], p[1], p[2]) for p in per))
+    grads = {n: grads[n] for n in inputs}
     dg = torch.stack([p[5] for p in per])
     dh0 = torch.stack([p[6] for p in per]) if initial_state is not None else _empty(q)
-    return _contiguous(_minus(dq, own_dq), *grads.values(), dg, dh0)
+    return _contiguous(dq, *grads.values(), dg, dh0)
 
 
 @chunk_generalized_bidirectional_backward_op.register_fake

@@ -154,3 +154,44 @@ def test_chunk16_runs_the_two_scans(monkeypatch):
     _, _, x = bidirectional_ops.chunk_hdla_bidirectional_op(leaves["q"], leaves["k"], leaves["v"], leaves["beta"],
                                                             leaves["g"], 1.0, None, False)
     assert tuple(x.shape) == (2, 1, 20, 1, 2, 4)  # each direction's X = S^T B reads, [B, T, H, 2, V]
+
+
+@pytest.mark.parametrize("stacked", [("a", "b"), ("k", "a")], ids=["shared_kv", "stacked_k"])
+def test_chunk16_generalized_combines_the_directions(monkeypatch, stacked):
+    """The unfused path of the generalized op on chunk16: with k and v shared the two directions are summed
+    and the own write subtracted by the combine kernels (bidirectional_combine.py), with k stacked by
+    PyTorch; both against the float64 loops, r_kv = 2 (two writes per token), T = 21."""
+    monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk16")
+    calls = []
+    real = bidirectional_ops._combine_grads
+    monkeypatch.setattr(bidirectional_ops, "_combine_grads", lambda *a: calls.append(1) or real(*a))
+    p = bidirectional_problem("generalized", 1, 21, 2, 8, 12, stacked=stacked, r_kv=2, r_ab=1, g_min=-20.0)
+    errors = compare_bidirectional(chunk_generalized_bidirectional, "generalized", p, scale=0.6)
+    _assert_close(errors, ["y", "final_state", "dq", "dk", "dv", "da", "db", "dg", "dinitial_state"])
+    assert calls == ([1] if stacked == ("a", "b") else [])
+
+
+def test_combine_kernels_equal_their_definition():
+    """combine_outputs / combine_grads against own_write, own_write_vjp and the sums in float64: r = 1 and
+    2, head dims that are not powers of two, fp32 and bf16 inputs (rounded once)."""
+    from hdla_vision.kernels.bidirectional_combine import combine_grads, combine_outputs
+
+    gen = torch.Generator().manual_seed(0)
+    for r, dk, dv, dtype, tol in ((1, 8, 12, torch.float32, 1e-6), (2, 12, 20, torch.float32, 1e-6),
+                                  (1, 16, 16, torch.bfloat16, 1e-2)):
+        shape = (2, 19, 3)
+        q, dy, o_f, o_b = (torch.randn(*shape, n, generator=gen) for n in (dk, dv, dv, dv))
+        k, v = torch.randn(*shape, r, dk, generator=gen), torch.randn(*shape, r, dv, generator=gen)
+        grads = [(torch.randn(*shape, dk, generator=gen), torch.randn(*shape, r, dk, generator=gen),
+                  torch.randn(*shape, r, dv, generator=gen)) for _ in range(2)]
+        cast = [t.to(dtype) for t in (q, k, v, dy, o_f, o_b)]
+        y = combine_outputs(cast[4], cast[5], cast[0], cast[1], cast[2], 0.7)
+        exact = [t.double() for t in cast]
+        y_ref = exact[4] + exact[5] - bidirectional_ops.own_write(exact[0], exact[1], exact[2], 0.7)
+        assert y.dtype == dtype and ((y.double() - y_ref).norm() / y_ref.norm()).item() < tol
+        parts = [tuple(t.to(dtype) for t in g) for g in grads]
+        got = combine_grads(cast[3], cast[0], cast[1], cast[2], parts[0], parts[1], 0.7)
+        own = bidirectional_ops.own_write_vjp(exact[3], exact[0], exact[1], exact[2], 0.7)
+        for i, out in enumerate(got):
+            ref = parts[0][i].double() + parts[1][i].double() - own[i]
+            assert out.dtype == dtype and ((out.double() - ref).norm() / ref.norm()).item() < tol, i
