@@ -8,7 +8,8 @@ The block is ``model.blocks[0]`` of ``timm.create_model(model)`` on a random inp
 embed_dim]`` (tokens = (res / 16)^2, no class token); a step is the block's forward, ``sum()`` of its
 fp32 output and the backward. Times are ``triton.testing.do_bench`` medians after warm-up; the host time
 is that of issuing one step behind a sleep kernel (:func:`host_ms`). ``--prologues fused unfused`` times
-HDLA's fused mixer prologue against the unfused definition in the same run. Needs CUDA.
+HDLA's fused mixer prologue against the unfused definition in the same run, ``--combines kernel torch``
+the unfused bidirectional path's combine kernels against the PyTorch ops. Needs CUDA.
 """
 import argparse
 import os
@@ -25,6 +26,22 @@ from hdla_vision.layers.mixer import LinearAttentionMixer, set_activation_recomp
 
 FAMILIES = ("chunk16", "chunk64")
 PROLOGUES = ("fused", "unfused")
+COMBINES = ("kernel", "torch")
+
+
+@contextmanager
+def unfused_combine(kind: str):
+    """The unfused bidirectional path's sum and own-write correction: one Triton kernel each way (the
+    default) or the PyTorch ops (kernels/bidirectional_ops.py)."""
+    from hdla_vision.kernels import bidirectional_ops
+
+    real = bidirectional_ops._combined_in_kernel
+    if kind == "torch":
+        bidirectional_ops._combined_in_kernel = lambda q: False
+    try:
+        yield
+    finally:
+        bidirectional_ops._combined_in_kernel = real
 
 
 @contextmanager
@@ -100,24 +117,27 @@ def main(argv=None) -> None:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--prologues", nargs="+", default=["fused"], choices=PROLOGUES,
                         help="HDLA's mixer prologue: fused (layers/hdla.py) or the unfused definition")
+    parser.add_argument("--combines", nargs="+", default=["kernel"], choices=COMBINES,
+                        help="the unfused bidirectional path's sum: one Triton kernel each way, or PyTorch")
     parser.add_argument("--no-profile", action="store_true", help="times only")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     for family in args.families:
         os.environ["HDLA_VISION_KERNELS"] = family
         for prologue in args.prologues:
-            for recompute in (True, False):
-                set_activation_recompute(recompute)
-                with hdla_prologue(prologue):
-                    step = block_step(args.model, args.res, args.batch, device)
-                    torch.cuda.reset_peak_memory_stats()
-                    ms = time_ms(step)
-                    peak = torch.cuda.max_memory_allocated() / 2**20
-                    print(f"{args.model} {args.res}px batch {args.batch} {family} prologue={prologue} "
-                          f"recompute={recompute}: {ms:.3f} ms/step, host {host_ms(step):.3f} ms, peak {peak:.0f} MiB",
-                          flush=True)
-                    if recompute and not args.no_profile:
-                        print(profile_ops(step), flush=True)
+            for combine in args.combines:
+                for recompute in (True, False):
+                    set_activation_recompute(recompute)
+                    with hdla_prologue(prologue), unfused_combine(combine):
+                        step = block_step(args.model, args.res, args.batch, device)
+                        torch.cuda.reset_peak_memory_stats()
+                        ms = time_ms(step)
+                        peak = torch.cuda.max_memory_allocated() / 2**20
+                        print(f"{args.model} {args.res}px batch {args.batch} {family} prologue={prologue} "
+                              f"combine={combine} recompute={recompute}: {ms:.3f} ms/step, host {host_ms(step):.3f} "
+                              f"ms, peak {peak:.0f} MiB", flush=True)
+                        if recompute and not args.no_profile:
+                            print(profile_ops(step), flush=True)
     set_activation_recompute(True)
 
 
