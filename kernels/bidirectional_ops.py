@@ -27,8 +27,9 @@ into the batch-head grid axis, generalized/directions.py), the output kernel wri
 correction, the backward reads dy once per direction and sums the shared inputs' gradients from
 per-direction partials. Everywhere else (CPU without the interpreter, the chunk16 family, the PyTorch
 chunk form, ranks or dtypes chunk64 does not run) the unfused path: the two single-direction ops'
-bodies (``custom_ops.run_*``) and the correction as elementwise PyTorch in fp32 (float64 for float64
-inputs), the same semantics.
+bodies (``custom_ops.run_*``), then their sum and the correction in fp32 (float64 for float64 inputs),
+the same semantics: one Triton kernel each way (``bidirectional_combine.py``) where Triton runs and k, v
+are shared, elementwise PyTorch otherwise.
 """
 from typing import Optional, Tuple
 
