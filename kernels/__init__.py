@@ -30,6 +30,8 @@ else:
     from .loglinear.chunk import chunk_loglinear_generalized, chunk_loglinear_hdla
     from .loglinear.fused_recurrent import fused_recurrent_loglinear_generalized, fused_recurrent_loglinear_hdla
     from .loglinear.naive import naive_loglinear_generalized, naive_loglinear_hdla
+    from .gated_norm.fused import gated_rms_norm
+    from .gated_norm.naive import naive_gated_rms_norm
     from .prologue.fused import mixer_prologue
     from .prologue.naive import naive_mixer_prologue
 
@@ -50,6 +52,8 @@ else:
         "naive_loglinear_hdla",
         "fused_recurrent_loglinear_generalized",
         "fused_recurrent_loglinear_hdla",
+        "gated_rms_norm",
+        "naive_gated_rms_norm",
         "mixer_prologue",
         "naive_mixer_prologue",
     ]

@@ -90,6 +90,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from hdla_vision.kernels import gated_rms_norm
+
 from .gates import GateModule, LevelScales
 
 DIRECTIONS = (("fwd",), ("fwd", "bwd"))
@@ -387,12 +389,10 @@ class LinearAttentionMixer(nn.Module):
         return self.proj_drop(self.proj(recompute(partial(self.gated_norm, norm=norm), y, x)))
 
     def gated_norm(self, y: torch.Tensor, x: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
-        """``RMSNorm_head(y) * act_g(norm(x) W_g)``: ``[B, N, H * V]``."""
+        """``RMSNorm_head(y) * act_g(norm(x) W_g)``: ``[B, N, H * V]``, the norm and the gate in one op
+        (``hdla_vision.kernels.gated_rms_norm``: one Triton kernel forward, one backward, fp32 inside)."""
         x = x if norm is None else norm(x)
-        # weight cast to y's dtype: under autocast y is bf16 and rms_norm's fused kernel (fp32
-        # accumulation inside) needs matching dtypes
-        y = F.rms_norm(y, (self.head_dim_v,), self.norm.weight.to(y.dtype), self.norm_eps)
-        return y.reshape(*x.shape[:2], -1) * self.gate_activation(self.gate(x))
+        return gated_rms_norm(y, self.gate(x), self.norm.weight, self.norm_eps, self.gate_act)
 
     # -- shared ------------------------------------------------------------------------------
     @torch.no_grad()
