@@ -9,7 +9,8 @@ embed_dim]`` (tokens = (res / 16)^2, no class token); a step is the block's forw
 fp32 output and the backward. Times are ``triton.testing.do_bench`` medians after warm-up; the host time
 is that of issuing one step behind a sleep kernel (:func:`host_ms`). ``--prologues fused unfused`` times
 HDLA's fused mixer prologue against the unfused definition in the same run, ``--combines kernel torch``
-the unfused bidirectional path's combine kernels against the PyTorch ops. Needs CUDA.
+the unfused bidirectional path's combine kernels against the PyTorch ops, ``--output-stages fused composed``
+the mixers' gated_rms_norm op against the composition it replaced. Needs CUDA.
 """
 import argparse
 import os
@@ -27,6 +28,7 @@ from hdla_vision.layers.mixer import LinearAttentionMixer, set_activation_recomp
 FAMILIES = ("chunk16", "chunk64")
 PROLOGUES = ("fused", "unfused")
 COMBINES = ("kernel", "torch")
+OUTPUT_STAGES = ("fused", "composed")
 
 
 @contextmanager
@@ -42,6 +44,25 @@ def unfused_combine(kind: str):
         yield
     finally:
         bidirectional_ops._combined_in_kernel = real
+
+
+def composed_gated_norm(self, y, x, norm=None):
+    """The mixers' output stage as the PyTorch composition the gated_rms_norm op replaced."""
+    x = x if norm is None else norm(x)
+    y = torch.nn.functional.rms_norm(y, (self.head_dim_v,), self.norm.weight.to(y.dtype), self.norm_eps)
+    return y.reshape(*x.shape[:2], -1) * self.gate_activation(self.gate(x))
+
+
+@contextmanager
+def output_stage(kind: str):
+    """Every mixer's output stage as the fused op (the default) or its PyTorch composition."""
+    fused = LinearAttentionMixer.gated_norm
+    if kind == "composed":
+        LinearAttentionMixer.gated_norm = composed_gated_norm
+    try:
+        yield
+    finally:
+        LinearAttentionMixer.gated_norm = fused
 
 
 @contextmanager
@@ -119,25 +140,27 @@ def main(argv=None) -> None:
                         help="HDLA's mixer prologue: fused (layers/hdla.py) or the unfused definition")
     parser.add_argument("--combines", nargs="+", default=["kernel"], choices=COMBINES,
                         help="the unfused bidirectional path's sum: one Triton kernel each way, or PyTorch")
+    parser.add_argument("--output-stages", nargs="+", default=["fused"], choices=OUTPUT_STAGES,
+                        help="every mixer's output stage: the gated_rms_norm op, or the PyTorch composition")
     parser.add_argument("--no-profile", action="store_true", help="times only")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
+    variants = [(p, c, o) for p in args.prologues for c in args.combines for o in args.output_stages]
     for family in args.families:
         os.environ["HDLA_VISION_KERNELS"] = family
-        for prologue in args.prologues:
-            for combine in args.combines:
-                for recompute in (True, False):
-                    set_activation_recompute(recompute)
-                    with hdla_prologue(prologue), unfused_combine(combine):
-                        step = block_step(args.model, args.res, args.batch, device)
-                        torch.cuda.reset_peak_memory_stats()
-                        ms = time_ms(step)
-                        peak = torch.cuda.max_memory_allocated() / 2**20
-                        print(f"{args.model} {args.res}px batch {args.batch} {family} prologue={prologue} "
-                              f"combine={combine} recompute={recompute}: {ms:.3f} ms/step, host {host_ms(step):.3f} "
-                              f"ms, peak {peak:.0f} MiB", flush=True)
-                        if recompute and not args.no_profile:
-                            print(profile_ops(step), flush=True)
+        for prologue, combine, output in variants:
+            for recompute in (True, False):
+                set_activation_recompute(recompute)
+                with hdla_prologue(prologue), unfused_combine(combine), output_stage(output):
+                    step = block_step(args.model, args.res, args.batch, device)
+                    torch.cuda.reset_peak_memory_stats()
+                    ms = time_ms(step)
+                    peak = torch.cuda.max_memory_allocated() / 2**20
+                    print(f"{args.model} {args.res}px batch {args.batch} {family} prologue={prologue} "
+                          f"combine={combine} output={output} recompute={recompute}: {ms:.3f} ms/step, "
+                          f"host {host_ms(step):.3f} ms, peak {peak:.0f} MiB", flush=True)
+                    if recompute and not args.no_profile:
+                        print(profile_ops(step), flush=True)
     set_activation_recompute(True)
 
 

@@ -13,8 +13,8 @@ Every output is a tensor (custom ops cannot return None):
   fp32, or float64 for float64 q, on the PyTorch chunk form) when ``output_final_state``, else an
   empty ``[0]`` tensor. The public functions (``kernels/ops.py``) cast it to q's dtype or drop it;
 * ``x``: what the Triton backward needs from the forward; not differentiable. On the chunk16
-  kernels the reads ``X_t = S_{t-1}^T B_t`` ``[B, T, H, r_ab, V]`` fp32 (``[B, T, H, 2, V]`` for
-  HDLA; empty at ``r_ab = 0``); on the chunk64 kernels ``h [B, H, NT, K, V]``, the state entering
+  kernels the reads ``X_t = S_{t-1}^T B_t`` ``[B, T, H, r_ab, V]`` (``[B, T, H, 2, V]`` for HDLA; empty
+  at ``r_ab = 0``), bf16 for 16-bit q and fp32 otherwise (``generalized.chunk.stored_reads_dtype``); on the chunk64 kernels ``h [B, H, NT, K, V]``, the state entering
   each chunk (NT = cdiv(T, C), C from ``fwd.planned_chunk``), fp32 for fp32 q, else q's dtype;
   empty on the PyTorch chunk form.
 
@@ -131,7 +131,8 @@ def _fake_outputs(q: Tensor, v: Tensor, output_final_state: bool, path: str, r_a
     if path == "chunk64":
         x = _chunk64_states(q, dv, r_ab, r_kv, scalar, hdla)
     elif path == "chunk16" and r_ab:
-        x = q.new_empty(batch, seq_len, heads, r_ab, dv, dtype=torch.float32)
+        x = q.new_empty(batch, seq_len, heads, r_ab, dv, dtype=torch.bfloat16 if q.dtype in (
+            torch.bfloat16, torch.float16) else torch.float32)
     else:
         x = _empty(q)
     return o, state, x

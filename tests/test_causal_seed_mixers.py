@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from hdla_vision.layers import create_mixer, list_mixers
-from hdla_vision.lm import HDLACache, HDLAConfig, HDLAForCausalLM
+from hdla_vision.lm import HDLACache, HDLAConfig, HDLAForCausalLM, cache_of
 from tests.test_lm import greedy_by_full_forward
 
 SEED_MIXERS = {  # name -> mixer_kwargs
@@ -49,7 +49,7 @@ def test_cached_greedy_generate_equals_full_forward_argmax(mixer):
     steps = 8
     out = model.generate(prompt, max_new_tokens=steps, do_sample=False, return_dict_in_generate=True)
     assert torch.equal(out.sequences, greedy_by_full_forward(model, prompt, steps))
-    cache = out.past_key_values
+    cache = cache_of(out)
     assert isinstance(cache, HDLACache) and cache.get_seq_length() == 7 + steps - 1
     assert cache.layers[0].recurrent_states[0].shape == (2, 2, 16, 16)
 
@@ -61,9 +61,9 @@ def test_prefill_then_steps_match_full_forward_logits(mixer):
     ids = torch.randint(0, 64, (2, 14), generator=torch.Generator().manual_seed(2))
     full = model(ids, use_cache=False).logits
     out = model(ids[:, :10], use_cache=True)
-    cache, logits = out.past_key_values, [out.logits]
+    cache, logits = cache_of(out), [out.logits]
     for t in range(10, 14):
-        logits.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+        logits.append(model(ids[:, t:t + 1], cache=cache, use_cache=True).logits)
     torch.testing.assert_close(torch.cat(logits, 1), full, rtol=1e-4, atol=1e-4)
 
 
@@ -100,8 +100,8 @@ def test_right_padding_keeps_the_state_after_the_last_real_token(mixer):
     mask[1, 5:] = 0
     out = model(batch, attention_mask=mask, use_cache=True)
     torch.testing.assert_close(out.logits[1, :5], model(b, use_cache=False).logits[0], rtol=1e-5, atol=1e-5)
-    ref = model(b, use_cache=True).past_key_values
-    for layer, ref_layer in zip(out.past_key_values.layers, ref.layers):
+    ref = cache_of(model(b, use_cache=True))
+    for layer, ref_layer in zip(cache_of(out).layers, ref.layers):
         torch.testing.assert_close(layer.recurrent_states[0][1], ref_layer.recurrent_states[0][0], rtol=1e-5, atol=1e-5)
 
 

@@ -4,7 +4,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache
 
 from hdla_vision.layers import HDLAMixer, create_mixer, list_mixers
-from hdla_vision.lm import HDLACache, HDLAConfig, HDLAForCausalLM, HDLAModel
+from hdla_vision.lm import CACHE_NAME, HDLACache, HDLAConfig, HDLAForCausalLM, HDLAModel, cache_of
 
 MIXERS = ["hdla", "gated_deltanet", "gated_deltaproduct"]
 
@@ -139,7 +139,7 @@ def test_cached_greedy_generate_equals_full_forward_argmax(mixer, short_conv_siz
     steps = 10
     out = model.generate(prompt, max_new_tokens=steps, do_sample=False, return_dict_in_generate=True)
     assert torch.equal(out.sequences, greedy_by_full_forward(model, prompt, steps))
-    cache = out.past_key_values
+    cache = cache_of(out)
     assert isinstance(cache, HDLACache) and cache.get_seq_length() == 7 + steps - 1
     # constant memory: one [B, H, K, V] fp32 state per layer, whatever the number of tokens
     assert cache.layers[0].recurrent_states[0].shape == (2, 2, 16, 16)
@@ -164,9 +164,9 @@ def test_prefill_then_steps_match_full_forward_logits():
     ids = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(2))
     full = model(ids, use_cache=False).logits
     out = model(ids[:, :16], use_cache=True)
-    cache, logits = out.past_key_values, [out.logits]
+    cache, logits = cache_of(out), [out.logits]
     for t in range(16, 21):
-        step = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        step = model(ids[:, t:t + 1], cache=cache, use_cache=True)
         logits.append(step.logits)
     torch.testing.assert_close(torch.cat(logits, 1), full, rtol=1e-4, atol=1e-4)
 
@@ -175,8 +175,8 @@ def test_user_cache_continues_generation():
     model = tiny_model()
     prompt = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(3))
     cache = HDLACache(config=model.config)
-    first = model.generate(prompt, max_new_tokens=3, do_sample=False, past_key_values=cache)
-    more = model.generate(first, max_new_tokens=3, do_sample=False, past_key_values=cache)
+    first = model.generate(prompt, max_new_tokens=3, do_sample=False, **{CACHE_NAME: cache})
+    more = model.generate(first, max_new_tokens=3, do_sample=False, **{CACHE_NAME: cache})
     assert torch.equal(more, greedy_by_full_forward(model, prompt, 6))
 
 
@@ -213,7 +213,7 @@ def test_padding_never_leaks_between_sequences(mixer):
     # the cache after a right-padded prefill holds the state after the last real token
     out = model(batch, attention_mask=mask, use_cache=True)
     ref = model(b, use_cache=True)
-    state, ref_state = out.past_key_values.layers[1].recurrent_states[0], ref.past_key_values.layers[1].recurrent_states[0]
+    state, ref_state = cache_of(out).layers[1].recurrent_states[0], cache_of(ref).layers[1].recurrent_states[0]
     torch.testing.assert_close(state[1], ref_state[0], rtol=1e-5, atol=1e-5)
 
 
@@ -246,7 +246,7 @@ def test_bad_inputs_raise_value_errors():
     with pytest.raises(ValueError, match="input_ids"):
         model()
     with pytest.raises(ValueError, match="past_key_values"):
-        model(torch.randint(0, 64, (1, 3)), past_key_values=object(), use_cache=True)
+        model(torch.randint(0, 64, (1, 3)), cache=object(), use_cache=True)
 
 
 def test_training_step_reduces_loss():
@@ -279,9 +279,9 @@ def test_loglinear_cached_decoding_equals_the_full_forward(mixer):
     ids = torch.randint(0, 64, (2, 19), generator=torch.Generator().manual_seed(9))
     full = model(ids, use_cache=False).logits
     out = model(ids[:, :7], use_cache=True)
-    cache, logits = out.past_key_values, [out.logits]
+    cache, logits = cache_of(out), [out.logits]
     for start, stop in ((7, 8), (8, 9), (9, 15), (15, 16), (16, 19)):
-        logits.append(model(ids[:, start:stop], past_key_values=cache, use_cache=True).logits)
+        logits.append(model(ids[:, start:stop], cache=cache, use_cache=True).logits)
     torch.testing.assert_close(torch.cat(logits, 1), full, rtol=1e-4, atol=1e-4)
     assert cache.get_seq_length() == 19
     assert cache.layers[0].recurrent_states[0].shape == (2, 2, 4, 16, 16)
@@ -311,8 +311,8 @@ def test_loglinear_refuses_what_would_shift_the_bucket_grid():
         model(right, attention_mask=right_mask, use_cache=True)
     logits = model(right, attention_mask=right_mask, use_cache=False).logits
     torch.testing.assert_close(logits[1, :4], model(b, use_cache=False).logits[0], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="past_key_values: .*HDLACache"):
-        model(a, past_key_values=DynamicCache(config=model.config), use_cache=True)
+    with pytest.raises(ValueError, match=r"cache \(past_key_values\): .*HDLACache"):
+        model(a, cache=DynamicCache(config=model.config), use_cache=True)
 
 
 INTERPRET_SCRIPT = """
@@ -371,3 +371,20 @@ def test_cuda_generate_and_bf16_training_step(mixer):
         loss = model(prompt, labels=prompt).loss
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_cache_argument_under_either_name():
+    """The cache goes in as ``cache`` or as ``past_key_values`` (its name before transformers 5.24) with the
+    same result, never as both, and comes back under the installed transformers' field name."""
+    model = tiny_model()
+    ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(5))
+    logits = []
+    for name in ("cache", "past_key_values"):
+        cache = HDLACache(config=model.config)
+        model(ids[:, :5], **{name: cache}, use_cache=True)
+        out = model(ids[:, 5:], **{name: cache}, use_cache=True)
+        assert cache_of(out) is cache and cache.get_seq_length() == 7
+        logits.append(out.logits)
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="cache / past_key_values"):
+        model(ids, cache=HDLACache(config=model.config), past_key_values=HDLACache(config=model.config))

@@ -44,7 +44,8 @@ def test_deit_block_saves_exactly_what_its_ops_need():
 
 
 @pytest.mark.parametrize("family, autocast, expected", [
-    ("chunk16", torch.bfloat16, ((2, 16, HEADS, 2, 64), "float32")),  # the reads X = S^T B, fp32
+    ("chunk16", torch.bfloat16, ((2, 16, HEADS, 2, 64), "bfloat16")),  # the reads X = S^T B, bf16
+    ("chunk16", None, ((2, 16, HEADS, 2, 64), "float32")),
     ("chunk64", torch.bfloat16, ((2, HEADS, 1, 64, 64), "bfloat16")),  # the states entering each chunk
     ("chunk64", None, ((2, HEADS, 1, 64, 64), "float32")),
 ])
@@ -92,12 +93,12 @@ def test_hdla_block_saves_exactly_what_its_backward_needs(family, monkeypatch):
     channel) and beta (fp32, per head), stacked for the bidirectional op (which computes the own write
     itself); the op's y (bf16) for the recomputed output stage; proj's and fc1's bf16 inputs; fc1's output,
     from which the MLP's activation is recomputed. Plus the op's states per direction: chunk16's reads X
-    ``[B, T, H, 2, V]`` fp32, chunk64's ``h [B, H, NT, K, V]`` in bf16 (one 64-token chunk here)."""
+    ``[B, T, H, 2, V]`` in bf16, chunk64's ``h [B, H, NT, K, V]`` in bf16 (one 64-token chunk here)."""
     monkeypatch.setenv("HDLA_VISION_KERNELS", family)
     account = saved_by_block("hdla_tiny", 64, 2)
     per_token = (FP32 * C + FP32 * C + 2 * FP32 + 3 * BF16 * C + 2 * (FP32 * C + FP32 * HEADS)
                  + BF16 * C + BF16 * C + BF16 * C + BF16 * HIDDEN)
-    states = 2 * (2 * 16 * HEADS * 2 * 64 * FP32 if family == "chunk16" else 2 * HEADS * 1 * 64 * 64 * BF16)
+    states = 2 * (2 * 16 * HEADS * 2 * 64 * BF16 if family == "chunk16" else 2 * HEADS * 1 * 64 * 64 * BF16)
     assert account.total_bytes == 2 * 16 * per_token + states
 
 

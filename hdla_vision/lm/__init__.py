@@ -35,7 +35,7 @@ except ImportError as _err:
 
 from .configuration_hdla import HDLAConfig
 from .cache import HDLACache, LayerCache
-from .modeling_hdla import HDLAForCausalLM, HDLAModel, HDLAPreTrainedModel, split_packed
+from .modeling_hdla import CACHE_NAME, HDLAForCausalLM, HDLAModel, HDLAPreTrainedModel, cache_of, split_packed
 
 AutoConfig.register(HDLAConfig.model_type, HDLAConfig, exist_ok=True)
 AutoModel.register(HDLAConfig, HDLAModel, exist_ok=True)
@@ -49,4 +49,6 @@ __all__ = [
     "HDLAForCausalLM",
     "LayerCache",
     "split_packed",
+    "CACHE_NAME",
+    "cache_of",
 ]

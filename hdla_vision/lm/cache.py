@@ -17,7 +17,7 @@ from transformers.cache_utils import Cache, DynamicCache, LinearAttentionCacheLa
 
 def _layer(cache: Cache, layer_idx: int) -> LinearAttentionCacheLayerMixin:
     if not isinstance(cache, Cache):
-        raise ValueError(f"past_key_values must be a transformers Cache, got {type(cache).__name__}")
+        raise ValueError(f"cache (past_key_values) must be a transformers Cache, got {type(cache).__name__}")
     if layer_idx >= len(cache.layers):
         raise ValueError(f"the cache has {len(cache.layers)} layers but layer {layer_idx} was requested; "
                          "build it with DynamicCache(config=model.config)")
@@ -68,7 +68,7 @@ class LayerCache:
         """The tokens the cache has absorbed before this forward (log-linear mixers: the absolute
         position of the forward's first token); only an :class:`HDLACache` counts them."""
         if not isinstance(self.cache, HDLACache):
-            raise ValueError(f"past_key_values: a log-linear mixer needs an HDLACache (it counts the tokens, the "
+            raise ValueError(f"cache (past_key_values): a log-linear mixer needs an HDLACache (it counts the tokens, the "
                              f"positions of the bucket grid), got {type(self.cache).__name__}; build it with "
                              "HDLACache(config=model.config)")
         return self.cache.seen_tokens

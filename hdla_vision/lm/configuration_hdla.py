@@ -76,7 +76,7 @@ class HDLAConfig(PreTrainedConfig):
     """
 
     model_type = "hdla"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ Variable-length batches:
     sequences are split into a right-padded batch inside the model (one sequence per row),
     run with the mask above, and packed back. Labels are not predicted across boundaries.
 """
+import dataclasses
 import math
 from typing import Optional, Tuple
 
@@ -36,6 +37,27 @@ from ..layers import create_mixer
 from ..layers.gates import GateModule
 from .cache import HDLACache, LayerCache
 from .configuration_hdla import HDLAConfig
+
+
+# transformers 5.24 renamed the cache argument and output field ``past_key_values`` to ``cache`` (the old name
+# deprecated there, to go in 6.0). The models take either argument and return the cache under the field name
+# of the installed transformers, so that generate() finds it and nothing warns.
+CACHE_NAME = "cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)} else "past_key_values"
+
+
+def cache_argument(cache: Optional[Cache], past_key_values: Optional[Cache]) -> Optional[Cache]:
+    """The cache passed as ``cache`` or as ``past_key_values`` (transformers before 5.24), not both."""
+    if past_key_values is None:
+        return cache
+    if cache is not None:
+        raise ValueError("cache / past_key_values: pass the cache once, as cache (past_key_values is its name in "
+                         "transformers before 5.24)")
+    return past_key_values
+
+
+def cache_of(output) -> Optional[Cache]:
+    """The cache of a model output, under the installed transformers' field name (:data:`CACHE_NAME`)."""
+    return getattr(output, CACHE_NAME)
 
 
 class SwiGLU(nn.Module):
@@ -132,16 +154,19 @@ class HDLAModel(HDLAPreTrainedModel):
         self,
         input_ids: Optional[torch.LongTensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
-        past_key_values: Optional[Cache] = None,
+        cache: Optional[Cache] = None,
         inputs_embeds: Optional[torch.Tensor] = None,
         use_cache: Optional[bool] = None,
         cu_seqlens: Optional[torch.Tensor] = None,
         output_hidden_states: Optional[bool] = None,
         return_dict: Optional[bool] = None,
+        past_key_values: Optional[Cache] = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """input_ids ``[B, T]`` (or inputs_embeds ``[B, T, C]``); attention_mask ``[B, T]``;
-        cu_seqlens ``[N + 1]`` for packed ``[1, total]`` inputs (no cache then)."""
+        cu_seqlens ``[N + 1]`` for packed ``[1, total]`` inputs (no cache then); ``cache`` (or its older name
+        ``past_key_values``) a transformers Cache, returned under :data:`CACHE_NAME`."""
+        given = cache_argument(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids [B, T] and inputs_embeds [B, T, hidden_size]")
         if inputs_embeds is None:
@@ -150,17 +175,17 @@ class HDLAModel(HDLAPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.training or cu_seqlens is not None:
-            use_cache = use_cache and past_key_values is not None
+            use_cache = use_cache and given is not None
         if cu_seqlens is not None:
-            if past_key_values is not None or inputs_embeds.shape[0] != 1 or attention_mask is not None:
+            if given is not None or inputs_embeds.shape[0] != 1 or attention_mask is not None:
                 raise ValueError("cu_seqlens needs packed inputs of batch size 1, no attention_mask and no cache")
             hidden, mask = split_packed(inputs_embeds, cu_seqlens)
         else:
             hidden = inputs_embeds
-            if use_cache and past_key_values is None:
-                past_key_values = HDLACache(config=self.config)
-            mask = create_recurrent_attention_mask(self.config, hidden, attention_mask, past_key_values)
-        cache = past_key_values if use_cache else None
+            if use_cache and given is None:
+                given = HDLACache(config=self.config)
+            mask = create_recurrent_attention_mask(self.config, hidden, attention_mask, given)
+        cache = given if use_cache else None
         all_hidden = []
         for layer in self.layers:
             if output_hidden_states:
@@ -176,8 +201,8 @@ class HDLAModel(HDLAPreTrainedModel):
             all_hidden.append(hidden)
         return BaseModelOutputWithPast(
             last_hidden_state=hidden,
-            past_key_values=cache,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            **{CACHE_NAME: cache},
         )
 
 
@@ -200,6 +225,13 @@ class HDLAForCausalLM(HDLAPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
         # Keep the 2-D padding mask: generate() would turn it into 4-D attention masks for a
         # compileable cache, but the recurrent layers only need to know which tokens are padding.
+        cache = kwargs.get(CACHE_NAME)
+        if CACHE_NAME == "cache" and kwargs.get("next_sequence_length") is None and isinstance(cache, HDLACache):
+            # transformers >= 5.24 does not cut a restarted prompt for a cache of linear layers: feed only the
+            # tokens the HDLACache (which counts them) has not absorbed yet
+            seen = cache.get_seq_length()
+            if 0 < seen < input_ids.shape[1]:
+                kwargs["next_sequence_length"] = input_ids.shape[1] - seen
         model_inputs = super().prepare_inputs_for_generation(input_ids, attention_mask=None, **kwargs)
         model_inputs.pop("attention_mask", None)
         if attention_mask is not None:
@@ -222,7 +254,7 @@ class HDLAForCausalLM(HDLAPreTrainedModel, GenerationMixin):
         self,
         input_ids: Optional[torch.LongTensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
-        past_key_values: Optional[Cache] = None,
+        cache: Optional[Cache] = None,
         inputs_embeds: Optional[torch.Tensor] = None,
         labels: Optional[torch.LongTensor] = None,
         use_cache: Optional[bool] = None,
@@ -230,14 +262,16 @@ class HDLAForCausalLM(HDLAPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         output_hidden_states: Optional[bool] = None,
         return_dict: Optional[bool] = None,
+        past_key_values: Optional[Cache] = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """logits ``[B, T, vocab]`` (last ``logits_to_keep`` positions if > 0); ``labels [B, T]`` are
-        shifted inside (``-100`` ignored), and never predicted across ``cu_seqlens`` boundaries."""
+        shifted inside (``-100`` ignored), and never predicted across ``cu_seqlens`` boundaries; the cache as
+        :meth:`HDLAModel.forward` takes and returns it."""
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache_argument(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             cu_seqlens=cu_seqlens,
@@ -253,6 +287,5 @@ class HDLAForCausalLM(HDLAPreTrainedModel, GenerationMixin):
                 labels = labels.clone()
                 labels[:, cu_seqlens[1:-1].long()] = -100  # a sequence's last token does not predict the next one's first
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states
-        )
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                      **{CACHE_NAME: getattr(out, CACHE_NAME)})

@@ -91,6 +91,7 @@ def chunk_scan(
     w_post: Optional[torch.Tensor] = None,
     w_pre: Optional[torch.Tensor] = None,
     launch: Optional[dict] = None,
+    x_dtype: torch.dtype = torch.float32,
 ):
     """Run the chunk-local and the sequential kernel once.
 
@@ -105,6 +106,7 @@ def chunk_scan(
             then q must be None).
         w_post / w_pre: ``[B, T, H, n, V]`` V-vectors for K-readouts of S_t / S_{t-1}.
         launch: overrides of the serial kernel's ``BV``, ``num_warps``, ``num_stages`` (tuning).
+        x_dtype: the dtype X is stored in (the kernel computes it, and uses it within the pass, in fp32).
 
     Returns:
         dict with ``o`` ``[B, T, H, NQ, V]``, ``x`` ``[B, T, H, r_ab, V]``, ``k_post`` and ``k_pre``
@@ -147,7 +149,7 @@ def chunk_scan(
     )
     o = torch.empty(batch, seq_len, heads, nq, dv, device=dev, dtype=q.dtype) if nq else empty
     store_x = store_x or (r_ab > 0 and x_given is None and (nwp or nwq))  # the K-readouts need X
-    x = torch.empty(batch, seq_len, heads, r_ab, dv, **f32) if store_x else empty
+    x = torch.empty(batch, seq_len, heads, r_ab, dv, device=dev, dtype=x_dtype) if store_x else empty
     alloc = torch.zeros if n_v > 1 else torch.empty  # V-blocks add their parts atomically
     k_post = alloc(batch, seq_len, heads, nwp, dk, **f32) if nwp else empty
     k_pre = alloc(batch, seq_len, heads, nwq, dk, **f32) if nwq else empty
@@ -243,15 +245,24 @@ def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True
     return dq, dk, dv, da, db, dg, dh0
 
 
+def stored_reads_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the reads ``X = S^T B`` the forward keeps for the backward: bf16 for 16-bit inputs (half
+    the memory of fp32, fp32's range: the reads grow with the state), fp32 otherwise. The backward's
+    recompute pass takes them as given (``x_given``) and its dA readouts read them, so their rounding is
+    of the order of the 16-bit inputs' own."""
+    return torch.bfloat16 if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
 def triton_generalized_forward(q, k, v, a, b, g, scale, initial_state, reverse):
     """Forward of the Triton path (inputs checked, g per channel ``[B, T, H, K]``).
 
     Returns ``o [B, T, H, V]`` (q's dtype), the final state ``[B, H, K, V]`` (fp32) and the reads
-    ``x [B, T, H, r_ab, V]`` (fp32; None at r_ab = 0) that the backward needs."""
+    ``x [B, T, H, r_ab, V]`` (:func:`stored_reads_dtype`; None at r_ab = 0) that the backward needs."""
     r_ab = a.shape[3]
     fwd = chunk_scan(
         q.unsqueeze(3), k, v, g, a=a if r_ab else None, b=b if r_ab else None, scale=scale,
         initial_state=initial_state, reverse=reverse, store_x=r_ab > 0, store_final=True,
+        x_dtype=stored_reads_dtype(q.dtype),
     )
     return fwd["o"][:, :, :, 0], fwd["final"], fwd.get("x")
 

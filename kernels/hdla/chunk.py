@@ -7,17 +7,19 @@ epilogue (``backward.py``) turns dq, dK, dA, dB into dk, dbeta and dg.
 import torch
 import triton
 
-from ..generalized.chunk import chunk_scan, generalized_backward
+from ..generalized.chunk import chunk_scan, generalized_backward, stored_reads_dtype
 from .backward import hdla_backward_epilogue_kernel
 from .naive import hdla_decay_factors
 
 
 def triton_hdla_forward(q, k, v, beta, g, scale, initial_state, reverse):
     """Forward of the Triton path (inputs checked): ``o [B, T, H, V]`` (q's dtype), the final state
-    ``[B, H, K, V]`` (fp32) and the reads ``x [B, T, H, 2, V]`` (fp32) that the backward needs."""
+    ``[B, H, K, V]`` (fp32) and the reads ``x [B, T, H, 2, V]`` (bf16 for 16-bit inputs, else fp32:
+    ``generalized.chunk.stored_reads_dtype``) that the backward needs."""
     fwd = chunk_scan(
         q.unsqueeze(3), k.unsqueeze(3), v.unsqueeze(3), g, hdla=(k, beta), scale=scale,
         initial_state=initial_state, reverse=reverse, store_x=True, store_final=True,
+        x_dtype=stored_reads_dtype(q.dtype),
     )
     return fwd["o"][:, :, :, 0], fwd["final"], fwd["x"]
 
