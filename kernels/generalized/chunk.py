@@ -193,10 +193,12 @@ def _scan_cumsum(x: torch.Tensor, reverse_scan: bool) -> torch.Tensor:
     return x.flip(-1).cumsum(-1).flip(-1).movedim(-1, 1)
 
 
-def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True):
+def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True, adj_queries=None):
     """Gradients of the generalized op; see the module docstring.
 
-    ``saved`` holds q, k, v, a, b, g, h0, x (reads of the forward pass), ht (final state).
+    ``saved`` holds q, k, v, a, b, g, h0, x (reads of the forward pass), ht (final state); b is read only
+    with h0 or ``need_dg`` (else it may be None). ``adj_queries``: the adjoint scan's queries ``[A | K]``
+    ``[B, T, H, r_ab + r_kv, K]`` fp32 where the caller has them (else they are concatenated here).
     Returns dq, dk, dv, da, db, dg, dh0 (fp32; da/db for the materialised A, B); without
     ``need_dg`` the caller forms dg itself and dg is left out of the tuple.
     """
@@ -207,7 +209,8 @@ def generalized_backward(saved, do, dht, scale, reverse, hdla=None, need_dg=True
         transition = dict(hdla=hdla)
     else:
         transition = dict(a=a, b=b) if r_ab else {}
-    adj_queries = torch.cat([a, k], dim=3) if r_ab else k
+    if adj_queries is None:
+        adj_queries = torch.cat([a, k], dim=3) if r_ab else k
     adj_w_post = torch.cat([v.to(torch.float32), x], dim=3) if r_ab else v
     adjoint = chunk_scan(
         adj_queries.to(torch.float32), q.unsqueeze(3), (do * scale).unsqueeze(3).to(torch.float32), g,

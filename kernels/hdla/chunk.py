@@ -24,13 +24,24 @@ def triton_hdla_forward(q, k, v, beta, g, scale, initial_state, reverse):
     return fwd["o"][:, :, :, 0], fwd["final"], fwd["x"]
 
 
+def adjoint_queries(k, beta, g):
+    """The adjoint scan's queries ``[A | k] = [beta lambda k, k, k]`` ``[B, T, H, 3, K]`` fp32 (A as
+    ``hdla_decay_factors`` builds it) in five launches, written in place rather than stacked and concatenated."""
+    queries = torch.empty(*k.shape[:3], 3, k.shape[-1], device=k.device, dtype=torch.float32)
+    torch.mul(g.float().exp().mul_(k), beta.unsqueeze(-1), out=queries[..., 0, :])
+    queries[..., 1, :] = k
+    queries[..., 2, :] = k
+    return queries
+
+
 def triton_hdla_backward(do, dht, q, k, v, beta, g, h0, x, ht, scale, reverse):
     """Backward of the Triton path: ``(dq, dk, dv, dbeta, dg, dh0)`` in the inputs' dtypes (dh0 None
     without an initial state); ``dht`` (or None) is the final state's cotangent."""
-    a, b = hdla_decay_factors(k.float(), beta.float(), g.float())
+    queries = adjoint_queries(k, beta, g)
+    b = hdla_decay_factors(k.float(), beta.float(), g.float())[1] if h0 is not None else None  # dh0 reads B
     dq, dk_write, dv, da, db, dh0 = generalized_backward(
-        (q, k.unsqueeze(3), v.unsqueeze(3), a, b, g, h0, x, ht),
-        do, dht, scale, reverse, hdla=(k, beta), need_dg=False,
+        (q, k.unsqueeze(3), v.unsqueeze(3), queries[:, :, :, :2], b, g, h0, x, ht),
+        do, dht, scale, reverse, hdla=(k, beta), need_dg=False, adj_queries=queries,
     )
     batch, seq_len, heads, dim = k.shape
     dk, dg = torch.empty_like(dq), torch.empty_like(dq)
