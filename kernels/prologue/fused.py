@@ -139,10 +139,9 @@ def _meta(heads: int, head_dim: int, head_dim_v: int, directions: int, normalize
 
 
 def _rows(proj: Tensor) -> Tuple[Tensor, int]:
-    """proj as ``[B*N, P]`` (a view where its rows are evenly spaced, else a copy) and its row stride."""
-    flat = proj.reshape(-1, proj.shape[-1])
-    if flat.stride(-1) != 1:
-        flat = flat.contiguous()
+    """proj as a contiguous ``[B*N, P]`` (a view of a contiguous proj, else a copy) and its row stride, P:
+    the backward writes d proj with the same row stride."""
+    flat = proj.reshape(-1, proj.shape[-1]).contiguous()
     return flat, flat.stride(0)
 
 

@@ -75,6 +75,24 @@ def test_matches_float64_definition(backend, case, dtype):
 
 
 @pytest.mark.parametrize("backend", backends("torch", "interpreter"), indirect=True)
+def test_strided_proj(backend):
+    """proj as a column slice of a wider projection (rows not contiguous): the same outputs and gradients as
+    from a contiguous copy."""
+    proj, logits = prologue_problem(2, 6, 2, 8, 8, 2, pad=0, device=device_of(backend))
+    wide = torch.cat([proj, torch.randn(2, 6, 5, device=proj.device)], dim=-1)
+    runs = []
+    for x in (wide[..., :proj.shape[-1]], proj.clone()):
+        leaf = x.detach().requires_grad_() if x.is_contiguous() else None
+        source = wide.detach().clone().requires_grad_() if leaf is None else leaf
+        arg = source[..., :proj.shape[-1]] if leaf is None else leaf
+        outs = mixer_prologue(arg, logits, 2, 8, 8, 2.0)
+        sum(o.float().square().sum() for o in outs).backward()
+        runs.append(([o.detach() for o in outs], source.grad[..., :proj.shape[-1]]))
+    for a, b in zip(runs[0][0] + [runs[0][1]], runs[1][0] + [runs[1][1]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", backends("torch", "interpreter"), indirect=True)
 def test_small_norm_takes_eps(backend):
     """A k head whose SiLU is ~1e-12 is divided by eps, not by its norm (F.normalize's rule), and its
     gradient is dk / eps times SiLU' (no term through the norm)."""
