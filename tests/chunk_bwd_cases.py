@@ -109,3 +109,24 @@ SCRATCH_CASES = {
     "rab3_c32": ("gen", dict(batch=1, seq_len=37, heads=1, dk=16, dv=8, r_kv=1, r_ab=3), 32, False),
     "rab2_k80": ("gen", dict(batch=1, seq_len=20, heads=1, dk=80, dv=8, r_kv=1, r_ab=2), 16, False),
 }
+
+
+# B2's scratch pool (bwd_chunk.allocate_scratch): each problem runs with the scratch carved from one planned
+# pool and with one allocation per tensor, both filled with NaN first, and must give the same bits: a tensor
+# read after another that shares its memory overwrote it, or before its writer, would show. fp16 (S4 reads T
+# and At from their 16-bit copies, so T dies inside S3), fp32, and fast gates that send diagonal blocks to
+# S2b / S5b (which add to the shared gradient buffers). name -> (kind, problem kwargs, chunk, reverse, dtype,
+# gates or None)
+POOL_CASES = {
+    "hdla_fp16_c32_rev": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=16, dv=8), 32, True, "float16", None),
+    "rab0_rkv2_fp32": ("gen", dict(batch=1, seq_len=21, heads=1, dk=8, dv=4, r_kv=2, r_ab=0), 16, False, "float32",
+                       None),
+    "rab1_scalar_fp16_rev": ("gen", dict(batch=1, seq_len=29, heads=2, dk=8, dv=6, r_kv=2, r_ab=1, per_head_g=True),
+                             16, True, "float16", None),
+    "rab3_k80_fp32": ("gen", dict(batch=1, seq_len=37, heads=1, dk=80, dv=8, r_kv=1, r_ab=3), 32, False, "float32",
+                      None),
+    "hdla_fast_fp32": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=16, dv=8), 32, False, "float32",
+                       dict(mild=(-1.0, 0.0), fast_steps=[(0, 45)])),
+    "rab2_rkv2_mixed_fp32": ("gen", dict(batch=1, seq_len=40, heads=1, dk=16, dv=8, r_kv=2, r_ab=2), 32, True,
+                             "float32", dict(mild=(-1.0, 0.0), fast_steps=[(16, 32)], fast_channels=[5])),
+}

@@ -6,6 +6,7 @@ never import it from a test.
     python -m tests.chunk_bwd_worker [NAME ...]          # CASES (fp32)
     python -m tests.chunk_bwd_worker --diag [NAME ...]   # DIAG_CASES: default and forced token loop, paths
     python -m tests.chunk_bwd_worker --scratch [NAME ...]   # SCRATCH_CASES: fp16, B2's scratch fp32 and 16-bit
+    python -m tests.chunk_bwd_worker --pool [NAME ...]      # POOL_CASES: B2's scratch pooled and apart, NaN-filled
 """
 import json
 import os
@@ -19,7 +20,7 @@ from hdla_vision.kernels.generalized.bwd import generalized_backward  # noqa: E4
 from hdla_vision.kernels.generalized.fwd import chunk_prepare, chunk_state_pass  # noqa: E402
 from hdla_vision.kernels.generalized.naive import naive_generalized  # noqa: E402
 from hdla_vision.kernels.hdla.naive import naive_hdla  # noqa: E402
-from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCALE, SCRATCH_CASES, diag_gates  # noqa: E402
+from tests.chunk_bwd_cases import CASES, DIAG_CASES, POOL_CASES, SCALE, SCRATCH_CASES, diag_gates  # noqa: E402
 from tests.oracle import generalized_problem, hdla_problem, rel_err  # noqa: E402
 
 
@@ -118,8 +119,36 @@ def _run_scratch(kind, problem, chunk, reverse):
             "lowp_scratch": sorted(scratch_dtypes(torch.float16, torch.float16, r_ab))}
 
 
+def _run_pool(kind, problem, chunk, reverse, dtype, gates):
+    """One POOL_CASES entry: the gradients with B2's scratch carved from the planned pool and with one
+    allocation per tensor, all scratch memory NaN before B2 runs: per gradient, whether the two are
+    bit-identical and finite, and the pooled run's error against the float64 loop."""
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    make = hdla_problem if kind == "hdla" else generalized_problem
+    p = make(**problem)
+    if gates is not None:
+        p["g"] = diag_gates(p["g"].shape, reverse, **gates)
+    dtype = getattr(torch, dtype)
+    if dtype != torch.float32:
+        p = {n: None if x is None else x.to(dtype).double() for n, x in p.items()}
+    do, dht, ref = _loop_grads(kind, p, reverse, True)
+    real = bwd_chunk._scratch_bytes
+    bwd_chunk._scratch_bytes = lambda n, device: real(n, device).fill_(255)  # 0xFF..: NaN in fp32, fp16, bf16
+    runs = {}
+    for pool in (False, True):
+        bwd_chunk.SCRATCH_POOL = pool
+        runs[pool] = _kernel_grads(kind, p, chunk, reverse, do, dht, dtype)
+    bwd_chunk._scratch_bytes, bwd_chunk.SCRATCH_POOL = real, True
+    names = _names(kind) + ["h0"]
+    return {"identical": {n: torch.equal(m, r) for n, m, r in zip(names, runs[True], runs[False])},
+            "finite": {n: bool(torch.isfinite(m).all()) for n, m in zip(names, runs[True])},
+            "error": {n: rel_err(m, r) for n, m, r in zip(names, runs[True], ref)}}
+
+
 def main(args):
-    modes = {"--diag": (DIAG_CASES, _run_diag), "--scratch": (SCRATCH_CASES, _run_scratch)}
+    modes = {"--diag": (DIAG_CASES, _run_diag), "--scratch": (SCRATCH_CASES, _run_scratch),
+             "--pool": (POOL_CASES, _run_pool)}
     names = [a for a in args if a not in modes]
     cases, run = next((modes[a] for a in args if a in modes), (CASES, _run))
     json.dump({name: run(*case) for name, case in cases.items() if not names or name in names}, sys.stdout)

@@ -10,7 +10,7 @@ import torch
 from hdla_vision.kernels.generalized.naive import naive_generalized
 from hdla_vision.kernels.hdla.naive import naive_hdla
 from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
-from tests.chunk_bwd_cases import CASES, DIAG_CASES, SCRATCH_CASES, diag_gates
+from tests.chunk_bwd_cases import CASES, DIAG_CASES, POOL_CASES, SCRATCH_CASES, diag_gates
 from tests.diag_levels_rule import chunk_cumsums, level_paths
 from tests.oracle import generalized_problem, hdla_problem, rel_err
 from tests.interpreted import run_interpreted_json
@@ -227,3 +227,72 @@ def test_scratch_dtypes_rule(monkeypatch):
     monkeypatch.setenv("HDLA_VISION_B2_SCRATCH", "fp8")
     with pytest.raises(ValueError, match="HDLA_VISION_B2_SCRATCH"):
         bwd_chunk.scratch_dtypes(bf, bf, 2)
+
+
+@pytest.fixture(scope="module")
+def pool_results():
+    return run_interpreted_json("tests.chunk_bwd_worker", args=["--pool"])
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_scratch_pool_changes_no_bit(pool_results, case):
+    """B2's scratch carved from the lifetime-planned pool gives the gradients (torch.equal) of one allocation
+    per tensor, with every scratch byte NaN before B2 runs: no tensor is read after another that shares its
+    memory overwrote it, or before it is written; the gradients are finite and within tolerance of the
+    float64 loop."""
+    result = pool_results[case]
+    dtype = POOL_CASES[case][4]
+    assert len(result["identical"]) >= 6, result
+    assert all(result["identical"].values()), f"{case}: the pool changed {result['identical']}"
+    assert all(result["finite"].values()), f"{case}: non-finite gradients {result['finite']}"
+    tol = TOL if dtype == "float32" else FP16_TOL
+    bad = {name: err for name, err in result["error"].items() if not err < tol}
+    assert not bad, f"{case}: relative errors above {tol}: {bad}"
+
+
+def _live_overlaps(offsets, sizes, spans):
+    """Pairs of tensors that share a byte while both are live (first <= other's last and vice versa)."""
+    names = [n for n in sizes if sizes[n]]
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+            if offsets[a] < offsets[b] + sizes[b] and offsets[b] < offsets[a] + sizes[a]
+            and not (spans[a][1] < spans[b][0] or spans[b][1] < spans[a][0])]
+
+
+@pytest.mark.parametrize("r_ab,r_kv,hdla,scalar,dtype", [(2, 1, True, False, torch.bfloat16),
+                                                        (2, 1, True, False, torch.float32),
+                                                        (0, 2, False, False, torch.float16),
+                                                        (3, 1, False, True, torch.bfloat16)])
+def test_scratch_plan_separates_live_tensors(r_ab, r_kv, hdla, scalar, dtype):
+    """plan_scratch never places two tensors that are live at a common stage on a common byte, aligns every
+    offset, and needs less than the sum of the sizes (HDLA bf16 at d = 64, chunk 32: at most 70% of it)."""
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    dtypes = bwd_chunk.scratch_dtypes(dtype, dtype, r_ab)
+    shapes = bwd_chunk.scratch_shapes(32, 64, 64, r_kv, r_ab, hdla, scalar, dtypes)
+    sizes = {n: torch.Size(s).numel() * d.itemsize for n, (s, d) in shapes.items()}
+    assert set(sizes) == set(bwd_chunk.SCRATCH_LIFETIMES)
+    spans = bwd_chunk.scratch_lifetimes(r_ab, sizes["tm16"] > 0)
+    offsets, total = bwd_chunk.plan_scratch(sizes, spans)
+    assert not _live_overlaps(offsets, sizes, spans)
+    assert all(o % bwd_chunk.POOL_ALIGN == 0 for o in offsets.values())
+    assert max(offsets[n] + sizes[n] for n in sizes) <= total < sum(sizes.values())
+    if hdla and dtype == torch.bfloat16:
+        assert total <= 0.70 * sum(sizes.values()), (total, sum(sizes.values()))
+
+
+def test_scratch_lifetimes_follow_the_launch_order():
+    """Every lifetime starts at its writer and ends no earlier; the reads the kernels make at S5 (the stacks,
+    the cumsums, the gradient buffers) and at S7 (dV's stack) are inside the spans."""
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    spans = bwd_chunk.scratch_lifetimes(2, False)
+    assert all(first <= last for first, last in spans.values())
+    s5 = bwd_chunk.STAGES.index("S5")
+    for name in ("gs", "gps", "xq", "kf", "kt", "af", "bf", "at", "bh", "dqe", "det", "dat", "dwp", "gq", "gk", "ga",
+                 "gb"):
+        assert spans[name][1] >= s5, name
+    assert spans["dvs"][1] == bwd_chunk.STAGES.index("S7") and spans["s"][1] == bwd_chunk.STAGES.index("S6")
+    for cotangent, *_ in bwd_chunk.GRAM_VJPS:  # S5b reads every Gram's cotangent
+        assert spans[cotangent][1] >= bwd_chunk.STAGES.index("S5b")
+    assert [g[7:] for g in bwd_chunk.GRAM_VJPS] == [(False, False), (True, False), (False, True), (True, True)]

@@ -38,9 +38,12 @@ from .directions import scan_time, split_direction
 SUB = 16  # token sub-block of the exact decays
 # B2's scratch per launch; larger batches run in slices (scratch_batch_slices). On the H100 the fused
 # bidirectional op's peak at the training batches of 224 / 512 / 1024 px fell from 4.8 / 5.5 / 5.5 GB to
-# 1.8 / 2.1 / 2.2 GB for 5-6% more time; at 1024 MiB 1024 px took twice as long (B1's serial pass runs
-# once per slice): benchmarks/results/b2_scratch_slices_h100.
-SCRATCH_BUDGET_MIB = 2048
+# 1.8 / 2.1 / 2.2 GB for 5-6% more time at 2048 MiB; at 1024 MiB 1024 px took twice as long (B1's serial
+# pass runs once per slice, then five slices): benchmarks/results/b2_scratch_slices_h100. Since the scratch
+# is carved from a lifetime-planned pool (bwd_chunk.allocate_scratch, and per-stack Gram VJP buffers: 61% of the bytes for HDLA at d = 64)
+# 1024 MiB gives the vision batches of 512-2048 px the slice counts 2048 MiB gave them before (3, 3, 2)
+# with about 60% of the transient.
+SCRATCH_BUDGET_MIB = 1024
 SCRATCH_BUDGET_ENV = "HDLA_VISION_B2_SCRATCH_MIB"
 
 

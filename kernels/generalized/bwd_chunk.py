@@ -93,7 +93,8 @@ DIAG_PRECISION = "tf32x3"
 #   dmqa      S4    D of M_QA                                      fp32
 #   dup       S4    dlab operand; D of L_KB                        fp32
 #   dlab      S4    D of L_AB                                      fp32
-#   gx*, gy*  S5a   S5                                             fp32
+#   gq, gk    S5a   S5 (S5b adds to them)                          fp32
+#   ga, gb    S5a   S5 (S5b adds to them)                          fp32
 #   red       S5    S6                                             fp32
 # A 16-bit tensor is rounded once where it is stored instead of at each product that reads it (the same
 # round-to-nearest-even conversion), so the gradients are bit-identical to fp32 scratch
@@ -102,10 +103,43 @@ OPERAND_ONLY = ("vf", "dos", "mqa", "lkb", "w", "u", "mo", "et", "dn", "du", "dw
 # fp32 tensors that S4 reads often enough to pay for a 16-bit copy written beside them by their producer
 # (2 bytes written, 2 saved per product that reads it): T (S3; w, u, dwp, dup) and At (S1; et, du, dw).
 OPERAND_COPIES = ("tm16", "at16")
+# Scratch tensors whose lifetimes (SCRATCH_LIFETIMES) do not overlap share memory: chunk_vjp carves them
+# from one pool by plan_scratch, so the transient is the most that is live at once, not the sum.
 # "lowp": the above for 16-bit inputs; "fp32": every scratch tensor fp32 (the benchmarks' comparison, the
 # bit-identity test). ``$HDLA_VISION_B2_SCRATCH`` overrides it, read at every chunk_vjp call.
 SCRATCH_MODES = ("lowp", "fp32")
 SCRATCH = "lowp"
+
+# The Gram VJPs of S5a, in launch order: (cotangent, x stack, x's cumsum, y stack, x's gradient buffer, y's,
+# strictly lower, add to the x buffer, add to the y buffer). The gradient buffers are per stack (gq: q, gk:
+# the write keys, ga: A, gb: B), since S5 needs only each stack's total: a Gram that meets a buffer an
+# earlier launch stored adds to it.
+GRAM_VJPS = (("dmo", "q", "gs", "k", "gq", "gk", False, False, False),  # M_QK
+             ("dmqa", "q", "gs", "a", "gq", "ga", False, True, False),  # M_QA
+             ("dlab", "b", "gps", "a", "gb", "ga", True, False, True),  # L_AB
+             ("dup", "b", "gps", "k", "gb", "gk", True, True, True))  # L_KB
+STACK_OF = dict(q="xq", k="kf", a="af", b="bf")
+
+# chunk_vjp's launches in order (S4's products by the scratch they write; qeff and n: B1's inputs).
+STAGES = ("S1", "S2", "S2b", "S3", "w", "u", "mo", "et", "qeff", "n", "B1", "dqe", "dmo", "det", "dvs", "dn",
+          "dat", "du", "dw", "dmqa", "dwp", "dup", "dlab", "S5a_qk", "S5a_qa", "S5a_ab", "S5a_kb", "S5b", "S5",
+          "S6", "S7")
+# Each scratch tensor's (writer, last reader) among STAGES, from the table at the top of this module and the
+# products in chunk_vjp. Two tensors may share memory only if one's last reader runs before the other's
+# writer (strictly: a launch that reads one and writes the other would race).
+SCRATCH_LIFETIMES = dict(
+    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), xq=("S1", "S5"), kf=("S1", "S5"), kt=("S1", "S5"),
+    af=("S1", "S5"), bf=("S1", "S5"), at=("S1", "S5"), at16=("S1", "dw"), bh=("S1", "S5"), vf=("S1", "det"),
+    dos=("S1", "dvs"), mqk=("S2", "mo"), mqa=("S2", "dmqa"), lab=("S2", "S3"), lkb=("S2", "u"),
+    tm=("S3", "dup"), tm16=("S3", "dup"), w=("w", "dlab"), u=("u", "dlab"), mo=("mo", "dvs"), et=("et", "dvs"),
+    dqe=("dqe", "S5"), dmo=("dmo", "S5b"), det=("det", "S5"), dvs=("dvs", "S7"), dn=("dn", "dw"),
+    dat=("dat", "S5"), du=("du", "dup"), dw=("dw", "dwp"), dmqa=("dmqa", "S5b"), dwp=("dwp", "S5"),
+    dup=("dup", "S5b"), dlab=("dlab", "S5b"), gq=("S5a_qk", "S5"), gk=("S5a_qk", "S5"), ga=("S5a_qa", "S5"),
+    gb=("S5a_ab", "S5"))
+# Whether chunk_vjp carves its scratch from one planned pool (True) or allocates each tensor apart (the
+# tests' comparison).
+SCRATCH_POOL = True
+POOL_ALIGN = 16  # bytes: every tensor of the pool starts at a multiple of it per block
 
 
 @triton.jit
@@ -754,9 +788,12 @@ def _gram_vjp(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, blk, b, K, ck, mk, C: tl.const
 def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr, path_ptr, K, NT, NKT,
                      C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT: tl.constexpr, BKS: tl.constexpr,
                      SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr, DLOWP: tl.constexpr,
-                     DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, BIDIR_QK: tl.constexpr):
+                     DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, BIDIR_QK: tl.constexpr,
+                     ACC_X: tl.constexpr, ACC_Y: tl.constexpr):
     """S5a, grid (NT, B*H, C/16 * K/BKS), one launch per Gram matrix: token block b's dx, dy of
-    :func:`_gram_vjp` stored in dx [blocks, C*RX, K], dy [blocks, C*RY, K] (fp32); vector decay with
+    :func:`_gram_vjp` stored in dx [blocks, C*RX, K], dy [blocks, C*RY, K] (fp32), or added to what an
+    earlier launch stored there (ACC_X, ACC_Y: the stacks' gradient buffers are shared by the Grams that
+    read the same stack, :data:`GRAM_VJPS`; each program owns its tile, so no atomics); vector decay with
     DIAG_LIMIT > 0: 1 in ``defer [blocks, C/16, K/BKS]`` (int8) where the diagonal share is left to S5b,
     else 0; RECORD: the diagonal block's path into path_ptr [blocks, C/16, K/BKS] (int32). BIDIR_QK: M_QK
     of both directions, strictly lower for the reversed scan's programs (batch-heads [B H, 2 B H): S2's
@@ -778,8 +815,14 @@ def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_p
         tl.store(defer_ptr + item, (product < 0).to(tl.int8))
     rx = b * SUB * RX + tl.arange(0, SUB * RX)
     ry = b * SUB * RY + tl.arange(0, SUB * RY)
-    tl.store(dx_ptr + (blk * C * RX + rx)[:, None] * K + ck[None, :], dx, mask=mk[None, :])
-    tl.store(dy_ptr + (blk * C * RY + ry)[:, None] * K + ck[None, :], dy, mask=mk[None, :])
+    dx_at = dx_ptr + (blk * C * RX + rx)[:, None] * K + ck[None, :]
+    dy_at = dy_ptr + (blk * C * RY + ry)[:, None] * K + ck[None, :]
+    if ACC_X:
+        dx += tl.load(dx_at, mask=mk[None, :], other=0.0)
+    if ACC_Y:
+        dy += tl.load(dy_at, mask=mk[None, :], other=0.0)
+    tl.store(dx_at, dx, mask=mk[None, :])
+    tl.store(dy_at, dy, mask=mk[None, :])
 
 
 @triton.jit
@@ -809,32 +852,36 @@ def _gram_vjp_fix(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr,
 
 @triton.jit
 def _gram_vjp_levels_kernel(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr,
-                            gxqk_ptr, gyqk_ptr, gxqa_ptr, gyqa_ptr, gxab_ptr, gyab_ptr, gxkb_ptr, gykb_ptr,
-                            defer_ptr, path_ptr, K, NT, NKT, n_items, C: tl.constexpr, BKS: tl.constexpr,
-                            RKP: tl.constexpr, RAB: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr,
+                            gq_ptr, gk_ptr, ga_ptr, gb_ptr, defer_ptr, path_ptr, K, NT, NKT, n_items,
+                            C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr,
+                            RAP: tl.constexpr, F32: tl.constexpr,
                             DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr,
                             DIRS: tl.constexpr):
     """S5b (vector decay), grid (NT, B*H, C/16), after the four S5a launches: token block b's diagonal
     shares that S5a left (``defer [4, blocks, C/16, K/BKS]``, n_items per Gram), for M_QK, M_QA, L_AB,
-    L_KB as S5a's launches take them (:func:`_gram_vjp_fix`); a program with nothing left exits after
-    reading its flags. Its own launch keeps S5a's registers as they were without the levels. DIRS = 2:
-    S5a's BIDIR_QK rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower."""
+    L_KB as S5a's launches take them (:func:`_gram_vjp_fix`), added to the stacks' gradient buffers gq, gk,
+    ga, gb (:data:`GRAM_VJPS`; a barrier between two Grams that share one); a program with nothing left
+    exits after reading its flags. Its own launch keeps S5a's registers as they were without the levels.
+    DIRS = 2: S5a's BIDIR_QK rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     b = tl.program_id(2)
     rec = n_items if RECORD else 0
     if DIRS == 2:  # (as in _gram_kernel: a constexpr STRICT is passed as such)
-        _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gxqk_ptr, gyqk_ptr, defer_ptr, path_ptr, blk, b, K,
+        _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gq_ptr, gk_ptr, defer_ptr, path_ptr, blk, b, K,
                       NKT, C, 1, RKP, tl.program_id(1) >= tl.num_programs(1) // 2, BKS, F32, DLOWP, DIAG_LIMIT,
                       RECORD)
     else:
-        _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gxqk_ptr, gyqk_ptr, defer_ptr, path_ptr, blk, b, K,
+        _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gq_ptr, gk_ptr, defer_ptr, path_ptr, blk, b, K,
                       NKT, C, 1, RKP, False, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
     if RAB > 0:
-        _gram_vjp_fix(dmqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, gxqa_ptr, gyqa_ptr, defer_ptr + n_items,
+        tl.debug_barrier()  # M_QA adds to gq, which M_QK's share was just stored into
+        _gram_vjp_fix(dmqa_ptr, xq_ptr, gs_ptr, af_ptr, gs_ptr, gq_ptr, ga_ptr, defer_ptr + n_items,
                       path_ptr + rec, blk, b, K, NKT, C, 1, RAP, False, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
-        _gram_vjp_fix(dlab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, gxab_ptr, gyab_ptr, defer_ptr + 2 * n_items,
+        tl.debug_barrier()  # ga
+        _gram_vjp_fix(dlab_ptr, bf_ptr, gps_ptr, af_ptr, gs_ptr, gb_ptr, ga_ptr, defer_ptr + 2 * n_items,
                       path_ptr + 2 * rec, blk, b, K, NKT, C, RAP, RAP, True, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
-        _gram_vjp_fix(dup_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, gxkb_ptr, gykb_ptr, defer_ptr + 3 * n_items,
+        tl.debug_barrier()  # gb, gk
+        _gram_vjp_fix(dup_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, gb_ptr, gk_ptr, defer_ptr + 3 * n_items,
                       path_ptr + 3 * rec, blk, b, K, NKT, C, RAP, RKP, True, BKS, F32, DLOWP, DIAG_LIMIT, RECORD)
 
 
@@ -867,8 +914,8 @@ def _store_stack_grad(ptr, x, c, b, RP: tl.constexpr, R: tl.constexpr, C: tl.con
 def _vjp_kernel(
     k_ptr, g_ptr, beta_ptr, h_ptr, ds_ptr,
     gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, bh_ptr,
-    dqe_ptr, det_ptr, dat_ptr, dwp_ptr, gxqk_ptr, gyqk_ptr, gxqa_ptr, gyqa_ptr, gxab_ptr, gyab_ptr, gxkb_ptr,
-    gykb_ptr, dq_ptr, dk_ptr, da_ptr, db_ptr, dg_ptr, red_ptr,
+    dqe_ptr, det_ptr, dat_ptr, dwp_ptr, gq_ptr, gk_ptr, ga_ptr, gb_ptr,
+    dq_ptr, dk_ptr, da_ptr, db_ptr, dg_ptr, red_ptr,
     T, H, K, V, NT, NKT, scale, sgd, sbed, sdqd, sdkd, sdad, sdbd, sdgd,
     C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
@@ -920,16 +967,14 @@ def _vjp_kernel(
         tb = b * SUB + tl.arange(0, SUB)
         tok, valid, _ = _row_tokens(c, tb, 1, C, T, H, i_b, i_h, REVERSE, DIRS)
         m_tk = valid[:, None] & mk[None, :]
-        # the Gram VJPs (S5a's dx, dy of each Gram matrix), then the direct terms
+        # the Gram VJPs (S5a's and S5b's sums per stack), then the direct terms
         rk = b * SUB * RKP + tl.arange(0, SUB * RKP)
-        dxq = _load_tile(gxqk_ptr, blk, tb, C, K, ck, mk)
-        dyk = _load_tile(gyqk_ptr, blk, rk, RK, K, ck, mk)
+        dxq = _load_tile(gq_ptr, blk, tb, C, K, ck, mk)
+        dyk = _load_tile(gk_ptr, blk, rk, RK, K, ck, mk)
         if RAB > 0:
             ra = b * SUB * RAP + tl.arange(0, SUB * RAP)
-            dxq += _load_tile(gxqa_ptr, blk, tb, C, K, ck, mk)
-            dyk += _load_tile(gykb_ptr, blk, rk, RK, K, ck, mk)
-            dya = _load_tile(gyqa_ptr, blk, ra, RA, K, ck, mk) + _load_tile(gyab_ptr, blk, ra, RA, K, ck, mk)
-            dxb = _load_tile(gxab_ptr, blk, ra, RA, K, ck, mk) + _load_tile(gxkb_ptr, blk, ra, RA, K, ck, mk)
+            dya = _load_tile(ga_ptr, blk, ra, RA, K, ck, mk)
+            dxb = _load_tile(gb_ptr, blk, ra, RA, K, ck, mk)
         G = _load_g(gs_ptr, blk, tb, C, K, ck, mk, BKS, SCALAR)
         xq = _load_tile(xq_ptr, blk, tb, C, K, ck, mk)
         dq = _load_tile(dqe_ptr, blk, tb, C, K, ck, mk) * tl.exp(G)  # Qh = scale q e^G
@@ -1136,23 +1181,85 @@ def scratch_shapes(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla: bool, s
     gshape = (c,) if scalar else (c, dk)
     shapes = dict(gs=gshape, gps=gshape, s=(c,) if hdla else (0,), xq=(c, dk), kf=(rk, dk), kt=(rk, dk),
                   vf=(rk, dv), dos=(c, dv), mqk=(c, rk), dqe=(c, dk), dmo=(c, rk), det=(rk, dk), dvs=(rk, dv),
-                  gxqk=(c, dk), gyqk=(rk, dk))
+                  gq=(c, dk), gk=(rk, dk))
     for name, shape in dict(af=(ra, dk), bf=(ra, dk), at=(ra, dk), bh=(ra, dk), mqa=(c, ra), lab=(ra, ra),
                             lkb=(ra, rk), tm=(ra, ra), w=(ra, dk), u=(ra, rk), mo=(c, rk), et=(rk, dk),
                             dn=(dk, dk), dat=(ra, dk), du=(ra, rk), dw=(ra, dk), dmqa=(c, ra), dwp=(ra, dk),
-                            dup=(ra, rk), dlab=(ra, ra), gxqa=(c, dk), gyqa=(ra, dk), gxab=(ra, dk),
-                            gyab=(ra, dk), gxkb=(ra, dk), gykb=(rk, dk)).items():
+                            dup=(ra, rk), dlab=(ra, ra), ga=(ra, dk), gb=(ra, dk)).items():
         shapes[name] = shape if r_ab else (0,)
     for name, shape in dict(tm16=(ra, ra), at16=(ra, dk)).items():  # S4's copies: only where 16-bit
         shapes[name] = shape if r_ab and name in dtypes else (0,)
     return {name: (shape, dtypes.get(name, torch.float32)) for name, shape in shapes.items()}
 
 
+def scratch_lifetimes(r_ab: int, copies: bool) -> dict:
+    """{name: (first, last) stage index in :data:`STAGES`}: :data:`SCRATCH_LIFETIMES` for rank ``r_ab``
+    (0: M_QK is M_o, read by dV's product) and whether S4 reads T from its 16-bit copy (``copies``: then T
+    itself is read only inside S3)."""
+    spans = dict(SCRATCH_LIFETIMES)
+    if not r_ab:
+        spans["mqk"] = ("S2", "dvs")
+    if copies:
+        spans["tm"] = ("S3", "S3")
+    return {name: (STAGES.index(first), STAGES.index(last)) for name, (first, last) in spans.items()}
+
+
+def plan_scratch(sizes: dict, lifetimes: dict) -> tuple:
+    """Offsets that let scratch tensors share memory: ``sizes`` {name: bytes per block}, ``lifetimes``
+    {name: (first, last) stage}. Returns ({name: byte offset per block}, bytes per block): first fit,
+    largest first, each tensor at the lowest :data:`POOL_ALIGN`-aligned offset that overlaps no tensor
+    live at any of its stages (two tensors overlap in time unless one's last stage precedes the other's
+    first). Tensors of size 0 get offset 0."""
+    align = lambda n: -(-n // POOL_ALIGN) * POOL_ALIGN  # noqa: E731
+    offsets, placed = {}, []
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        size = align(sizes[name])
+        if size == 0:
+            offsets[name] = 0
+            continue
+        first, last = lifetimes[name]
+        busy = sorted((o, o + n) for o, n, f, l in placed if not (l < first or last < f))
+        offset = 0
+        for start, end in busy:
+            if offset + size <= start:
+                break
+            offset = max(offset, end)
+        offsets[name] = offset
+        placed.append((offset, size, first, last))
+    return offsets, max((o + n for o, n, _, _ in placed), default=0)
+
+
+def _scratch_bytes(nbytes: int, device) -> torch.Tensor:
+    """Uninitialised memory for B2's scratch (the tests fill it with NaN to catch reads before writes)."""
+    return torch.empty(nbytes, device=device, dtype=torch.uint8)
+
+
+def allocate_scratch(shapes: dict, blocks: int, device, r_ab: int, pool=None) -> dict:
+    """B2's scratch tensors ``{name: [blocks, *shape]}`` (``shapes`` of :func:`scratch_shapes`): views of
+    one pool laid out by :func:`plan_scratch` (``pool`` True, or None and :data:`SCRATCH_POOL`), else one
+    allocation each. Each tensor is contiguous; a pool tensor's bytes are its own from its writer to its
+    last reader."""
+    nbytes = {name: math.prod(shape) * dtype.itemsize for name, (shape, dtype) in shapes.items()}
+    pool = SCRATCH_POOL if pool is None else pool
+    if pool:
+        offsets, per_block = plan_scratch(nbytes, scratch_lifetimes(r_ab, math.prod(shapes["tm16"][0]) > 0))
+        memory = _scratch_bytes(per_block * blocks, device)
+        base = {name: memory[offsets[name] * blocks:(offsets[name] + n) * blocks] for name, n in nbytes.items()}
+    else:
+        base = {name: _scratch_bytes(n * blocks, device) for name, n in nbytes.items()}
+    return {name: base[name].view(dtype).view(blocks, *shape) for name, (shape, dtype) in shapes.items()}
+
+
 def scratch_bytes_per_block(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla: bool, scalar: bool,
-                            q_dtype: torch.dtype, v_dtype: torch.dtype) -> int:
-    """Bytes of B2's scratch per block (:func:`scratch_shapes`), the reduction buffer of dg / dbeta included."""
+                            q_dtype: torch.dtype, v_dtype: torch.dtype, pool=None) -> int:
+    """Bytes of B2's scratch per block (:func:`scratch_shapes`, laid out as :func:`allocate_scratch` lays it
+    out), the reduction buffer of dg / dbeta included."""
     shapes = scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, scratch_dtypes(q_dtype, v_dtype, r_ab))
-    total = sum(math.prod(shape) * dtype.itemsize for shape, dtype in shapes.values())
+    nbytes = {name: math.prod(shape) * dtype.itemsize for name, (shape, dtype) in shapes.items()}
+    if SCRATCH_POOL if pool is None else pool:
+        total = plan_scratch(nbytes, scratch_lifetimes(r_ab, math.prod(shapes["tm16"][0]) > 0))[1]
+    else:
+        total = sum(nbytes.values())
     reduction = triton.cdiv(dk, b2_config(dk, dv, c, r_kv, r_ab)["BKV"]) * 2 * c * 4 if hdla or scalar else 0
     return total + reduction
 
@@ -1197,8 +1304,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     limit = check_diag_limit(cfg["diag_limit"] if diag_limit is None else diag_limit)
     dev = q.device
     sc = lambda *shape, dtype=torch.float32: torch.empty(blocks, *shape, device=dev, dtype=dtype)  # noqa: E731
-    z = {name: sc(*shape, dtype=dtype) for name, (shape, dtype) in
-         scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, dtypes).items()}
+    z = allocate_scratch(scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, dtypes), blocks, dev, r_ab)
     def grad_of(x):  # one direction: x's gradient; both: the two directions' partials [2, *x.shape]
         return torch.empty_like(x) if dirs == 1 else x.new_empty(2, *x.shape)
 
@@ -1294,17 +1400,14 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             gemm(z["dup"], ra, rk, [(_v(tm, ra, ra, True), _v(z["du"], ra, rk), ra, 1)])
             gemm(z["dlab"], ra, ra, [(_v(z["dwp"], ra, dk), _v(z["w"], ra, dk, True), dk, -1),
                                      (_v(z["dup"], ra, rk), _v(z["u"], ra, rk, True), rk, -1)])
-        grams = [("qk", z["dmo"], z["xq"], z["gs"], z["kf"], 1, rkp, False)]
-        if r_ab:
-            grams += [("qa", z["dmqa"], z["xq"], z["gs"], z["af"], 1, rap, False),
-                      ("ab", z["dlab"], z["bf"], z["gps"], z["af"], rap, rap, True),
-                      ("kb", z["dup"], z["bf"], z["gps"], z["kf"], rap, rkp, True)]
-        for gid, (name, d, x, xg, y, rx, ry, strict) in enumerate(grams):
+        ranks_of = dict(q=1, k=rkp, a=rap, b=rap)
+        for gid, (d, x, xg, y, gx, gy, strict, acc_x, acc_y) in enumerate(GRAM_VJPS[:4 if r_ab else 1]):
             _gram_vjp_kernel[(nt, bh_all, nb * nkt)](
-                d, x, xg, y, z["gs"], z["gx" + name], z["gy" + name], defer["gram_vjp"][gid] if levels_pass else empty,
-                paths["gram_vjp"][gid], dk, nt, nkt, C=c, RX=rx, RY=ry, STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar,
-                **prec, **diag, BIDIR_QK=dirs == 2 and name == "qk", num_warps=cfg["warps_block"])
-        gv = [z[n] if n in z else empty for n in ("gxqk", "gyqk", "gxqa", "gyqa", "gxab", "gyab", "gxkb", "gykb")]
+                z[d], z[STACK_OF[x]], z[xg], z[STACK_OF[y]], z["gs"], z[gx], z[gy],
+                defer["gram_vjp"][gid] if levels_pass else empty, paths["gram_vjp"][gid], dk, nt, nkt, C=c,
+                RX=ranks_of[x], RY=ranks_of[y], STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec, **diag,
+                BIDIR_QK=dirs == 2 and gid == 0, ACC_X=acc_x, ACC_Y=acc_y, num_warps=cfg["warps_block"])
+        gv = [z[n] if z[n].numel() else empty for n in ("gq", "gk", "ga", "gb")]
         if levels_pass:
             _gram_vjp_levels_kernel[(nt, bh_all, nb)](
                 z["dmo"], z["dmqa"], z["dlab"], z["dup"], z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], *gv,
