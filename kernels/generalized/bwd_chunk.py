@@ -1234,15 +1234,24 @@ def _scratch_bytes(nbytes: int, device) -> torch.Tensor:
     return torch.empty(nbytes, device=device, dtype=torch.uint8)
 
 
-def allocate_scratch(shapes: dict, blocks: int, device, r_ab: int, pool=None) -> dict:
-    """B2's scratch tensors ``{name: [blocks, *shape]}`` (``shapes`` of :func:`scratch_shapes`): views of
-    one pool laid out by :func:`plan_scratch` (``pool`` True, or None and :data:`SCRATCH_POOL`), else one
-    allocation each. Each tensor is contiguous; a pool tensor's bytes are its own from its writer to its
-    last reader."""
+def scratch_layout(shapes: dict, r_ab: int, pool=None) -> tuple:
+    """How :func:`allocate_scratch` lays out ``shapes`` (:func:`scratch_shapes`): ({name: bytes per block},
+    {name: byte offset per block} or None when each tensor is allocated apart, bytes per block). Pooled
+    (``pool`` True, or None and :data:`SCRATCH_POOL`) by :func:`plan_scratch` over the lifetimes of rank
+    ``r_ab``, with T dying in S3 where S4 reads its 16-bit copy."""
     nbytes = {name: math.prod(shape) * dtype.itemsize for name, (shape, dtype) in shapes.items()}
-    pool = SCRATCH_POOL if pool is None else pool
-    if pool:
-        offsets, per_block = plan_scratch(nbytes, scratch_lifetimes(r_ab, math.prod(shapes["tm16"][0]) > 0))
+    if not (SCRATCH_POOL if pool is None else pool):
+        return nbytes, None, sum(nbytes.values())
+    offsets, per_block = plan_scratch(nbytes, scratch_lifetimes(r_ab, nbytes["tm16"] > 0))
+    return nbytes, offsets, per_block
+
+
+def allocate_scratch(shapes: dict, blocks: int, device, r_ab: int, pool=None) -> dict:
+    """B2's scratch tensors ``{name: [blocks, *shape]}`` as :func:`scratch_layout` lays them out: views of
+    one pool, or one allocation each. Each tensor is contiguous; a pool tensor's bytes are its own from its
+    writer to its last reader."""
+    nbytes, offsets, per_block = scratch_layout(shapes, r_ab, pool)
+    if offsets is not None:
         memory = _scratch_bytes(per_block * blocks, device)
         base = {name: memory[offsets[name] * blocks:(offsets[name] + n) * blocks] for name, n in nbytes.items()}
     else:
@@ -1255,11 +1264,7 @@ def scratch_bytes_per_block(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla
     """Bytes of B2's scratch per block (:func:`scratch_shapes`, laid out as :func:`allocate_scratch` lays it
     out), the reduction buffer of dg / dbeta included."""
     shapes = scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, scratch_dtypes(q_dtype, v_dtype, r_ab))
-    nbytes = {name: math.prod(shape) * dtype.itemsize for name, (shape, dtype) in shapes.items()}
-    if SCRATCH_POOL if pool is None else pool:
-        total = plan_scratch(nbytes, scratch_lifetimes(r_ab, math.prod(shapes["tm16"][0]) > 0))[1]
-    else:
-        total = sum(nbytes.values())
+    total = scratch_layout(shapes, r_ab, pool)[2]
     reduction = triton.cdiv(dk, b2_config(dk, dv, c, r_kv, r_ab)["BKV"]) * 2 * c * 4 if hdla or scalar else 0
     return total + reduction
 

@@ -48,10 +48,10 @@ def _head_tile(ptr, rows, cols, row_stride, mask):
 
 
 @triton.jit
-def prologue_fwd_kernel(proj, logits, q, k, v, beta, g, n_rows, row_stride, heads, beta_range, inv_tau, eps,
-                        DIRECTIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
-                        BV: tl.constexpr, NORM_Q: tl.constexpr, BM: tl.constexpr):
-    """One program: BM tokens of one head. Columns of proj: q | k | v | beta (direction-major)."""
+def _program_tile(n_rows, heads, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  BM: tl.constexpr):
+    """This program's head h and BM token rows: (h, rows, row_ok, key and value columns ck, cv, their masks
+    mk, mv, the key width of all heads hk, the offsets out_k, out_v of the rows' head in q / k / g and v)."""
     pid_m, h = tl.program_id(0), tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < n_rows
@@ -61,13 +61,28 @@ def prologue_fwd_kernel(proj, logits, q, k, v, beta, g, n_rows, row_stride, head
     hk = heads * DK
     out_k = rows[:, None] * hk + h * DK + ck[None, :]
     out_v = rows[:, None] * (heads * DV) + h * DV + cv[None, :]
+    return h, rows, row_ok, ck, cv, mk, mv, hk, out_k, out_v
+
+
+@triton.jit
+def _normalized(u, eps):
+    """``u / max(||u||, eps)`` per row."""
+    return u / tl.maximum(tl.sqrt(tl.sum(u * u, axis=1)), eps)[:, None]
+
+
+@triton.jit
+def prologue_fwd_kernel(proj, logits, q, k, v, beta, g, n_rows, row_stride, heads, beta_range, inv_tau, eps,
+                        DIRECTIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+                        BV: tl.constexpr, NORM_Q: tl.constexpr, BM: tl.constexpr):
+    """One program: BM tokens of one head. Columns of proj: q | k | v | beta (direction-major)."""
+    h, rows, row_ok, ck, cv, mk, mv, hk, out_k, out_v = _program_tile(n_rows, heads, DK, DV, BK, BV, BM)
 
     aq, _ = _silu_parts(_head_tile(proj, rows, h * DK + ck, row_stride, mk))
     if NORM_Q:
-        aq = aq / tl.maximum(tl.sqrt(tl.sum(aq * aq, axis=1)), eps)[:, None]
+        aq = _normalized(aq, eps)
     tl.store(q + out_k, aq.to(q.dtype.element_ty), mask=mk)
     ak, _ = _silu_parts(_head_tile(proj, rows, hk + h * DK + ck, row_stride, mk))
-    ak = ak / tl.maximum(tl.sqrt(tl.sum(ak * ak, axis=1)), eps)[:, None]
+    ak = _normalized(ak, eps)
     tl.store(k + out_k, ak.to(k.dtype.element_ty), mask=mk)
     av, _ = _silu_parts(_head_tile(proj, rows, 2 * hk + h * DV + cv, row_stride, mv))
     tl.store(v + out_v, av.to(v.dtype.element_ty), mask=mv)
@@ -97,15 +112,7 @@ def prologue_bwd_kernel(proj, logits, dq, dk, dv, dbeta, dg, dproj, dlogits, n_r
                         beta_range, inv_tau, eps, DIRECTIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, NORM_Q: tl.constexpr, BM: tl.constexpr):
     """The VJP of :func:`prologue_fwd_kernel` for BM tokens of one head (activations recomputed)."""
-    pid_m, h = tl.program_id(0), tl.program_id(1)
-    rows = pid_m * BM + tl.arange(0, BM)
-    row_ok = rows < n_rows
-    ck, cv = tl.arange(0, BK), tl.arange(0, BV)
-    mk = row_ok[:, None] & (ck[None, :] < DK)
-    mv = row_ok[:, None] & (cv[None, :] < DV)
-    hk = heads * DK
-    out_k = rows[:, None] * hk + h * DK + ck[None, :]
-    out_v = rows[:, None] * (heads * DV) + h * DV + cv[None, :]
+    h, rows, row_ok, ck, cv, mk, mv, hk, out_k, out_v = _program_tile(n_rows, heads, DK, DV, BK, BV, BM)
     dst = dproj + rows[:, None] * row_stride
 
     uq, sq = _silu_parts(_head_tile(proj, rows, h * DK + ck, row_stride, mk))
