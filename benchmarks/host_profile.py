@@ -2,6 +2,7 @@
 time against the device time, and the calls that make it wait for the device.
 
     python -m benchmarks.host_profile --model hdla_tiny --res 2048 --batch 2
+    python -m benchmarks.host_profile --op hires     # chunk_hdla's fwd+bwd at a benchmarks.kernels shape
 
 A step is :func:`benchmarks.block_profile.block_step` (the block's forward under bf16 autocast, ``sum()``,
 backward). The host time of a step is its wall time with the GPU kept busy ahead of it (a sleep kernel queued
@@ -15,6 +16,7 @@ import cProfile
 import io
 import os
 import pstats
+import time
 import traceback
 import warnings
 
@@ -48,6 +50,83 @@ def sync_points(step) -> str:
     return "\n".join(lines)
 
 
+def op_step(shape_name: str):
+    """chunk_hdla's fwd+bwd on random bf16 inputs of ``benchmarks.kernels.SHAPES[shape_name]``."""
+    from benchmarks.kernels import SHAPES, make_inputs, ours
+
+    inputs = make_inputs(*SHAPES[shape_name], torch.bfloat16, torch.device("cuda"))
+    grad = torch.randn_like(ours(*inputs))
+    step = lambda: torch.autograd.grad(ours(*inputs), inputs, grad)  # noqa: E731
+    step.forward = lambda: ours(*inputs)
+    return step
+
+
+# Functions whose host time launch_share reports beside Triton's launch path: "module:name", patched in the
+# module that looks the name up at call time.
+TIMED_FUNCTIONS = ("kernels.generalized.bwd:generalized_backward", "kernels.generalized.bwd:chunk_vjp",
+                   "kernels.generalized.bwd:scratch_bytes_per_block", "kernels.generalized.bwd:_check",
+                   "kernels.generalized.bwd_chunk:allocate_scratch", "kernels.generalized.two_level:device_sm_count",
+                   "kernels.generalized.fwd:generalized_forward", "kernels.custom_ops:run_hdla_backward")
+
+
+def launch_share(step, steps: int = 20, functions=TIMED_FUNCTIONS) -> str:
+    """How much of a step's host time Triton's launch path (``JITFunction.run``) and ``functions`` take:
+    each wrapped with a wall-clock timer (no profiler), ``steps`` steps issued behind a queued sleep so
+    that no launch waits for the device (keep steps x launches below the launch queue's ~1000 entries).
+    Returns lines: host ms per step, then ms per step and calls per step of each timed function."""
+    import importlib
+
+    from triton.runtime.jit import JITFunction
+
+    targets = [(JITFunction, "run", "triton JITFunction.run")]
+    for spec in functions:
+        module, name = spec.split(":")
+        targets.append((importlib.import_module(module), name, spec))
+    totals = {label: [0.0, 0] for _, _, label in targets}
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+
+    def timed(fn, label):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[label][0] += time.perf_counter() - start
+                totals[label][1] += 1
+        return run
+
+    step()
+    torch.cuda.synchronize()
+    for (owner, name, label), (_, _, fn) in zip(targets, originals):
+        setattr(owner, name, timed(fn, label))
+    try:
+        torch.cuda._sleep(int(2e9))
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        host = time.perf_counter() - start
+    finally:
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
+    torch.cuda.synchronize()
+    lines = [f"host {host / steps * 1e3:.3f} ms per step ({steps} steps)"]
+    lines += [f"  {label:55s} {t / steps * 1e3:8.3f} ms {n / steps:6.1f} calls" for label, (t, n) in totals.items() if n]
+    return "\n".join(lines)
+
+
+def runtime_profile(step, steps: int = 5, rows: int = 30) -> str:
+    """torch.profiler's CPU side of ``steps`` steps by self CPU time: the dispatcher's ops and the CUDA
+    runtime calls (launches, cudaMalloc / cudaFree, synchronisations) that cProfile cannot see."""
+    step()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50)
+
+
 def python_profile(step, steps: int = 5, rows: int = 40) -> str:
     torch.cuda.synchronize()
     profiler = cProfile.Profile()
@@ -71,13 +150,22 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--family", default="chunk64", choices=FAMILIES)
     parser.add_argument("--rows", type=int, default=40)
+    parser.add_argument("--op", default="", help="a benchmarks.kernels shape name: profile chunk_hdla's fwd+bwd "
+                        "(bf16) there instead of a block")
     args = parser.parse_args(argv)
     os.environ["HDLA_VISION_KERNELS"] = args.family
-    step = block_step(args.model, args.res, args.batch, torch.device("cuda"))
+    if args.op:
+        step, what = op_step(args.op), f"chunk_hdla {args.op}"
+    else:
+        step = block_step(args.model, args.res, args.batch, torch.device("cuda"))
+        what = f"{args.model} {args.res}px batch {args.batch}"
     step_ms = time_ms(step)
-    print(f"{args.model} {args.res}px batch {args.batch} {args.family}: step {step_ms:.3f} ms (do_bench), "
-          f"host {host_ms(step):.3f} ms per step", flush=True)
+    print(f"{what} {args.family}: step {step_ms:.3f} ms (do_bench), host {host_ms(step):.3f} ms per step", flush=True)
+    print(launch_share(step, steps=5), flush=True)
+    if hasattr(step, "forward"):
+        print(f"forward alone: host {host_ms(step.forward):.3f} ms; {launch_share(step.forward, steps=5)}", flush=True)
     print(sync_points(step), flush=True)
+    print(runtime_profile(step), flush=True)
     print(python_profile(step, rows=args.rows), flush=True)
 
 
