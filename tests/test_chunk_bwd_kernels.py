@@ -296,3 +296,31 @@ def test_scratch_lifetimes_follow_the_launch_order():
     for cotangent, *_ in bwd_chunk.GRAM_VJPS:  # S5b reads every Gram's cotangent
         assert spans[cotangent][1] >= bwd_chunk.STAGES.index("S5b")
     assert [g[7:] for g in bwd_chunk.GRAM_VJPS] == [(False, False), (True, False), (False, True), (True, True)]
+
+
+@pytest.mark.parametrize("pool", [True, False])
+def test_allocate_scratch_views_follow_the_plan(pool):
+    """allocate_scratch's tensors (pooled: strided views of one allocation in each dtype) have their shapes and
+    dtypes, are contiguous and start at the planned byte offsets; the plan, made once per layout, is the one
+    plan_scratch gives and follows the pool switch."""
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    shapes = bwd_chunk.scratch_shapes(32, 48, 80, 1, 2, True, False,
+                                      bwd_chunk.scratch_dtypes(torch.bfloat16, torch.float16, 2))
+    blocks = 5
+    nbytes, offsets, per_block = bwd_chunk.scratch_layout(shapes, 2, pool)
+    z = bwd_chunk.allocate_scratch(shapes, blocks, "cpu", 2, pool)
+    assert set(z) == set(shapes)
+    for name, (shape, dtype) in shapes.items():
+        assert z[name].shape == (blocks, *shape) and z[name].dtype == dtype and z[name].is_contiguous(), name
+    if not pool:
+        assert offsets is None and per_block == sum(nbytes.values())
+        return
+    spans = bwd_chunk.scratch_lifetimes(2, nbytes["tm16"] > 0)
+    assert (offsets, per_block) == bwd_chunk.plan_scratch(dict(nbytes), spans)
+    base = z["w"].untyped_storage().data_ptr()
+    assert all(z[n].untyped_storage().data_ptr() == base for n in z)
+    for name, size in nbytes.items():
+        if size:
+            assert z[name].data_ptr() - base == offsets[name] * blocks, name
+    assert bwd_chunk.scratch_layout(shapes, 2, pool) is bwd_chunk.scratch_layout(shapes, 2, pool)

@@ -37,6 +37,7 @@ Scratch is fp32, except for 16-bit inputs the tensors that only S4's products re
 stored in the dtype those products cast them to: the same bits, half the bytes), 16-bit copies of T and
 At that S4 reads instead (:data:`OPERAND_COPIES`), and dV's stack (dv's dtype); :func:`scratch_dtypes`.
 """
+import functools
 import math
 import os
 
@@ -1238,25 +1239,45 @@ def scratch_layout(shapes: dict, r_ab: int, pool=None) -> tuple:
     """How :func:`allocate_scratch` lays out ``shapes`` (:func:`scratch_shapes`): ({name: bytes per block},
     {name: byte offset per block} or None when each tensor is allocated apart, bytes per block). Pooled
     (``pool`` True, or None and :data:`SCRATCH_POOL`) by :func:`plan_scratch` over the lifetimes of rank
-    ``r_ab``, with T dying in S3 where S4 reads its 16-bit copy."""
-    nbytes = {name: math.prod(shape) * dtype.itemsize for name, (shape, dtype) in shapes.items()}
-    if not (SCRATCH_POOL if pool is None else pool):
-        return nbytes, None, sum(nbytes.values())
-    offsets, per_block = plan_scratch(nbytes, scratch_lifetimes(r_ab, nbytes["tm16"] > 0))
-    return nbytes, offsets, per_block
+    ``r_ab``, with T dying in S3 where S4 reads its 16-bit copy. The plan is made once per layout
+    (:func:`_planned_layout`; planning took ~0.3 ms of host time, twice per backward call): treat the
+    returned dicts as read-only."""
+    nbytes = tuple((name, math.prod(shape) * dtype.itemsize) for name, (shape, dtype) in shapes.items())
+    return _planned_layout(nbytes, r_ab, bool(SCRATCH_POOL if pool is None else pool))
+
+
+@functools.lru_cache(maxsize=256)
+def _planned_layout(nbytes: tuple, r_ab: int, pool: bool) -> tuple:
+    """:func:`scratch_layout` for ``nbytes`` ((name, bytes per block), ...)."""
+    sizes = dict(nbytes)
+    if not pool:
+        return sizes, None, sum(sizes.values())
+    offsets, per_block = plan_scratch(sizes, scratch_lifetimes(r_ab, sizes["tm16"] > 0))
+    return sizes, offsets, per_block
 
 
 def allocate_scratch(shapes: dict, blocks: int, device, r_ab: int, pool=None) -> dict:
     """B2's scratch tensors ``{name: [blocks, *shape]}`` as :func:`scratch_layout` lays them out: views of
-    one pool, or one allocation each. Each tensor is contiguous; a pool tensor's bytes are its own from its
-    writer to its last reader."""
+    one pool (one strided view of the pool's bytes in each dtype per tensor), or one allocation each. Each
+    tensor is contiguous; a pool tensor's bytes are its own from its writer to its last reader."""
     nbytes, offsets, per_block = scratch_layout(shapes, r_ab, pool)
-    if offsets is not None:
-        memory = _scratch_bytes(per_block * blocks, device)
-        base = {name: memory[offsets[name] * blocks:(offsets[name] + n) * blocks] for name, n in nbytes.items()}
-    else:
-        base = {name: _scratch_bytes(n * blocks, device) for name, n in nbytes.items()}
-    return {name: base[name].view(dtype).view(blocks, *shape) for name, (shape, dtype) in shapes.items()}
+    if offsets is None:
+        return {name: _scratch_bytes(nbytes[name] * blocks, device).view(dtype).view(blocks, *shape)
+                for name, (shape, dtype) in shapes.items()}
+    memory = _scratch_bytes(per_block * blocks, device)
+    typed, z = {}, {}
+    for name, (shape, dtype) in shapes.items():
+        if dtype not in typed:  # per_block is a multiple of POOL_ALIGN, so every dtype divides the pool
+            typed[dtype] = memory.view(dtype)
+        z[name] = typed[dtype].as_strided((blocks, *shape), _block_strides(shape),
+                                          offsets[name] * blocks // dtype.itemsize)
+    return z
+
+
+@functools.lru_cache(maxsize=1024)
+def _block_strides(shape: tuple) -> tuple:
+    """Strides of a contiguous ``[blocks, *shape]`` tensor (independent of blocks)."""
+    return (math.prod(shape), *(math.prod(shape[i + 1:]) for i in range(len(shape))))
 
 
 def scratch_bytes_per_block(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla: bool, scalar: bool,
