@@ -4,6 +4,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache
 
 from hdla_vision.layers import HDLAMixer, create_mixer, list_mixers
+from hdla_vision.layers.gates import BetaGate, LevelScales, RWKV7Gates, VectorLogDecay
 from hdla_vision.lm import CACHE_NAME, HDLACache, HDLAConfig, HDLAForCausalLM, HDLAModel, cache_of
 
 MIXERS = ["hdla", "gated_deltanet", "gated_deltaproduct"]
@@ -79,6 +80,44 @@ def test_save_and_from_pretrained_safetensors(tmp_path, tie):
         torch.testing.assert_close(p, p2, rtol=0, atol=0, msg=name)
     x = torch.randint(0, 64, (2, 9))
     torch.testing.assert_close(model(x).logits, loaded(x).logits, rtol=0, atol=0)
+
+
+DETERMINISTIC_GATES = (VectorLogDecay, BetaGate, RWKV7Gates, LevelScales)
+
+
+@pytest.mark.parametrize("mixer", ["hdla", "hdla_authors", "gla", "kda", "rwkv7", "loglinear_hdla"])
+def test_gates_start_at_their_initial_values(mixer):
+    """A fresh LM's gates hold GateModule.initial_values, as the mixer built alone does; transformers' init once
+    skipped the gate modules without parameters of their own, so HDLA, GLA and KDA started with every decay
+    bias at 0 (lambda = 1/2) instead of the multi-timescale start (issue 13)."""
+    model = tiny_model(mixer=mixer, initializer_range=0.02)
+    checked = 0
+    for name, module in model.named_modules():
+        if isinstance(module, DETERMINISTIC_GATES):
+            for key, value in module.initial_values().items():
+                torch.testing.assert_close(module.get_parameter(key).detach(), value, rtol=0, atol=0,
+                                           msg=f"{name}.{key}")
+                checked += 1
+    assert checked > 0
+    if mixer in ("hdla", "gla", "kda"):
+        bias = model.model.layers[0].mixer.directions[0]["decay"].logits.up.bias
+        assert bool((bias != 0).float().mean() > 0.9)  # not lambda = 1/2 everywhere (0 only at the 2-token channels)
+
+
+def test_data_dependent_head_in_head_mask_gets_its_random_start():
+    model = tiny_model(mixer="hih_gated_deltanet", mixer_kwargs={"mask": "data"}, initializer_range=0.02)
+    assert model.model.layers[0].mixer.directions[0]["mask"].proj.bias.abs().sum() > 0
+
+
+def test_loaded_gate_values_are_not_reinitialised(tmp_path):
+    model = tiny_model(mixer="hdla")
+    bias = model.model.layers[0].mixer.directions[0]["decay"].logits.up.bias
+    with torch.no_grad():
+        bias.copy_(torch.randn(bias.shape, generator=torch.Generator().manual_seed(3)))
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    torch.testing.assert_close(loaded.model.layers[0].mixer.directions[0]["decay"].logits.up.bias, bias,
+                               rtol=0, atol=0)
 
 
 FRESH_PROCESS_SCRIPT = r"""

@@ -99,6 +99,20 @@ class HDLAPreTrainedModel(PreTrainedModel):
     def register_for_auto_class(cls, auto_class="AutoModel"):
         """No-op, as ``HDLAConfig.register_for_auto_class``: saves keep the ``hdla_vision_auto.py`` entry point."""
 
+    def _initialize_weights(self, module: nn.Module, is_custom_code: bool = False) -> None:
+        """transformers' per-module init, always through :meth:`_init_weights`.
+
+        transformers treats a model defined outside its package as "custom code" and then marks a module
+        initialised without calling ``_init_weights`` when all of its *own* parameters are flagged as
+        initialised, which is vacuously true for a module with no parameters of its own. A gate module
+        whose parameters live in child linears (:class:`~hdla_vision.layers.gates.VectorLogDecay`'s
+        ``logits.up.bias``, ``BetaGate``, the data-dependent ``HeadInHeadMask``) was then skipped, and the
+        child's generic init had already zeroed its bias: HDLA, GLA and KDA started with lambda = 1/2 on
+        every channel (a memory of about one token) instead of the multi-timescale decay, and learned MQAR
+        far later (issue 13). That shortcut is for code that writes parameters in place; every init here
+        goes through transformers' flag-aware functions, so weights loaded from a checkpoint stay."""
+        super()._initialize_weights(module)
+
     def _init_weights(self, module: nn.Module) -> None:
         """transformers' defaults (normal(0, initializer_range) linears and embeddings, unit norms),
         except the mixers' gates, which take their starting values (``GateModule.initial_values``:
