@@ -22,6 +22,7 @@ import torch
 import triton.testing
 
 import hdla_vision  # noqa: F401  registers the models
+from benchmarks.timing import profile_steps
 from hdla_vision.layers.hdla import HDLAMixer
 from hdla_vision.layers.mixer import LinearAttentionMixer, set_activation_recompute
 
@@ -112,13 +113,7 @@ def host_ms(step, reps: int = 5) -> float:
 
 def profile_ops(step, steps: int = 3, rows: int = 45) -> str:
     """The aten ops (and custom ops) by self device time per step, grouped by input shapes."""
-    step()
-    torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    prof = profile_steps(step, steps, cpu=True, record_shapes=True)
     events = [e for e in prof.key_averages(group_by_input_shape=True) if e.self_device_time_total > 0]
     events.sort(key=lambda e: -e.self_device_time_total)
     total = sum(e.self_device_time_total for e in events) / steps / 1e3

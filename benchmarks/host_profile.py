@@ -23,6 +23,7 @@ import warnings
 import torch
 
 from benchmarks.block_profile import FAMILIES, block_step, host_ms, time_ms
+from benchmarks.timing import profile_steps
 
 
 def sync_points(step) -> str:
@@ -50,15 +51,21 @@ def sync_points(step) -> str:
     return "\n".join(lines)
 
 
-def op_step(shape_name: str):
-    """chunk_hdla's fwd+bwd on random bf16 inputs of ``benchmarks.kernels.SHAPES[shape_name]``."""
+def op_steps(shape_name: str):
+    """``(fwd_bwd, fwd)``: chunk_hdla's fwd+bwd and its forward alone on random bf16 inputs of
+    ``benchmarks.kernels.SHAPES[shape_name]``."""
     from benchmarks.kernels import SHAPES, make_inputs, ours
 
     inputs = make_inputs(*SHAPES[shape_name], torch.bfloat16, torch.device("cuda"))
     grad = torch.randn_like(ours(*inputs))
-    step = lambda: torch.autograd.grad(ours(*inputs), inputs, grad)  # noqa: E731
-    step.forward = lambda: ours(*inputs)
-    return step
+
+    def fwd():
+        return ours(*inputs)
+
+    def fwd_bwd():
+        return torch.autograd.grad(fwd(), inputs, grad)
+
+    return fwd_bwd, fwd
 
 
 # Functions whose host time launch_share reports beside Triton's launch path: "module:name", patched in the
@@ -117,13 +124,7 @@ def launch_share(step, steps: int = 20, functions=TIMED_FUNCTIONS) -> str:
 def runtime_profile(step, steps: int = 5, rows: int = 30) -> str:
     """torch.profiler's CPU side of ``steps`` steps by self CPU time: the dispatcher's ops and the CUDA
     runtime calls (launches, cudaMalloc / cudaFree, synchronisations) that cProfile cannot see."""
-    step()
-    torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    prof = profile_steps(step, steps, cpu=True)
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50)
 
 
@@ -155,15 +156,15 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     os.environ["HDLA_VISION_KERNELS"] = args.family
     if args.op:
-        step, what = op_step(args.op), f"chunk_hdla {args.op}"
+        (step, forward), what = op_steps(args.op), f"chunk_hdla {args.op}"
     else:
-        step = block_step(args.model, args.res, args.batch, torch.device("cuda"))
+        step, forward = block_step(args.model, args.res, args.batch, torch.device("cuda")), None
         what = f"{args.model} {args.res}px batch {args.batch}"
     step_ms = time_ms(step)
     print(f"{what} {args.family}: step {step_ms:.3f} ms (do_bench), host {host_ms(step):.3f} ms per step", flush=True)
     print(launch_share(step, steps=5), flush=True)
-    if hasattr(step, "forward"):
-        print(f"forward alone: host {host_ms(step.forward):.3f} ms; {launch_share(step.forward, steps=5)}", flush=True)
+    if forward is not None:
+        print(f"forward alone: host {host_ms(forward):.3f} ms; {launch_share(forward, steps=5)}", flush=True)
     print(sync_points(step), flush=True)
     print(runtime_profile(step), flush=True)
     print(python_profile(step, rows=args.rows), flush=True)

@@ -40,7 +40,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks.timing import median_ms
+from benchmarks.timing import device_us, median_ms, profile_steps
 from tools.provenance import provenance
 
 SHAPES = {"vision": (128, 196, 3, 64), "hires": (8, 4096, 3, 64), "lm": (4, 4096, 16, 128),
@@ -271,16 +271,7 @@ def time_state_pass(shapes, groups_list, kinds=("hdla", "kda_like")):
 
 def _kernel_us(fn, name, calls=5):
     """Device µs per call of the launches of ``fn`` whose kernel name contains ``name`` (torch.profiler)."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    total = 0.0
-    for e in prof.key_averages():
-        if name in e.key:
-            total += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+    total = sum(device_us(e) for e in profile_steps(fn, calls).key_averages() if name in e.key)
     return round(total / calls, 1)
 
 

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from benchmarks.timing import device_us, profile_steps
 from hdla_vision.kernels.generalized import bwd
 from tools.provenance import provenance
 
@@ -175,15 +176,10 @@ def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, g
 def profile_launches(fn, calls=5):
     """``{kernel name: [µs per call, launches per call]}`` of ``fn`` (one B2) under torch.profiler,
     largest first: which of B2's launches the time goes to."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
     per_call = {}
-    for e in prof.key_averages():
-        device_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if device_us > 0:
-            per_call[e.key[:60]] = [round(device_us / calls, 1), e.count / calls]
+    for e in profile_steps(fn, calls).key_averages():
+        if device_us(e) > 0:
+            per_call[e.key[:60]] = [round(device_us(e) / calls, 1), e.count / calls]
     return dict(sorted(per_call.items(), key=lambda kv: -kv[1][0]))
 
 

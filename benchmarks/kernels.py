@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from benchmarks.timing import time_fwd_bwd
+from benchmarks.timing import device_us, profile_steps, time_fwd_bwd
 from hdla_vision.kernels import chunk_hdla, naive_hdla
 from tools.fla_ops import fla_dplr_doubled
 from tools.provenance import provenance
@@ -205,17 +205,12 @@ def profile_ours(inputs, calls=5):
     """Per-kernel breakdown of our fwd+bwd: ``{kernel: (µs per call, launches per call)}``; prints
     the profiler's table of the top kernels."""
     grad = torch.randn_like(ours(*inputs))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            torch.autograd.grad(ours(*inputs), inputs, grad)
-        torch.cuda.synchronize()
-    events = prof.key_averages()
+    events = profile_steps(lambda: torch.autograd.grad(ours(*inputs), inputs, grad), calls).key_averages()
     print(events.table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
     per_call = {}
     for e in events:
-        device_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if device_us > 0 and e.count >= calls:
-            per_call[e.key[:80]] = (device_us / calls, e.count / calls)
+        if device_us(e) > 0 and e.count >= calls:
+            per_call[e.key[:80]] = (device_us(e) / calls, e.count / calls)
     return dict(sorted(per_call.items(), key=lambda kv: -kv[1][0]))
 
 

@@ -42,6 +42,7 @@ import triton.testing
 from torch._dynamo.utils import counters
 
 import hdla_vision  # noqa: F401  registers hdla_tiny
+from benchmarks.timing import profile_steps
 from hdla_vision.kernels.utils import kernel_family
 from hdla_vision.layers.mixer import activation_recompute, set_activation_recompute
 from tools.provenance import provenance
@@ -238,15 +239,9 @@ def profile_training(res: int, batch: int, device: torch.device, row_limit: int 
     time and launches per block by part (:func:`profile_parts`)."""
     model = build(name, device)
     step = train_step_fn(model, batch, res, device)
-    for _ in range(3):
+    for _ in range(2):
         step()
-    torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(PROFILE_STEPS):
-            step()
-        torch.cuda.synchronize()
-    events = prof.key_averages()
+    events = profile_steps(step, PROFILE_STEPS, cpu=True).key_averages()
     parts = profile_parts(events, len(model.blocks), PROFILE_STEPS)
     return events.table(sort_by="self_device_time_total", row_limit=row_limit), parts
 

@@ -22,3 +22,21 @@ def time_fwd_bwd(fn, inputs):
         torch.autograd.grad(fn(*inputs), wrt, grad, allow_unused=True)
 
     return median_ms(fwd), median_ms(fwd_bwd)
+
+
+def profile_steps(step, steps: int, cpu: bool = False, record_shapes: bool = False):
+    """torch.profiler over ``steps`` calls of ``step()`` after one warm-up call (the profiler object;
+    CUDA activity, and the host's with ``cpu``). Divide its totals by ``steps`` for per-step figures."""
+    step()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA] + ([torch.profiler.ProfilerActivity.CPU] if cpu else [])
+    with torch.profiler.profile(activities=activities, record_shapes=record_shapes) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return prof
+
+
+def device_us(event) -> float:
+    """An event's total device µs (``device_time_total``; ``cuda_time_total`` on older torch)."""
+    return getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)

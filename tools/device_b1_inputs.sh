@@ -11,7 +11,6 @@
 #   chunk16/kernels.json, kernels_chunk16.txt   the same op on chunk16 at T = 1024 and 2048
 #   timeline.txt
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 (timeout 200 nice -n 10 python3 -m tests.gpu_bwd_sweep "$OUT/parity.json" --cases \
    hdla_k64_mild,hdla_k128_mild_fast_channel,rab2_k64_mild_fast_channel_rev,hdla_k64_gates20_rev,rab2_rkv2_scalar_k64,rab0_k64_v64,hdla_k256_v256,hdla_k64_fp32 \

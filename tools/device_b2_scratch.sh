@@ -15,7 +15,6 @@
 #   gla.json / gla.txt         rank 0 (GLA-like) at the vision shape, both modes, bit for bit
 #   timeline.txt
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 (timeout 270 nice -n 10 python3 -m tests.gpu_bwd_sweep "$OUT/parity.json" --cases \
    hdla_k64_mild,hdla_k64_gates20_rev,rab2_rkv2_scalar_k64,rab0_k64_v64,rab2_k64_mild_fast_channel_rev \

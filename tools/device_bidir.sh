@@ -21,7 +21,6 @@
 #   timeline.txt
 source tools/device_setup.sh
 export HDLA_VISION_KERNELS=chunk64
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/timeline.txt" 2>&1
 pids=()

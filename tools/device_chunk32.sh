@@ -11,7 +11,6 @@
 #   parity.json / parity.txt     bf16 backward parity at C = 32 (tests.gpu_bwd_sweep cases, chunk 32)
 #   timeline.txt
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 (timeout 150 nice -n 10 python3 -m tests.gpu_bwd_sweep "$OUT/parity.json" --cases \
    hdla_k64_mild,hdla_k128_mild_fast_channel,rab2_k64_mild_fast_channel_rev,hdla_k64_gates20_rev,rab2_rkv2_scalar_k64 \

@@ -19,7 +19,6 @@
 #   python3 -m benchmarks.models --models hdla_tiny deit_tiny_patch16_224 --resolutions 224 1024 --modes train \
 #     --cuda-graphs --out $OUT
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 MODELS="hdla_tiny gla_tiny deit_tiny_patch16_224"
 for model in $MODELS; do

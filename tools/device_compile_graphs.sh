@@ -8,7 +8,6 @@
 # graphs / graph breaks, ratios to deit_tiny under the same setting and to the same model's eager cell),
 # warm_<model>.txt (one niced process per model beforehand fills inductor's and Triton's caches), timeline.txt.
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 MODELS=${1:-hdla_tiny gla_tiny deit_tiny_patch16_224}
 RESOLUTIONS=${2:-224 2048}
 stamp "start"

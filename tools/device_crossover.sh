@@ -9,7 +9,6 @@
 #                                chunk64 with a per-kernel profile at the LM and high-res shapes
 #   timeline.txt
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 shapes=vision,v384,v512,hires,long,lm
 stamp "start"
 HDLA_VISION_KERNELS=chunk64 timeout 150 python3 -m benchmarks.kernels --ops ours --shapes $shapes --fast-gates "" \

@@ -25,7 +25,6 @@
 # to compile, and vision and high-res specialise apart: T = 196 is not a multiple of 16), then one process
 # times them from the warm Triton cache; rerun a timing alone if it looks disturbed (timeline.txt).
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 parity() {  # parity FILE ARGS...: one --case (T = 1000), its JSON line appended to FILE
   local f="$1"; shift

@@ -27,7 +27,6 @@
 # The single-direction timings run first, one after the other, alone on the GPU; then the parity cases and
 # the bidirectional warm-up side by side (compilation, untimed); the bidirectional timing last, alone.
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 HDLA_VISION_KERNELS=chunk64 timeout 120 python3 -m benchmarks.kernels --ops ours --shapes vision,hires,lm --no-check \
   --fast-gates vision,hires,lm --out "$OUT/kernels" > "$OUT/kernels.txt" 2>&1

@@ -17,7 +17,6 @@
 # The timings run first, alone on the GPU (their compiles warm Triton's cache for the parity cases' bf16
 # kernels), then the parity cases, six processes at a time. Both write their JSON after every case.
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 timeout 170 python3 -m benchmarks.kernel_stages_bwd --shapes vision,hires,lm --kinds hdla,rab1 \
   --diag-limits default,0 --gates mild,fast --profile --out "$OUT/kernel_stages_bwd.json" > "$OUT/timing.txt" 2>&1

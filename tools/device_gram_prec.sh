@@ -5,7 +5,6 @@
 # Writes parity.json / parity.txt, kernel_stages_bwd.json / timing.txt, bf16_vision.json / bf16_vision.txt,
 # timeline.txt under $OUT.
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 timeout 150 python3 -m tests.gpu_bwd_sweep "$OUT/parity.json" --cases \
   hdla_k64_mild,hdla_k128_mild_fast_channel,rab2_k64_mild_fast_channel_rev,hdla_k128_v128,hdla_k64_gates20_rev,rab2_rkv2_scalar_k64,hdla_k64_fp32 \

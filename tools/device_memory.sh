@@ -19,7 +19,6 @@
 # other sizes); each cell is printed as one JSON line when measured, so a part cut by its timeout keeps its rows.
 # The predicted saved bytes (python -m tools.saved_memory --whole) need no GPU: run them on a CPU.
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 LINEAR="hdla_tiny gla_tiny gdn_tiny kda_tiny"
 stamp "start"
 for model in $LINEAR; do

@@ -9,7 +9,6 @@
 #   models.json, models.txt  benchmarks.models, every cell one JSON line in models.txt as it is measured
 #   timeline.txt
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 LINEAR="hdla_tiny gla_tiny gdn_tiny kda_tiny"
 for model in $LINEAR; do

@@ -9,7 +9,6 @@
 #                              slice budget at 1024 (the default) and at 2048 MiB
 #   models.json / models.txt   hdla_tiny against deit_tiny, training, 512 / 1024 / 2048 px: images/s, peak memory
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start ${COMMIT:-?}"
 (timeout 200 nice -n 10 python3 -m tests.gpu_bwd_sweep "$OUT/parity.json" --cases \
    hdla_k64_mild,hdla_k128_mild_fast_channel,rab2_k64_mild_fast_channel_rev,hdla_k64_gates20_rev,rab2_rkv2_scalar_k64 \

@@ -5,7 +5,6 @@
 #   bash tools/device_profile.sh [models (comma-separated)] [resolutions]
 # Writes $OUT/models.json (the profile under "profile"), $OUT/profile.txt, $OUT/timeline.txt.
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 models=${1:-hdla_tiny,deit_tiny_patch16_224}
 resolutions=${2:-224 2048}

@@ -10,7 +10,6 @@
 #   timeline.txt
 source tools/device_setup.sh
 export HDLA_VISION_KERNELS=chunk64
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/timeline.txt" 2>&1
 timeout 150 python3 -m benchmarks.bidirectional --part scratch --shapes 224px_b256,512px_b64,1024px \

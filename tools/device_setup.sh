@@ -7,3 +7,5 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 export PYTHONUNBUFFERED=1
 set +e
+# stamp MESSAGE: appends "HH:MM:SS MESSAGE" to $OUT/timeline.txt (the device scripts' record of each stage).
+stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }

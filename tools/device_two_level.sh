@@ -17,7 +17,6 @@
 # The parity runs (four processes, two at a time, niced) start first in the background so that their compiles
 # overlap the timings' own; rerun a timing alone if it looks disturbed (timeline.txt).
 source tools/device_setup.sh
-stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 stamp "start"
 (
   (HDLA_VISION_STATE_GROUPS=4 timeout 120 nice -n 10 python3 -m benchmarks.kernel_stages --case -1 1 64 64 \
