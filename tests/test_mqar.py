@@ -288,3 +288,23 @@ def test_presets_are_faithful_and_balanced():
         lam = torch.sigmoid(decay(torch.randn(4, 32, 128)))
     assert abs(float(lam.mean()) - 0.5) < 0.02 and float((lam - 0.5).abs().max()) < 0.1
     assert not hasattr(mixer, "conv")
+
+
+def test_carry_prefers_runs_that_left_chance(tmp_path):
+    """With room for one checkpoint, a run that is learning is carried before one with more training
+    done that is still at chance; between runs at chance, the one with more training done."""
+    def unfinished(name, steps, best, size):
+        folder = tmp_path / name
+        folder.mkdir()
+        record = dict(protocol=dict(batch_size=256, length=256), curve=[dict(step=steps)], epochs_run=steps // 391,
+                      best_accuracy=best, status="paused")
+        (folder / "run.json").write_text(json.dumps(record))
+        (folder / "ckpt.pt").write_bytes(b"\0" * size)
+
+    unfinished("at_chance_long", 3910, 0.0004, 1000)
+    unfinished("learning_short", 782, 0.30, 1000)
+    assert mqar_device.pick_carried(tmp_path, 1500) == [("learning_short", 2)]
+    assert mqar_device.pick_carried(tmp_path, 2000) == [("learning_short", 2), ("at_chance_long", 10)]
+    unfinished("at_chance_short", 391, None, 1000)
+    (tmp_path / "learning_short" / "DONE").write_text("early_stop\n")
+    assert mqar_device.pick_carried(tmp_path, 1500) == [("at_chance_long", 10)]

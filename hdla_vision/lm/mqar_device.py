@@ -8,9 +8,9 @@ run at L = 2048 takes about an hour; so runs are carried across calls and sessio
     that come back from a call and go to the next one in the git-ignored folder ``.mqar_carry``.
     A checkpoint holds the weights and AdamW's two moments in fp32, about 19 MiB at 1.65M
     parameters; what comes back from a call (8 files, 16 MiB each, 64 MiB in all) and what travels
-    to one (64 MiB with the tree) leave room for two (``--carry-mib 40``): the runs with the most
-    training done are packed first, and a run left out restarts at epoch 0 later (its curve so far
-    stays in its record, marked unfinished). Within a session a warm machine keeps ``.mqar``
+    to one (64 MiB with the tree) leave room for two (``--carry-mib 40``): runs that have left
+    chance, then the runs with the most training done, are packed first, and a run left out restarts
+    at epoch 0 later (its curve so far stays in its record, marked unfinished). Within a session a warm machine keeps ``.mqar``
     between calls, so there every unfinished run resumes anyway.
 
 One session (the device runner; ``benchmarks/README.md`` has the same steps):
@@ -37,6 +37,9 @@ from hdla_vision.lm import mqar_report
 
 RESULTS = Path("benchmarks/results/mqar_zoology")
 CARRY = Path(".mqar_carry")
+# Test accuracy from which a run counts as learning when choosing what to carry (chance is 1 / the
+# values left in play: ~0.03% at vocab 8192).
+LEARNING_ACCURACY = 0.01
 PART_PREFIX = "ckpt.tar."
 MAX_FILES_BACK = 8
 FILES_BESIDE_PARTS = 3  # mqar_results.md, progress.txt, mqar_state.tgz
@@ -107,13 +110,21 @@ def work_done(record: dict) -> int:
     return (record["curve"][-1]["step"] if record["curve"] else 0) * p["batch_size"] * p["length"]
 
 
+def learning(record: dict) -> bool:
+    """Whether a run has left chance: its best test accuracy reached :data:`LEARNING_ACCURACY`."""
+    return (record.get("best_accuracy") or 0.0) >= LEARNING_ACCURACY
+
+
 def pick_carried(state: Path, budget_bytes: int) -> list:
-    """Unfinished runs with a checkpoint, most training done first, as many as fit in the budget."""
+    """Unfinished runs with a checkpoint, as many as fit in the budget: runs that have left chance
+    first (they are the ones an early stop may soon finish; a run still at chance after several
+    epochs usually trains all its epochs), then the most training done."""
     runs = []
     for ckpt in state.glob("*/ckpt.pt"):
         record = read_record(ckpt.parent / "run.json")
         if record and not (ckpt.parent / "DONE").exists():
-            runs.append((work_done(record), ckpt.parent.name, ckpt.stat().st_size, record["epochs_run"]))
+            priority = (learning(record), work_done(record))
+            runs.append((priority, ckpt.parent.name, ckpt.stat().st_size, record["epochs_run"]))
     chosen, used = [], 0
     for _, run, size, epochs in sorted(runs, reverse=True):
         if used + size <= budget_bytes:
