@@ -10,8 +10,8 @@ run at L = 2048 takes about an hour; so runs are carried across calls and sessio
     parameters; what comes back from a call (8 files, 16 MiB each, 64 MiB in all) and what travels
     to one (64 MiB with the tree) leave room for two (``--carry-mib 40``): runs that have left
     chance, then the runs with the most training done, are packed first, and a run left out restarts
-    at epoch 0 later (its curve so far stays in its record, marked unfinished). Within a session a warm machine keeps ``.mqar``
-    between calls, so there every unfinished run resumes anyway.
+    at epoch 0 later (its curve so far stays in its record, marked unfinished). Within a session a
+    warm machine keeps ``.mqar`` between calls, so there every unfinished run resumes anyway.
 
 One session (the device runner; ``benchmarks/README.md`` has the same steps):
   1. a device call from the repository root, with ``.mqar_carry`` carried, ``timeout_s`` 600:
