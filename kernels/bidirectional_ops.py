@@ -244,6 +244,27 @@ def _hdla_bidirectional_backward(ctx, dy, dstate, dx):
 chunk_hdla_bidirectional_op.register_autograd(_hdla_bidirectional_backward, setup_context=_setup_context)
 
 
+
+# ----------------------------------------------------------------------------- HDLA inference
+@torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_hdla_bidirectional", mutates_args=())
+def fused_recurrent_hdla_bidirectional_op(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """``chunk_hdla_bidirectional``'s inference path (``utils.recurrent_inference``): both scans as token
+    recurrences in one Triton launch (hdla/fused_recurrent.py), ``(y [B, T, H, V]`` in q's dtype, final
+    states ``[2, B, H, K, V]`` fp32). Forward only: the public op takes it when no gradient is needed."""
+    check_log_decay(g)
+    from .hdla.fused_recurrent import triton_fused_recurrent_hdla_bidirectional  # noqa: PLC0415 (imports triton)
+
+    return _contiguous(*triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale, initial_state))
+
+
+@fused_recurrent_hdla_bidirectional_op.register_fake
+def _(q, k, v, beta, g, scale, initial_state):
+    batch, _, heads, dk = q.shape
+    return q.new_empty(v.shape), q.new_empty(2, batch, heads, dk, v.shape[-1], dtype=torch.float32)
+
+
 # ----------------------------------------------------------------------------- generalized
 def stacked_inputs(k: Tensor, v: Tensor, a: Tensor, b: Tensor) -> dict:
     """``{name: True}`` for each of k, v, a, b stacked by direction (the others are shared)."""

@@ -387,17 +387,18 @@ def _fused_on_triton(q: Tensor) -> bool:
 @torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_hdla", mutates_args=())
 def fused_recurrent_hdla_op(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
+    reverse: bool = False,
 ) -> Tuple[Tensor, Tensor]:
-    """The decoding op on checked inputs (``fused_recurrent_hdla``): ``(o [B, T, H, V]`` in v's dtype,
-    ``new_state [B, H, K, V]`` fp32, float64 for float64 inputs)."""
+    """The token recurrence on checked inputs (``fused_recurrent_hdla``; ``chunk_hdla``'s inference path):
+    ``(o [B, T, H, V]`` in v's dtype, ``new_state [B, H, K, V]`` fp32, float64 for float64 inputs)."""
     check_log_decay(g)
     module = _fused_recurrent()
     run = module.triton_fused_recurrent_hdla if _fused_on_triton(q) else module.torch_fused_recurrent_hdla
-    return _contiguous(*run(q, k, v, beta, g, scale, initial_state))
+    return _contiguous(*run(q, k, v, beta, g, scale, initial_state, reverse))
 
 
 @fused_recurrent_hdla_op.register_fake
-def _(q, k, v, beta, g, scale, initial_state):
+def _(q, k, v, beta, g, scale, initial_state, reverse=False):
     batch, seq_len, heads, dk = q.shape
     state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return v.new_empty(v.shape), q.new_empty(batch, heads, dk, v.shape[-1], dtype=state_dtype)
@@ -406,38 +407,42 @@ def _(q, k, v, beta, g, scale, initial_state):
 @torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_hdla_backward", mutates_args=())
 def fused_recurrent_hdla_backward_op(
     do: Tensor, dstate: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float,
-    initial_state: Optional[Tensor],
+    initial_state: Optional[Tensor], reverse: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv, dbeta, dg, dh0)`` by autograd through the PyTorch token loop, recomputed on any
-    device (the Triton kernel has no backward; decoding steps are short); dh0 empty without an initial state."""
-    loop = _fused_recurrent().torch_fused_recurrent_hdla
+    """``(dq, dk, dv, dbeta, dg, dh0)``: the Triton backward of the recurrence where the forward ran on
+    Triton, else autograd through the PyTorch token loop; dh0 empty without an initial state."""
+    module = _fused_recurrent()
+    if _fused_on_triton(q):
+        *grads, dh0 = module.triton_fused_recurrent_hdla_backward(do, dstate, q, k, v, beta, g, scale, initial_state,
+                                                                  reverse)
+        return _contiguous(*grads, _dh0_or_empty(dh0, initial_state, q))
 
     def forward(q, k, v, beta, g, h0):
-        return loop(q, k, v, beta, g, scale, h0)
+        return module.torch_fused_recurrent_hdla(q, k, v, beta, g, scale, h0, reverse)
 
     return _contiguous(*_chunk_form_vjp(forward, (q, k, v, beta, g), initial_state, do, dstate))
 
 
 @fused_recurrent_hdla_backward_op.register_fake
-def _(do, dstate, q, k, v, beta, g, scale, initial_state):
+def _(do, dstate, q, k, v, beta, g, scale, initial_state, reverse=False):
     return _fake_grads(q, (q, k, v, beta, g), initial_state)
 
 
 def _fused_setup_context(ctx, inputs, output):
-    q, k, v, beta, g, scale, initial_state = inputs
+    q, k, v, beta, g, scale, initial_state, reverse = inputs
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, beta, g, initial_state)
-    ctx.scale = scale
+    ctx.scale, ctx.reverse = scale, reverse
 
 
 def _fused_backward(ctx, do, dstate):
     if do is None and dstate is None:
-        return (None,) * 7
+        return (None,) * 8
     q, k, v, beta, g, h0 = ctx.saved_tensors
     if do is None:
         do = v.new_zeros(v.shape)
-    *grads, dh0 = fused_recurrent_hdla_backward_op(do, dstate, q, k, v, beta, g, ctx.scale, h0)
-    return (*grads, None, None if h0 is None else dh0)
+    *grads, dh0 = fused_recurrent_hdla_backward_op(do, dstate, q, k, v, beta, g, ctx.scale, h0, ctx.reverse)
+    return (*grads, None, None if h0 is None else dh0, None)
 
 
 fused_recurrent_hdla_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)

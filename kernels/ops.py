@@ -16,14 +16,14 @@ from typing import Optional, Tuple
 
 import torch
 
-from .bidirectional_ops import (chunk_generalized_bidirectional_op, chunk_hdla_bidirectional_op, direction, own_write,
-                                per_direction)
-from .custom_ops import chunk_generalized_op, chunk_hdla_op
+from .bidirectional_ops import (chunk_generalized_bidirectional_op, chunk_hdla_bidirectional_op, direction,
+                                fused_recurrent_hdla_bidirectional_op, own_write, per_direction)
+from .custom_ops import chunk_generalized_op, chunk_hdla_op, fused_recurrent_hdla_op
 from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
 from .utils import (MAX_GRID_BATCH_HEADS, batch_slices, check_generalized_bidirectional_inputs,
                     check_generalized_inputs, check_hdla_bidirectional_inputs, check_hdla_inputs, per_batch_slice,
-                    use_triton)  # noqa: F401 (use_triton: imported from here by callers)
+                    recurrent_inference, use_triton)  # noqa: F401 (use_triton: imported from here by callers)
 
 
 def _scale(scale: Optional[float]) -> float:
@@ -132,7 +132,11 @@ def chunk_hdla(
     if exporting_to_onnx():
         o, state = exportable_hdla(q, k, v, beta, g, _scale(scale), initial_state, reverse)
         return o, _final(state, q, output_final_state)
+    recurrent = recurrent_inference(q, k, v, beta, g, initial_state)  # inference: the token recurrence
+
     def op(q, k, v, beta, g, initial_state):
+        if recurrent:
+            return fused_recurrent_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, reverse)
         return chunk_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse)[:2]
 
     o, state = per_batch_slice(op, dict(q=q, k=k, v=v, beta=beta, g=g, initial_state=initial_state), q.shape[2])
@@ -196,7 +200,11 @@ def chunk_hdla_bidirectional(
         y = parts[0][0] + parts[1][0] - own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), _scale(scale)).to(q.dtype)
         return y, _final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
 
+    recurrent = recurrent_inference(q, k, v, beta, g, initial_state)  # inference: the token recurrence
+
     def op(q, k, v, beta, g, initial_state):
+        if recurrent:
+            return fused_recurrent_hdla_bidirectional_op(q, k, v, beta, g, _scale(scale), initial_state)
         return chunk_hdla_bidirectional_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state)[:2]
 
     y, state = _per_batch_slice_directions(op, dict(q=q, k=k, v=v), dict(beta=beta, g=g, initial_state=initial_state),

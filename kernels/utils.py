@@ -23,6 +23,25 @@ DEFAULT_KERNEL_FAMILY = "auto"
 # shape (T = 4096, H = 16, d = 128) 29.1 / 19.0 ms. Below ~576 tokens chunk16's shorter chunks win.
 # (custom_ops picks the family per call, and the other one where the first cannot run the ranks or dtype.)
 CHUNK64_MIN_TOKENS = 576
+# HDLA's inference path (kernels/README.md §11): under the auto setting, a chunk_hdla or
+# chunk_hdla_bidirectional call that no gradient will flow through runs the token recurrence
+# (hdla/fused_recurrent.py) up to this many tokens. H100, bf16, d = 64, forward, both directions in one
+# op (2026-11-24, benchmarks/results/recurrent_h100): 0.35 against 1.49 ms at (B, T, H) = (128, 196, 3),
+# 1.37 / 5.73 at (512, 196, 3), 1.81 / 6.63 at (128, 1024, 3), 2.71 / 6.57 at (32, 4096, 3) (twice the work of
+# one block of the 224, 512 and 1024 px backbones at their benchmark batches). A program walks all T tokens:
+# at 16384 tokens (2048 px, batch 2) the latency of that walk makes it the slower one.
+RECURRENT_MAX_TOKENS = 4096
+
+
+def recurrent_inference(q: torch.Tensor, *tensors: Optional[torch.Tensor]) -> bool:
+    """Whether an HDLA chunk op's call runs the token recurrence instead of the chunk kernels: the auto
+    setting, a Triton device, fp32 / bf16 / fp16 inputs, at most ``RECURRENT_MAX_TOKENS`` tokens, and no
+    input that a gradient must reach (in training the chunk kernels' backward is the faster one)."""
+    if kernel_family() != "auto" or not use_triton(q) or q.dtype == torch.float64:
+        return False
+    if q.shape[1] > RECURRENT_MAX_TOKENS:
+        return False
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors)))
 
 
 def kernel_family() -> str:

@@ -1,14 +1,30 @@
-"""HDLA decoding: a few recurrent steps on a fixed-size state (one Triton program per (b, h, V-block)).
+"""HDLA as a token recurrence (one Triton program per (b, h, V-block)): the decoding step, the backward
+of it, and the chunk ops' inference path for short sequences (kernels/README.md §11).
 
-Per token t and head (paper eq. 27):
+Per head and token t (paper eq. 27), with H_t = I - beta_t k_t k_t^T:
 
-    S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) (I - beta_t k_t k_t^T) S_{t-1} + k_t v_t^T,
-    o_t = scale * S_t^T q_t
+    S_t = H_t Diag(lambda_t) H_t S_{t-1} + k_t v_t^T,      o_t = scale * S_t^T q_t,   lambda_t = exp(g_t)
 
-Each column of S evolves on its own, so the value dimension is split across programs and
-each program keeps a ``[K, BV]`` block of the state in registers for all T steps. The state
-is read and written in fp32; T is a compile-time constant (decoding uses T = 1), so the
-kernel also runs under ``TRITON_INTERPRET=1``.
+Each column of S evolves on its own, so a program keeps a [K, BV] block of the state in fp32 registers
+and walks the tokens, loading each token's inputs one step ahead (their latency, not the arithmetic,
+bounds a step). Per token the forward costs three reductions over K on that block: no chunk
+intermediates and one launch, so for the forward of a few hundred tokens it beats the chunk kernels
+(kernels/README.md §11 has the H100 measurements); the chunk kernels' tensor-core products win on long
+sequences and in training.
+
+Backward, per token in reverse (X = S_{t-1}, Y = dS_t the state's cotangent after o_t's read):
+
+    a = H X,  b = lambda (.) a,  S_t = H b + k v^T
+    Y += scale q do^T;   dq = scale S_t do;   dv = Y^T k
+    db = H Y;   dlambda = rowsum(db (.) a);   da = lambda (.) db;   dS_{t-1} = H da
+    dk = Y v - beta (Y b^T k + b Y^T k) - beta (da X^T k + X da^T k)
+    dbeta = -(k^T Y)(b^T k) - (k^T da)(X^T k)
+
+It needs S_{t-1} at every token, and HDLA's step cannot be inverted (beta = 1 is a projection, lambda
+may be 0): the kernel runs the recurrence forward storing the state every CK tokens (fp32, transient
+scratch), then walks back a segment at a time, recomputing each token's S_{t-1} from the segment's
+checkpoint in registers (CK / 2 steps on average). Gradients that sum over V (dq, dk, dg, dbeta) are
+written per V-block and summed when V spans several blocks.
 """
 from typing import Optional, Tuple
 
@@ -27,12 +43,14 @@ def torch_fused_recurrent_hdla(
     g: torch.Tensor,
     scale: Optional[float] = None,
     initial_state: Optional[torch.Tensor] = None,
+    reverse: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """PyTorch token loop with the same contract as the Triton kernel.
 
     Args:
         q, k, g: ``[B, T, H, K]``; v: ``[B, T, H, V]``; beta: ``[B, T, H]``.
         initial_state: ``[B, H, K, V]`` or None (zeros).
+        reverse: scan t = T-1 .. 0.
     Returns:
         ``o [B, T, H, V]`` in q's dtype and the new state ``[B, H, K, V]`` in fp32 (float64 for
         float64 inputs).
@@ -46,78 +64,263 @@ def torch_fused_recurrent_hdla(
     state = q.new_zeros(batch, heads, dk, v.shape[-1])
     if initial_state is not None:
         state = state + initial_state.to(compute)
-    outputs = []
-    for t in range(seq_len):
+    outputs = [None] * seq_len
+    for t in (range(seq_len - 1, -1, -1) if reverse else range(seq_len)):
         kt, bt = k[:, t].unsqueeze(-1), beta[:, t, :, None, None]  # [B, H, K, 1], [B, H, 1, 1]
         state = state - bt * kt * (kt * state).sum(-2, keepdim=True)
         state = g[:, t].exp().unsqueeze(-1) * state
         state = state - bt * kt * (kt * state).sum(-2, keepdim=True)
         state = state + kt * v[:, t].unsqueeze(-2)
-        outputs.append((q[:, t].unsqueeze(-1) * state).sum(-2))
+        outputs[t] = (q[:, t].unsqueeze(-1) * state).sum(-2)
     return torch.stack(outputs, dim=1).to(out_dtype), state
 
 
-if triton is not None:
 
-    @triton.jit
-    def _fused_recurrent_hdla_kernel(
-        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, s0_ptr, o_ptr, s_ptr,
-        scale,
-        T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-        BK: tl.constexpr, BV: tl.constexpr, HAS_S0: tl.constexpr,
-    ):
-        i_v, i_bh = tl.program_id(0), tl.program_id(1)
-        i_b, i_h = i_bh // H, i_bh % H
-        offs_k = tl.arange(0, BK)
-        offs_v = i_v * BV + tl.arange(0, BV)
-        mask_k, mask_v = offs_k < K, offs_v < V
-        mask_s = mask_k[:, None] & mask_v[None, :]
-        s_offs = i_bh * K * V + offs_k[:, None] * V + offs_v[None, :]
-        state = tl.zeros([BK, BV], dtype=tl.float32)
-        if HAS_S0:
-            state += tl.load(s0_ptr + s_offs, mask=mask_s, other=0.0).to(tl.float32)
-        for t in tl.static_range(T):
-            row = (i_b * T + t) * H + i_h  # token t of head h in the [B, T, H, *] layout
-            k_t = tl.load(k_ptr + row * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            q_t = tl.load(q_ptr + row * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            g_t = tl.load(g_ptr + row * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            v_t = tl.load(v_ptr + row * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-            b_t = tl.load(beta_ptr + row).to(tl.float32)
-            # (I - b k k^T) S, then Diag(exp g), then (I - b k k^T) again, then the write k v^T
-            state -= b_t * k_t[:, None] * tl.sum(k_t[:, None] * state, axis=0)[None, :]
-            state *= tl.exp(g_t)[:, None]
-            state -= b_t * k_t[:, None] * tl.sum(k_t[:, None] * state, axis=0)[None, :]
-            state += k_t[:, None] * v_t[None, :]
-            o_t = tl.sum(q_t[:, None] * state, axis=0) * scale
-            tl.store(o_ptr + row * V + offs_v, o_t.to(o_ptr.dtype.element_ty), mask=mask_v)
-        tl.store(s_ptr + s_offs, state, mask=mask_s)
+@triton.jit
+def _house(x, k, beta):
+    """(I - beta k k^T) x for x [BK, BV], k [BK]; also returns k^T x [BV]."""
+    kx = tl.sum(k[:, None] * x, axis=0)
+    return x - (beta * k)[:, None] * kx[None, :], kx
 
 
-def triton_fused_recurrent_hdla(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    g: torch.Tensor,
-    scale: Optional[float] = None,
-    initial_state: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Triton path; shapes as :func:`torch_fused_recurrent_hdla`, state always fp32."""
+@triton.jit
+def _step(x, k, lam, beta, v):
+    """S_t from S_{t-1} = x: H Diag(lam) H x + k v^T."""
+    a, _ = _house(x, k, beta)
+    s, _ = _house(lam[:, None] * a, k, beta)
+    return s + k[:, None] * v[None, :]
+
+
+@triton.jit
+def _token(p, T, reverse):
+    """Time index of scan step p: p, or T-1-p where ``reverse`` (a constexpr or a runtime 0/1)."""
+    return p + reverse * (T - 1 - 2 * p)
+
+
+@triton.jit
+def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V):
+    """q, k, lambda [BK], v [BV], beta (scalar) of one token in fp32; ``row`` = (b * T + t) * H + h."""
+    q = tl.load(q_ptr + row * K + ck, mask=mk, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + row * K + ck, mask=mk, other=0.0).to(tl.float32)
+    lam = tl.exp(tl.load(g_ptr + row * K + ck, mask=mk, other=0.0).to(tl.float32))
+    v = tl.load(v_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + row).to(tl.float32)
+    return q, k, lam, v, beta
+
+
+@triton.jit
+def _fwd_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, o_ptr, ht_ptr,
+    scale, T, H, K, V,
+    BK: tl.constexpr, BV: tl.constexpr, DIRS: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
+):
+    """o [DIRS, B, T, H, V] and the final state ht [DIRS, B, H, K, V] (fp32). DIRS = 1: one scan
+    (REVERSE); DIRS = 2: grid axis 2 is the direction, beta, g, h0 and o are stacked by direction and
+    direction 1 scans t = T-1 .. 0 and leaves its own write out of its output (o_t = scale q_t^T
+    (S_t - k_t v_t^T): the bidirectional ops' correction, kernels/README.md §9)."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    if DIRS == 2:
+        d = tl.program_id(2)
+        rev = d
+        n_rows = tl.num_programs(1) * T  # B * T * H tokens per direction
+        beta_ptr += d * n_rows
+        g_ptr += d.to(tl.int64) * n_rows * K
+        o_ptr += d.to(tl.int64) * n_rows * V
+        h0_ptr += d.to(tl.int64) * tl.num_programs(1) * K * V
+        ht_ptr += d.to(tl.int64) * tl.num_programs(1) * K * V
+        own = (1 - d).to(tl.float32)
+    else:
+        rev = REVERSE
+        own = 1.0
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    mk, mv = ck < K, cv < V
+    s_off = i_bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
+    s = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        s += tl.load(h0_ptr + s_off, mask=mk[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    row = ((i_b * T + _token(0, T, rev)) * H + i_h).to(tl.int64)
+    q, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
+    for p in range(0, T):
+        row_n = ((i_b * T + _token(tl.minimum(p + 1, T - 1), T, rev)) * H + i_h).to(tl.int64)
+        q_n, k_n, lam_n, v_n, beta_n = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_n, ck, cv, mk, mv, K, V)
+        a, _ = _house(s, k, beta)
+        s, _ = _house(lam[:, None] * a, k, beta)
+        o = tl.sum(q[:, None] * s, axis=0) + own * tl.sum(q * k) * v  # S_t = s + k v^T
+        tl.store(o_ptr + row * V + cv, (o * scale).to(o_ptr.dtype.element_ty), mask=mv)
+        s += k[:, None] * v[None, :]
+        row, q, k, lam, v, beta = row_n, q_n, k_n, lam_n, v_n, beta_n
+    tl.store(ht_ptr + s_off, s, mask=mk[:, None] & mv[None, :])
+
+
+@triton.jit
+def _bwd_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, do_ptr, dht_ptr, ckpt_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dh0_ptr,
+    scale, T, H, K, V, NCK,
+    BK: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr, REVERSE: tl.constexpr,
+    HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr,
+):
+    """Every gradient of one (batch, head, V-block). dq, dk, dg [NV, B, T, H, K] and dbeta [NV, B, T, H]
+    are this V-block's fp32 partial sums; dv [B, T, H, V] (dv's dtype) and dh0 [B, H, K, V] (fp32) are
+    whole. ckpt [B * H, NV, NCK, BK, BV] fp32 scratch: the state entering scan steps 0, CK, 2 CK, ..."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    n_v = tl.num_programs(0)
+    i_b, i_h = i_bh // H, i_bh % H
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    mk, mv = ck < K, cv < V
+    ms = mk[:, None] & mv[None, :]
+    s_off = i_bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
+    c_base = (i_bh.to(tl.int64) * n_v + i_v) * NCK * BK * BV
+    c_off = ck[:, None] * BV + tl.arange(0, BV)[None, :]
+    part = i_v.to(tl.int64) * tl.num_programs(1) * T  # this V-block's partials start B * T * H rows in
+
+    # 1. the recurrence forward, storing the state entering every CK-th step
+    s = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        s += tl.load(h0_ptr + s_off, mask=ms, other=0.0).to(tl.float32)
+    row = ((i_b * T + _token(0, T, REVERSE)) * H + i_h).to(tl.int64)
+    _, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
+    do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
+    for p in range(0, T):
+        row_n = ((i_b * T + _token(tl.minimum(p + 1, T - 1), T, REVERSE)) * H + i_h).to(tl.int64)
+        _, k_n, lam_n, v_n, beta_n = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_n, ck, cv, mk, mv, K, V)
+        do_n = tl.load(do_ptr + row_n * V + cv, mask=mv, other=0.0).to(tl.float32)
+        if p % CK == 0:
+            tl.store(ckpt_ptr + c_base + (p // CK) * BK * BV + c_off, s)
+        s = _step(s, k, lam, beta, v)
+        # dq = scale S_t do needs no cotangent of the state: it is taken on the way forward
+        tl.store(dq_ptr + (part + row) * K + ck, tl.sum(s * do[None, :], axis=1) * scale, mask=mk)
+        row, k, lam, v, beta, do = row_n, k_n, lam_n, v_n, beta_n, do_n
+
+    # 2. back through the steps, a segment of CK steps at a time
+    y = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        y += tl.load(dht_ptr + s_off, mask=ms, other=0.0).to(tl.float32)
+    for jj in range(0, NCK):
+        j = NCK - 1 - jj
+        x0 = tl.load(ckpt_ptr + c_base + j * BK * BV + c_off)
+        end = tl.minimum(j * CK + CK, T)
+        for ii in range(0, end - j * CK):
+            p = end - 1 - ii
+            row = ((i_b * T + _token(p, T, REVERSE)) * H + i_h).to(tl.int64)
+            q, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
+            do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
+            x = x0
+            for r in range(j * CK, p):  # S_{p-1} from the segment's checkpoint
+                row_r = ((i_b * T + _token(r, T, REVERSE)) * H + i_h).to(tl.int64)
+                _, k_r, lam_r, v_r, beta_r = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_r, ck, cv, mk,
+                                                         mv, K, V)
+                x = _step(x, k_r, lam_r, beta_r, v_r)
+            a, kx = _house(x, k, beta)
+            b = lam[:, None] * a
+            kb = tl.sum(k[:, None] * b, axis=0)
+            y += (q * scale)[:, None] * do[None, :]
+            db, ky = _house(y, k, beta)
+            tl.store(dv_ptr + row * V + cv, ky.to(dv_ptr.dtype.element_ty), mask=mv)
+            dlam = tl.sum(db * a, axis=1)
+            da = lam[:, None] * db
+            y, kda = _house(da, k, beta)
+            dk = (tl.sum(_dk_write(db, ky, kb, v, beta, b, k), axis=1)
+                  - beta * tl.sum(da * kx[None, :] + x * kda[None, :], axis=1))
+            dbeta = -tl.sum(ky * kb) - tl.sum(kda * kx)
+            tl.store(dk_ptr + (part + row) * K + ck, dk, mask=mk)
+            tl.store(dg_ptr + (part + row) * K + ck, dlam * lam, mask=mk)
+            tl.store(dbeta_ptr + part + row, dbeta)
+    tl.store(dh0_ptr + s_off, y, mask=ms)
+
+
+@triton.jit
+def _dk_write(db, ky, kb, v, beta, b, k):
+    """The [BK, BV] terms of dk through S_t = H b + k v^T: Y v - beta (Y kb + b ky), Y = dS_t; with
+    db = H Y, Y = db + beta k ky."""
+    y = db + (beta * k)[:, None] * ky[None, :]
+    return y * (v - beta * kb)[None, :] - beta * b * ky[None, :]
+
+
+
+# fwd: (BV, warps) by head dim; bwd adds the checkpoint interval. H100, bf16, d = 64 (kernels/README.md §11):
+# one warp on 16 state columns was the fastest of 8..64 columns on 1-8 warps, CK = 4 of 4, 8, 16.
+CHECKPOINT_EVERY = 4
+
+
+def _config(dk: int, dv: int) -> Tuple[int, int, int]:
+    """(BK, BV, num_warps): the state block [BK, BV] of one program (about 1024 fp32 per warp)."""
+    block_k = triton.next_power_of_2(dk)
+    block_v = min(16, triton.next_power_of_2(dv))
+    return block_k, block_v, max(1, block_k * block_v // 1024)
+
+
+def triton_fused_recurrent_hdla(q, k, v, beta, g, scale: Optional[float] = None,
+                                initial_state: Optional[torch.Tensor] = None,
+                                reverse: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Triton path; shapes as :func:`torch_fused_recurrent_hdla`: ``(o [B, T, H, V]`` in v's dtype,
+    ``state [B, H, K, V]`` fp32)."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     q, k, v, beta, g = (x.contiguous() for x in (q, k, v, beta, g))
     o = torch.empty_like(v)
-    state = torch.empty(batch, heads, dk, dv, device=q.device, dtype=torch.float32)
-    s0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else state
-    block_k = triton.next_power_of_2(dk)
-    block_v = min(triton.next_power_of_2(dv), 64 if block_k <= 64 else 32)
-    grid = (triton.cdiv(dv, block_v), batch * heads)
-    _fused_recurrent_hdla_kernel[grid](
-        q, k, v, beta, g, s0, o, state,
-        1.0 if scale is None else float(scale),
-        T=seq_len, H=heads, K=dk, V=dv, BK=block_k, BV=block_v, HAS_S0=initial_state is not None,
-    )
+    state = q.new_empty(batch, heads, dk, dv, dtype=torch.float32)
+    h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else state
+    block_k, block_v, warps = _config(dk, dv)
+    _fwd_kernel[(triton.cdiv(dv, block_v), batch * heads, 1)](
+        q, k, v, beta, g, h0, o, state, 1.0 if scale is None else float(scale), seq_len, heads, dk, dv,
+        BK=block_k, BV=block_v, DIRS=1, REVERSE=int(reverse), HAS_H0=initial_state is not None, num_warps=warps)
     return o, state
+
+
+def triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale: float,
+                                              initial_state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Both scans of ``chunk_hdla_bidirectional`` in one launch: q, k ``[B, T, H, K]``, v ``[B, T, H, V]``
+    shared, beta ``[2, B, T, H]``, g ``[2, B, T, H, K]``, initial_state ``[2, B, H, K, V]`` or None;
+    returns ``(y [B, T, H, V]`` in q's dtype, ``states [2, B, H, K, V]`` fp32) with
+    y = o_fwd + o_bwd - own write (the reversed scan's output leaves it out)."""
+    batch, seq_len, heads, dk = q.shape
+    dv = v.shape[-1]
+    q, k, v, beta, g = (x.contiguous() for x in (q, k, v, beta, g))
+    o = q.new_empty(2, batch, seq_len, heads, dv, dtype=torch.float32)
+    states = q.new_empty(2, batch, heads, dk, dv, dtype=torch.float32)
+    h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else states
+    block_k, block_v, warps = _config(dk, dv)
+    _fwd_kernel[(triton.cdiv(dv, block_v), batch * heads, 2)](
+        q, k, v, beta, g, h0, o, states, float(scale), seq_len, heads, dk, dv,
+        BK=block_k, BV=block_v, DIRS=2, REVERSE=0, HAS_H0=initial_state is not None, num_warps=warps)
+    return (o[0] + o[1]).to(q.dtype), states
+
+
+def triton_fused_recurrent_hdla_backward(do, dht, q, k, v, beta, g, scale: Optional[float] = None,
+                                         initial_state: Optional[torch.Tensor] = None, reverse: bool = False):
+    """Every gradient of :func:`triton_fused_recurrent_hdla` for the cotangents ``do [B, T, H, V]`` and
+    ``dht [B, H, K, V]`` (or None): ``(dq, dk, dv, dbeta, dg)`` in their inputs' dtypes and ``dh0``
+    ``[B, H, K, V]`` fp32 (None without an initial state)."""
+    batch, seq_len, heads, dk = q.shape
+    dv = v.shape[-1]
+    q, k, v, beta, g, do = (x.contiguous() for x in (q, k, v, beta, g, do))
+    block_k, block_v, warps = _config(dk, dv)
+    n_v = triton.cdiv(dv, block_v)
+    n_ck = triton.cdiv(seq_len, CHECKPOINT_EVERY)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    ckpt = torch.empty(batch * heads * n_v * n_ck * block_k * block_v, **f32)
+    dq_p = torch.empty(n_v, batch, seq_len, heads, dk, **f32)
+    dk_p, dg_p = torch.empty_like(dq_p), torch.empty_like(dq_p)
+    dbeta_p = torch.empty(n_v, batch, seq_len, heads, **f32)
+    dv_ = torch.empty_like(v)
+    dh0 = torch.empty(batch, heads, dk, dv, **f32)
+    h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else dh0
+    dht = dht.to(torch.float32).contiguous() if dht is not None else None
+    _bwd_kernel[(n_v, batch * heads)](
+        q, k, v, beta, g, h0, do, dht if dht is not None else dh0, ckpt, dq_p, dk_p, dv_, dbeta_p, dg_p, dh0,
+        1.0 if scale is None else float(scale), seq_len, heads, dk, dv, n_ck,
+        BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, REVERSE=int(reverse), HAS_H0=initial_state is not None,
+        HAS_DHT=dht is not None, num_warps=warps)
+
+    def total(x, like):
+        return (x[0] if n_v == 1 else x.sum(0)).to(like.dtype)
+
+    return (total(dq_p, q), total(dk_p, k), dv_, total(dbeta_p, beta), total(dg_p, g),
+            dh0 if initial_state is not None else None)
 
 
 def fused_recurrent_hdla(
@@ -129,7 +332,7 @@ def fused_recurrent_hdla(
     scale: Optional[float] = None,
     initial_state: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Advance the HDLA state by T (small) tokens: the decoding counterpart of ``chunk_hdla``.
+    """Advance the HDLA state by T tokens: the decoding counterpart of ``chunk_hdla``.
 
     Args:
         q, k, g: ``[B, T, H, K]`` (k L2-normalised by the caller, ``g = log lambda <= 0``).
@@ -146,10 +349,10 @@ def fused_recurrent_hdla(
         ``(o [B, T, H, V] in v's dtype, new_state [B, H, K, V] fp32)``. Triton runs CUDA tensors
         (and CPU tensors under ``TRITON_INTERPRET=1``); float64 inputs and other CPU tensors use
         the PyTorch loop, which keeps float64 for float64 inputs. The cost is linear in T: for
-        prompts use ``chunk_hdla`` with ``output_final_state=True``. A custom op
+        long prompts use ``chunk_hdla`` with ``output_final_state=True``. A custom op
         (``hdla_vision::fused_recurrent_hdla``, ``custom_ops.py``): one node under ``torch.compile``;
-        its gradients are autograd's through the PyTorch loop, recomputed in the backward on any
-        device (the Triton kernel has no backward of its own).
+        its gradients come from the Triton backward (kernels/README.md §11) where the forward ran on
+        Triton, else from autograd through the PyTorch loop.
     """
     check_hdla_inputs(q, k, v, beta, g, initial_state, scale)
     from ..custom_ops import fused_recurrent_hdla_op  # noqa: PLC0415 (custom_ops loads this module lazily)

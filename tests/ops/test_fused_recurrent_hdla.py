@@ -2,7 +2,8 @@
 loop, the Triton kernel under the interpreter, the Triton kernel on CUDA) against the float64 token
 loop and the chunk op: outputs and states, resets, padding tokens, bf16; the log-decay and dtype
 contract; bad input raising ValueError before any launch; the custom op under opcheck. Its
-gradients are autograd's through the PyTorch loop on every device."""
+gradients: the Triton backward on the Triton backends (tests/ops/test_recurrent_hdla.py checks it at
+length), autograd through the PyTorch loop elsewhere."""
 import pytest
 import torch
 import torch.nn.functional as F

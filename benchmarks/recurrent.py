@@ -1,0 +1,107 @@
+"""HDLA's token recurrence (kernels/hdla/fused_recurrent.py, kernels/README.md §11) against the chunk op,
+fla's KDA and SDPA, per shape, in one process; and its bf16 error against the float64 loop.
+
+    python -m benchmarks.recurrent --shapes vision,m224,m512,m1024 --out OUT_DIR [--no-parity]
+
+Per shape (do_bench medians, benchmarks/timing.py; ms):
+  chunk: the chunk op's forward (its custom op called directly) and fwd+bwd (chunk_hdla with gradients);
+  recurrent: the recurrence's op (chunk_hdla's inference path up to 1024 tokens), forward and fwd+bwd
+      (its Triton backward);
+  bidir_chunk / bidir_recurrent: the forward of chunk_hdla_bidirectional (two directions) on each path;
+  the baselines (fla_kda, sdpa): (fwd, fwd+bwd).
+"""
+import argparse
+import json
+import os
+
+import torch
+
+from benchmarks.kernels import OPS, SHAPES, make_inputs, rel_err
+from benchmarks.timing import median_ms
+from hdla_vision.kernels import chunk_hdla, chunk_hdla_bidirectional, custom_ops, naive_hdla, utils
+from hdla_vision.kernels.bidirectional_ops import fused_recurrent_hdla_bidirectional_op
+from hdla_vision.kernels.hdla.fused_recurrent import (triton_fused_recurrent_hdla,
+                                                      triton_fused_recurrent_hdla_backward)
+from tools.provenance import provenance
+
+# The backbones' training shapes with both scan directions as batch (benchmarks/models.py: batch 256 at 224 px,
+# 64 at 512, 16 at 1024): the work of one block's bidirectional op.
+MODEL_SHAPES = {"m224": (512, 196, 3, 64), "m512": (128, 1024, 3, 64), "m1024": (32, 4096, 3, 64)}
+ALL_SHAPES = {**SHAPES, **MODEL_SHAPES}
+
+
+def grad_time(fn, inputs):
+    """Median ms of ``fn(*inputs)`` and the gradients of every input (random output cotangent)."""
+    do = torch.randn_like(fn(*inputs)[0])
+    return median_ms(lambda: torch.autograd.grad(fn(*inputs)[0], inputs, do))
+
+
+def timings(shape, dtype, baselines):
+    """The rows of one shape (see the module docstring)."""
+    inputs = make_inputs(*shape, dtype, "cuda")
+    q, k, v, beta, g = plain = [x.detach() for x in inputs]
+    row = {}
+    with torch.no_grad():
+        row["chunk"] = [median_ms(lambda: custom_ops.chunk_hdla_op(*plain, 1.0, None, False, False))]
+        row["recurrent"] = [median_ms(lambda: custom_ops.fused_recurrent_hdla_op(*plain, 1.0, None, False))]
+    row["chunk"].append(grad_time(lambda *x: chunk_hdla(*x), inputs))
+    row["recurrent"].append(grad_time(lambda *x: custom_ops.fused_recurrent_hdla_op(*x, 1.0, None, False), inputs))
+    betas, gates = torch.stack([beta, beta.flip(1)]), torch.stack([g, g.flip(1)])
+    with torch.no_grad():
+        row["bidir_recurrent"] = median_ms(lambda: fused_recurrent_hdla_bidirectional_op(q, k, v, betas, gates, 1.0,
+                                                                                          None))
+        os.environ[utils.KERNEL_FAMILY_ENV] = "chunk64"  # the fused bidirectional chunk kernels
+        row["bidir_chunk"] = median_ms(lambda: chunk_hdla_bidirectional(q, k, v, betas, gates))
+        del os.environ[utils.KERNEL_FAMILY_ENV]
+    for base in baselines:
+        try:
+            row[base] = [median_ms(lambda: OPS[base](*plain)), grad_time(lambda *x: (OPS[base](*x),), inputs)]
+        except Exception as exc:  # fla missing or a shape it refuses: record it, go on
+            row[base] = repr(exc)[:200]
+    return row
+
+
+def parity(shape, dtype, reverse, fast_forgetting):
+    """Relative errors of o, the final state and every gradient against the float64 loop (batch 2)."""
+    _, seq_len, heads, dim = shape
+    inputs = make_inputs(2, seq_len, heads, dim, torch.float64, "cuda", seed=1, fast_forgetting=fast_forgetting)
+    h0 = torch.randn(2, heads, dim, dim, device="cuda", dtype=torch.float64, requires_grad=True)
+    o, s = naive_hdla(*inputs, initial_state=h0, output_final_state=True, reverse=reverse)
+    do, dht = torch.randn_like(o), torch.randn_like(s)
+    torch.autograd.backward([o, s], [do, dht])
+    low = [x.detach().to(dtype) for x in inputs]
+    o_r, s_r = triton_fused_recurrent_hdla(*low, 1.0, h0.detach().float(), reverse)
+    grads = triton_fused_recurrent_hdla_backward(do.to(dtype), dht.float(), *low, 1.0, h0.detach().float(), reverse)
+    errors = {"o": rel_err(o_r, o), "state": rel_err(s_r, s)}
+    refs = [x.grad for x in inputs] + [h0.grad]
+    errors.update({n: rel_err(a, b) for n, a, b in zip(("dq", "dk", "dv", "dbeta", "dg", "dh0"), grads, refs)})
+    return errors
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="vision,m224,m512,m1024")
+    parser.add_argument("--baselines", default="fla_kda,sdpa")
+    parser.add_argument("--no-parity", action="store_true", help="timings only")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    dtype = torch.bfloat16
+    result = dict(provenance=provenance(torch.cuda.get_device_name()), parity={}, times={})
+    for case, (shape, reverse, fast) in {"vision_rev_gates20": (SHAPES["vision"], True, True),
+                                         "v512_mild": (SHAPES["v512"], False, False),
+                                         "lm_dims_short": ((4, 256, 4, 128), False, False)}.items():
+        if args.no_parity:
+            break
+        result["parity"][case] = errs = parity(shape, dtype, reverse, fast)
+        print(f"parity {case}: " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
+    for name in args.shapes.split(","):
+        result["times"][name] = row = timings(ALL_SHAPES[name], dtype, args.baselines.split(","))
+        print(f"{name} {ALL_SHAPES[name]}: {row}", flush=True)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "recurrent.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""HDLA's token recurrence with its Triton backward (kernels/hdla/fused_recurrent.py), and the chunk
+ops' inference path through it (kernels/README.md §11), on the Triton backends (tests/backends.py):
+the output, the final state and every gradient against the float64 loop (V split over several
+programs, head dims that are not powers of 2, T = 1, reversed scans, initial states, gates to -20,
+beta at 0 and 2, resets); which op a chunk_hdla / chunk_hdla_bidirectional call runs; the
+bidirectional recurrence against its definition; torch.compile."""
+import collections
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hdla_vision.kernels import chunk_hdla, chunk_hdla_bidirectional, custom_ops, naive_hdla, utils
+from tests.backends import CUDA_TOL, backend_cases, backends, on_backend
+from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, rel_err
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+class OpCalls(TorchDispatchMode):
+    """Counts the ``hdla_vision`` op calls made while entered."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "hdla_vision":
+            self.calls[func.name().split("::")[-1]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _recurrence(q, k, v, beta, g, initial_state=None, scale=None, reverse=False, output_final_state=True):
+    """The recurrence's custom op with chunk_hdla's keywords (for compare_with_loop)."""
+    return custom_ops.fused_recurrent_hdla_op(q, k, v, beta, g, 1.0 if scale is None else scale, initial_state,
+                                              reverse)
+
+
+def _beta_ends(problem: dict) -> dict:
+    """beta exactly 0 on every third token and 2 on the next (the ends of its range)."""
+    beta = problem["beta"].clone()
+    beta[:, 0::3], beta[:, 1::3] = 0.0, 2.0
+    return {**problem, "beta": beta}
+
+
+def _case(name, batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, resets=0.0, dtype=F32, tol=1e-4, **op):
+    problem = dict(batch=batch, seq_len=seq_len, heads=heads, dk=dk, dv=dv, g_min=g_min, h0=h0, resets=resets)
+    return LoopCase(name, problem, op, dtype, tol)
+
+
+INTERPRETER_CASES = [  # CHECKPOINT_EVERY = 4 and V-blocks of 16: T not a multiple of 4, V over several blocks
+    _case("B2_T23_H2_K16_V40", 2, 23, 2, 16, 40, scale=0.5),
+    _case("B1_T1_no_h0", 1, 1, 1, 16, 16, h0=False),
+    _case("B1_T9_K24_rev_gates-20", 1, 9, 1, 24, 16, g_min=-20.0, reverse=True),
+    _case("B1_T14_rev_resets", 1, 14, 2, 16, 8, resets=0.15, reverse=True),
+]
+CUDA_CASES = [
+    _case("vision_bf16", 2, 196, 3, 64, 64, dtype=BF16, tol=CUDA_TOL),
+    _case("vision_bf16_rev_gates-20", 2, 196, 3, 64, 64, g_min=-20.0, dtype=BF16, tol=CUDA_TOL, reverse=True),
+    _case("K128_V96_bf16", 1, 77, 2, 128, 96, dtype=BF16, tol=CUDA_TOL),
+    _case("K256_fp32", 1, 33, 1, 256, 256, tol=CUDA_TOL),
+    _case("K16_V32_fp32_resets", 2, 50, 2, 16, 32, resets=0.1, tol=CUDA_TOL),
+]
+
+
+@pytest.mark.parametrize("backend,case", backend_cases(case_name, interpreter=INTERPRETER_CASES, cuda=CUDA_CASES),
+                         indirect=["backend"])
+@pytest.mark.parametrize("beta_ends", [False, True], ids=["beta", "beta_0_2"])
+def test_recurrence_matches_float64_loop(backend, case, beta_ends):
+    """Output, final state and every gradient (the Triton backward) against the float64 token loop."""
+    problem = hdla_problem(**case.problem)
+    inputs = on_backend(_beta_ends(problem) if beta_ends else problem, backend)
+    errors = compare_with_loop(_recurrence, "hdla", inputs, dtype=case.dtype, **case.op)
+    assert all(err < case.tol for err in errors.values()), errors  # NaN fails
+
+
+def _grad_inputs(backend, batch=2, seq_len=11, heads=2, dk=16, dv=16, requires_grad=False):
+    p = on_backend({n: x.float() for n, x in hdla_problem(batch, seq_len, heads, dk, dv).items()}, backend)
+    return {n: x.requires_grad_(requires_grad) for n, x in p.items()}
+
+
+def _calls(fn, **kw):
+    with OpCalls() as ops:
+        fn(**kw)
+    return set(ops.calls)
+
+
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+def test_chunk_hdla_runs_the_recurrence_only_without_gradients(backend, monkeypatch):
+    """Under the auto setting: no_grad (or inputs that need no gradient) and T <= RECURRENT_MAX_TOKENS
+    run the recurrence; a gradient to compute, a longer sequence or a named kernel family run the chunk op."""
+    monkeypatch.delenv(utils.KERNEL_FAMILY_ENV, raising=False)
+    p = _grad_inputs(backend)
+    with torch.no_grad():
+        assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}
+        monkeypatch.setattr(utils, "RECURRENT_MAX_TOKENS", p["q"].shape[1] - 1)
+        assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
+        monkeypatch.undo()
+        monkeypatch.setenv(utils.KERNEL_FAMILY_ENV, "chunk64")
+        assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
+        monkeypatch.delenv(utils.KERNEL_FAMILY_ENV)
+    assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}  # grad mode, but no input requires grad
+    p["v"].requires_grad_()
+    assert "chunk_hdla" in _calls(chunk_hdla, **p)
+
+
+def test_cpu_without_interpreter_keeps_the_chunk_form():
+    """Plain CPU tensors: no Triton, so no recurrence; the chunk op (its PyTorch form) runs."""
+    with torch.no_grad():
+        assert _calls(chunk_hdla, **_grad_inputs("torch")) == {"chunk_hdla"}
+
+
+def _bidirectional_inputs(backend, batch=2, seq_len=13, heads=2, dk=16, dv=24, dtype=F32, g_min=-3.0):
+    p = hdla_problem(batch, seq_len, heads, dk, dv, g_min=g_min)
+    q = {n: hdla_problem(batch, seq_len, heads, dk, dv, seed=1, g_min=g_min)[n] for n in ("beta", "g", "initial_state")}
+    p.update(beta=torch.stack([p["beta"], q["beta"]]), g=torch.stack([p["g"], q["g"]]),
+             initial_state=torch.stack([p["initial_state"], q["initial_state"]]))
+    return on_backend({n: x.to(dtype) if n != "initial_state" else x.float() for n, x in p.items()}, backend)
+
+
+def _bidirectional_reference(p, scale):
+    """The definition: forward scan + reversed scan - the own write, in float64."""
+    d = {n: x.double() for n, x in p.items()}
+    o_f, s_f = naive_hdla(d["q"], d["k"], d["v"], d["beta"][0], d["g"][0], scale, d["initial_state"][0], True)
+    o_b, s_b = naive_hdla(d["q"], d["k"], d["v"], d["beta"][1], d["g"][1], scale, d["initial_state"][1], True,
+                          reverse=True)
+    own = scale * (d["q"] * d["k"]).sum(-1, keepdim=True) * d["v"]
+    return o_f + o_b - own, torch.stack([s_f, s_b])
+
+
+@pytest.mark.parametrize("backend,case", backend_cases(
+    lambda c: c[0], interpreter=[("T13_V24", dict(), F32, 1e-4)],
+    cuda=[("vision_bf16_gates-20", dict(seq_len=196, heads=3, dk=64, dv=64, g_min=-20.0), BF16, CUDA_TOL),
+          ("T1024_fp32", dict(batch=1, seq_len=1024, heads=1, dk=64, dv=64), F32, CUDA_TOL)]),
+    indirect=["backend"])
+def test_bidirectional_inference_equals_its_definition(backend, case):
+    """chunk_hdla_bidirectional under no_grad runs both recurrences in one op: y (own write counted once)
+    and both final states against the float64 loops."""
+    _, shape, dtype, tol = case
+    p = _bidirectional_inputs(backend, dtype=dtype, **shape)
+    with torch.no_grad(), OpCalls() as ops:
+        y, states = chunk_hdla_bidirectional(**p, scale=0.5, output_final_state=True)
+    assert set(ops.calls) == {"fused_recurrent_hdla_bidirectional"}
+    y_ref, s_ref = _bidirectional_reference(p, 0.5)
+    assert y.dtype == dtype and states.dtype == dtype
+    assert rel_err(y, y_ref) < tol and rel_err(states, s_ref) < tol
+
+
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+def test_compiled_inference_equals_eager(backend):
+    """The inference path under torch.compile(fullgraph=True): one graph, the eager result."""
+    p = _bidirectional_inputs(backend)
+
+    def both(q, k, v, beta, g, initial_state):
+        y, _ = chunk_hdla_bidirectional(q, k, v, beta, g, initial_state=initial_state)
+        o, s = chunk_hdla(q, k, v, beta[0], g[0], initial_state=initial_state[0], output_final_state=True)
+        return y, o, s
+
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad():
+        eager = both(**p)
+        compiled = torch.compile(both, fullgraph=True)(**p)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
