@@ -86,7 +86,7 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype = torch.bfloat16
-    result = dict(provenance=provenance(torch.cuda.get_device_name()), parity={}, times={})
+    result = dict(**provenance(torch.cuda.get_device_name()), parity={}, times={})
     for case, (shape, reverse, fast) in {"vision_rev_gates20": (SHAPES["vision"], True, True),
                                          "v512_mild": (SHAPES["v512"], False, False),
                                          "lm_dims_short": ((4, 256, 4, 128), False, False)}.items():

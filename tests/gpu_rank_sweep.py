@@ -1,4 +1,5 @@
-"""GPU sweep of ``chunk_generalized`` over ranks and head dims, one subprocess per case.
+"""GPU sweep of ``chunk_generalized`` over ranks and head dims (and of ``chunk_hdla`` and HDLA's token
+recurrence over head dims), one subprocess per case.
 
 Every (r_ab, r_kv, K, V) the op's input checks accept must run forward and backward in bf16
 and match the float64 token loop (relative error < 1e-2 on the output, the final state and
@@ -9,6 +10,7 @@ CUDA context of the process it happens in.
     python -m tests.gpu_rank_sweep                      # the whole sweep, table on stdout
     python -m tests.gpu_rank_sweep --json r.json --markdown r.md
     python -m tests.gpu_rank_sweep --case 3 2 128 128   # one case: r_ab r_kv K V (what the workers run)
+    python -m tests.gpu_rank_sweep --kinds recurrence   # only the HDLA recurrence (kernels/README.md §11)
 
 ``tests/test_gpu_rank_sweep.py`` runs the sweep under pytest (``-m gpu``).
 """
@@ -30,12 +32,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 HDLA = -1  # r_ab of a chunk_hdla case (rank 2 built in-kernel from k, beta, g; r_kv = 1)
+RECURRENCE = -2  # r_ab of a case of HDLA's token recurrence with its Triton backward (hdla/fused_recurrent.py)
+KINDS = {"generalized": R_AB, "hdla": (HDLA,), "recurrence": (RECURRENCE,)}
 
 
-def all_cases(dims=HEAD_DIMS):
-    """(r_ab, r_kv, K, V) for chunk_generalized, and (HDLA, 1, K, V) for chunk_hdla."""
-    return [(r_ab, r_kv, dk, dv) for dk, dv in dims for r_ab in (*R_AB, HDLA) for r_kv in R_KV
-            if r_ab != HDLA or r_kv == 1]
+def all_cases(dims=HEAD_DIMS, kinds=tuple(KINDS)):
+    """(r_ab, r_kv, K, V) for chunk_generalized, (HDLA, 1, K, V) for chunk_hdla and (RECURRENCE, 1, K, V)
+    for the recurrence, of the ``kinds`` named."""
+    ranks = [r for kind in kinds for r in KINDS[kind]]
+    return [(r_ab, r_kv, dk, dv) for dk, dv in dims for r_ab in ranks for r_kv in R_KV if r_ab >= 0 or r_kv == 1]
 
 
 def problem(r_ab, r_kv, dk, dv, seed=0):
@@ -55,7 +60,7 @@ def problem(r_ab, r_kv, dk, dv, seed=0):
         b=rnd(b, t, h, r_ab, dk) / dk**0.5,
         g=F.logsigmoid(rnd(b, t, h, dk) + 2),
         initial_state=rnd(b, h, dk, dv),
-    ) if r_ab != HDLA else dict(
+    ) if r_ab >= 0 else dict(
         q=rnd(b, t, h, dk),
         k=F.normalize(rnd(b, t, h, dk), dim=-1),
         v=rnd(b, t, h, dv),
@@ -69,11 +74,15 @@ def run_case(r_ab, r_kv, dk, dv):
     """One case in this process: ``{"status": "ok" | "refused" | "failed", ...}``."""
     import torch
 
-    from hdla_vision.kernels import chunk_generalized, chunk_hdla
+    from hdla_vision.kernels import chunk_generalized, chunk_hdla, custom_ops
     from tests.oracle import compare_with_loop
 
+    def recurrence(q, k, v, beta, g, initial_state, scale, reverse, output_final_state):
+        return custom_ops.fused_recurrent_hdla_op(q, k, v, beta, g, 1.0 if scale is None else scale, initial_state,
+                                                  reverse)
+
     inputs = {n: x.cuda() for n, x in problem(r_ab, r_kv, dk, dv).items()}
-    op, kind = (chunk_hdla, "hdla") if r_ab == HDLA else (chunk_generalized, "generalized")
+    op, kind = {HDLA: (chunk_hdla, "hdla"), RECURRENCE: (recurrence, "hdla")}.get(r_ab, (chunk_generalized, "generalized"))
     unrounded = 0.0
     for reverse in (False, True):
         try:
@@ -115,7 +124,7 @@ def markdown_table(results):
     dims = [d for d in HEAD_DIMS if any(c[2:] == d for c in results)]
     lines = ["| r_ab | r_kv | " + " | ".join(f"K={dk} V={dv}" for dk, dv in dims) + " |",
              "|---|---|" + "---|" * len(dims)]
-    for r_ab in sorted({c[0] for c in results}, key=lambda r: (r == HDLA, r)):
+    for r_ab in sorted({c[0] for c in results}, key=lambda r: (r < 0, -r)):
         for r_kv in sorted({c[1] for c in results if c[0] == r_ab}):
             cells = []
             for d in dims:
@@ -126,7 +135,7 @@ def markdown_table(results):
                     cells.append(f"{res['worst']:.1e}")
                 else:
                     cells.append(res["status"])
-            name = "HDLA" if r_ab == HDLA else r_ab
+            name = {HDLA: "HDLA", RECURRENCE: "HDLA recurrence"}.get(r_ab, r_ab)
             lines.append(f"| {name} | {r_kv} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -167,6 +176,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", nargs=4, type=int, metavar=("R_AB", "R_KV", "K", "V"))
     parser.add_argument("--dims", nargs="+", metavar="KxV", help="only these head dims, e.g. 64x256")
+    parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="which ops to sweep")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier runs' JSONs instead of running")
     parser.add_argument("--jobs", type=int, default=8, help="cases compiled and run at once")
     parser.add_argument("--json", help="write every case's result here")
@@ -182,10 +192,10 @@ def main(argv=None):
         print(write_results(header, results, args.json, args.markdown))
         return 1 if bad_cases(results) else 0
     dims = [tuple(int(n) for n in d.split("x")) for d in args.dims] if args.dims else HEAD_DIMS
-    results = sweep(all_cases(dims), args.jobs)
+    results = sweep(all_cases(dims, args.kinds), args.jobs)
     import torch
 
-    header = (f"chunk_generalized and chunk_hdla fwd+bwd, bf16, worst relative error over o, final state and every "
+    header = (f"{', '.join(args.kinds)} fwd+bwd, bf16, worst relative error over o, final state and every "
               f"gradient against the float64 loop on the bf16-rounded inputs, (B,T,H)=({SHAPE['batch']},{SHAPE['seq_len']},"
               f"{SHAPE['heads']}), forward and reversed; {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"{datetime.date.today()}, commit {os.environ.get('COMMIT', 'unknown')}")
