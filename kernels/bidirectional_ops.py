@@ -4,6 +4,8 @@ forward scan, reversed scan and own-write correction in one opaque node under ``
     hdla_vision::chunk_hdla_bidirectional(q, k, v, beta, g, scale, initial_state, output_final_state)
     hdla_vision::chunk_generalized_bidirectional(q, k, v, a, b, g, scale, initial_state, output_final_state)
         -> (y [B, T, H, V], state, x)
+    hdla_vision::fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale, initial_state) -> (y, states)
+        (inference only: HDLA's token recurrence both ways, kernels/README.md §11)
 
 ``y = o_fwd + o_bwd - own``: the forward scan (t = 0..T-1) plus the reversed scan (t = T-1..0), each
 with its own inputs, minus the reversed scan's own write ``own_t = scale * sum_l (q_t . K_bwd,t,l) V_bwd,t,l``

@@ -3,7 +3,7 @@
     hdla_vision::chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
     hdla_vision::chunk_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
         -> (o [B, T, H, V], state, x)
-    hdla_vision::fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state) -> (o, new_state)
+    hdla_vision::fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state, reverse=False) -> (o, new_state)
     hdla_vision::fused_recurrent_generalized(q, k, v, a, b, g, scale, initial_state) -> (o, new_state)
 
 Every output is a tensor (custom ops cannot return None):

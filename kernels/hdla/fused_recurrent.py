@@ -240,9 +240,9 @@ def _dk_write(db, ky, kb, v, beta, b, k):
     return y * (v - beta * kb)[None, :] - beta * b * ky[None, :]
 
 
-
-# fwd: (BV, warps) by head dim; bwd adds the checkpoint interval. H100, bf16, d = 64 (kernels/README.md §11):
-# one warp on 16 state columns was the fastest of 8..64 columns on 1-8 warps, CK = 4 of 4, 8, 16.
+# The launch configuration, from an H100 sweep at d = 64 in bf16 (benchmarks/results/recurrent_h100/variants,
+# prefetch): one warp on 16 state columns was the fastest of 8-64 columns on 1-8 warps, and a checkpoint
+# every 4 tokens the fastest of 4, 8 and 16 (the backward's scratch: one fp32 state per 4 tokens).
 CHECKPOINT_EVERY = 4
 
 
