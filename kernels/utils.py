@@ -31,15 +31,17 @@ CHUNK64_MIN_TOKENS = 576
 # one block of the 224, 512 and 1024 px backbones at their benchmark batches). A program walks all T tokens:
 # at 16384 tokens (2048 px, batch 2) the latency of that walk makes it the slower one.
 RECURRENT_MAX_TOKENS = 4096
+RECURRENT_MAX_HEAD_DIM = 64  # measured at d = 64 only; wider heads (the LM's 128) keep the chunk kernels
 
 
 def recurrent_inference(q: torch.Tensor, *tensors: Optional[torch.Tensor]) -> bool:
     """Whether an HDLA chunk op's call runs the token recurrence instead of the chunk kernels: the auto
-    setting, a Triton device, fp32 / bf16 / fp16 inputs, at most ``RECURRENT_MAX_TOKENS`` tokens, and no
-    input that a gradient must reach (in training the chunk kernels' backward is the faster one)."""
+    setting, a Triton device, fp32 / bf16 / fp16 inputs, at most ``RECURRENT_MAX_TOKENS`` tokens and
+    ``RECURRENT_MAX_HEAD_DIM`` channels per head, and no input that a gradient must reach (in training the
+    chunk kernels' backward is the faster one)."""
     if kernel_family() != "auto" or not use_triton(q) or q.dtype == torch.float64:
         return False
-    if q.shape[1] > RECURRENT_MAX_TOKENS:
+    if q.shape[1] > RECURRENT_MAX_TOKENS or q.shape[-1] > RECURRENT_MAX_HEAD_DIM:
         return False
     return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors)))
 

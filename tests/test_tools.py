@@ -20,7 +20,7 @@ def _fake_entry(root, name, kernel):
 
 
 def test_pack_keeps_foreign_kernels_and_leaves_ours_out(tmp_path, monkeypatch):
-    assert {"chunk_scan_kernel", "chunk_local_kernel", "_fused_recurrent_hdla_kernel"} <= triton_cache.our_kernel_names()
+    assert {"chunk_scan_kernel", "chunk_local_kernel", "_fused_recurrent_hdla_fwd_kernel"} <= triton_cache.our_kernel_names()
     cache = tmp_path / "cache"
     _fake_entry(cache, "AAA", "chunk_kda_fwd_kernel")
     _fake_entry(cache, "BBB", "chunk_scan_kernel")

@@ -109,7 +109,7 @@ def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
 
 
 @triton.jit
-def _fwd_kernel(
+def _fused_recurrent_hdla_fwd_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, o_ptr, ht_ptr,
     scale, T, H, K, V,
     BK: tl.constexpr, BV: tl.constexpr, DIRS: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
@@ -155,7 +155,7 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _bwd_kernel(
+def _fused_recurrent_hdla_bwd_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, do_ptr, dht_ptr, ckpt_ptr,
     dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dh0_ptr,
     scale, T, H, K, V, NCK,
@@ -265,7 +265,7 @@ def triton_fused_recurrent_hdla(q, k, v, beta, g, scale: Optional[float] = None,
     state = q.new_empty(batch, heads, dk, dv, dtype=torch.float32)
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else state
     block_k, block_v, warps = _config(dk, dv)
-    _fwd_kernel[(triton.cdiv(dv, block_v), batch * heads, 1)](
+    _fused_recurrent_hdla_fwd_kernel[(triton.cdiv(dv, block_v), batch * heads, 1)](
         q, k, v, beta, g, h0, o, state, 1.0 if scale is None else float(scale), seq_len, heads, dk, dv,
         BK=block_k, BV=block_v, DIRS=1, REVERSE=int(reverse), HAS_H0=initial_state is not None, num_warps=warps)
     return o, state
@@ -284,7 +284,7 @@ def triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale: float,
     states = q.new_empty(2, batch, heads, dk, dv, dtype=torch.float32)
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else states
     block_k, block_v, warps = _config(dk, dv)
-    _fwd_kernel[(triton.cdiv(dv, block_v), batch * heads, 2)](
+    _fused_recurrent_hdla_fwd_kernel[(triton.cdiv(dv, block_v), batch * heads, 2)](
         q, k, v, beta, g, h0, o, states, float(scale), seq_len, heads, dk, dv,
         BK=block_k, BV=block_v, DIRS=2, REVERSE=0, HAS_H0=initial_state is not None, num_warps=warps)
     return (o[0] + o[1]).to(q.dtype), states
@@ -310,7 +310,7 @@ def triton_fused_recurrent_hdla_backward(do, dht, q, k, v, beta, g, scale: Optio
     dh0 = torch.empty(batch, heads, dk, dv, **f32)
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else dh0
     dht = dht.to(torch.float32).contiguous() if dht is not None else None
-    _bwd_kernel[(n_v, batch * heads)](
+    _fused_recurrent_hdla_bwd_kernel[(n_v, batch * heads)](
         q, k, v, beta, g, h0, do, dht if dht is not None else dh0, ckpt, dq_p, dk_p, dv_, dbeta_p, dg_p, dh0,
         1.0 if scale is None else float(scale), seq_len, heads, dk, dv, n_ck,
         BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, REVERSE=int(reverse), HAS_H0=initial_state is not None,

@@ -89,12 +89,16 @@ def _calls(fn, **kw):
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
 def test_chunk_hdla_runs_the_recurrence_only_without_gradients(backend, monkeypatch):
     """Under the auto setting: no_grad (or inputs that need no gradient) and T <= RECURRENT_MAX_TOKENS
-    run the recurrence; a gradient to compute, a longer sequence or a named kernel family run the chunk op."""
+    run the recurrence; a gradient to compute, a longer sequence, a wider head or a named kernel family run
+    the chunk op."""
     monkeypatch.delenv(utils.KERNEL_FAMILY_ENV, raising=False)
     p = _grad_inputs(backend)
     with torch.no_grad():
         assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}
         monkeypatch.setattr(utils, "RECURRENT_MAX_TOKENS", p["q"].shape[1] - 1)
+        assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
+        monkeypatch.undo()
+        monkeypatch.setattr(utils, "RECURRENT_MAX_HEAD_DIM", p["q"].shape[-1] - 1)
         assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
         monkeypatch.undo()
         monkeypatch.setenv(utils.KERNEL_FAMILY_ENV, "chunk64")
