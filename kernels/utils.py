@@ -28,8 +28,9 @@ CHUNK64_MIN_TOKENS = 576
 # (hdla/fused_recurrent.py) up to this many tokens. H100, bf16, d = 64, forward, both directions in one
 # op (2026-11-24, benchmarks/results/recurrent_h100): 0.35 against 1.49 ms at (B, T, H) = (128, 196, 3),
 # 1.37 / 5.73 at (512, 196, 3), 1.81 / 6.63 at (128, 1024, 3), 2.71 / 6.57 at (32, 4096, 3) (twice the work of
-# one block of the 224, 512 and 1024 px backbones at their benchmark batches). A program walks all T tokens:
-# at 16384 tokens (2048 px, batch 2) the latency of that walk makes it the slower one.
+# one block of the 224, 512 and 1024 px backbones at their benchmark batches). A program walks all T tokens,
+# about 0.8 µs each: at 16384 tokens (2048 px, batch 2: 48 programs) that walk alone would take ~13 ms, more
+# than the chunk kernels' ~3 ms for a whole block there (an estimate: not measured).
 RECURRENT_MAX_TOKENS = 4096
 RECURRENT_MAX_HEAD_DIM = 64  # measured at d = 64 only; wider heads (the LM's 128) keep the chunk kernels
 
