@@ -95,15 +95,13 @@ def test_chunk_hdla_runs_the_recurrence_only_without_gradients(backend, monkeypa
     p = _grad_inputs(backend)
     with torch.no_grad():
         assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}
-        monkeypatch.setattr(utils, "RECURRENT_MAX_TOKENS", p["q"].shape[1] - 1)
-        assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
-        monkeypatch.undo()
-        monkeypatch.setattr(utils, "RECURRENT_MAX_HEAD_DIM", p["q"].shape[-1] - 1)
-        assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
-        monkeypatch.undo()
-        monkeypatch.setenv(utils.KERNEL_FAMILY_ENV, "chunk64")
-        assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
-        monkeypatch.delenv(utils.KERNEL_FAMILY_ENV)
+        for name, value in (("RECURRENT_MAX_TOKENS", p["q"].shape[1] - 1), ("RECURRENT_MAX_HEAD_DIM", p["q"].shape[-1] - 1)):
+            with monkeypatch.context() as patch:
+                patch.setattr(utils, name, value)
+                assert _calls(chunk_hdla, **p) == {"chunk_hdla"}, name
+        with monkeypatch.context() as patch:
+            patch.setenv(utils.KERNEL_FAMILY_ENV, "chunk64")
+            assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
     assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}  # grad mode, but no input requires grad
     p["v"].requires_grad_()
     assert "chunk_hdla" in _calls(chunk_hdla, **p)
@@ -117,9 +115,8 @@ def test_cpu_without_interpreter_keeps_the_chunk_form():
 
 def _bidirectional_inputs(backend, batch=2, seq_len=13, heads=2, dk=16, dv=24, dtype=F32, g_min=-3.0):
     p = hdla_problem(batch, seq_len, heads, dk, dv, g_min=g_min)
-    q = {n: hdla_problem(batch, seq_len, heads, dk, dv, seed=1, g_min=g_min)[n] for n in ("beta", "g", "initial_state")}
-    p.update(beta=torch.stack([p["beta"], q["beta"]]), g=torch.stack([p["g"], q["g"]]),
-             initial_state=torch.stack([p["initial_state"], q["initial_state"]]))
+    second = hdla_problem(batch, seq_len, heads, dk, dv, seed=1, g_min=g_min)  # the reversed scan's gates
+    p.update({n: torch.stack([p[n], second[n]]) for n in ("beta", "g", "initial_state")})
     return on_backend({n: x.to(dtype) if n != "initial_state" else x.float() for n, x in p.items()}, backend)
 
 
