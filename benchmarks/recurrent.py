@@ -50,9 +50,15 @@ def timings(shape, dtype, baselines):
     with torch.no_grad():
         row["bidir_recurrent"] = median_ms(lambda: fused_recurrent_hdla_bidirectional_op(q, k, v, betas, gates, 1.0,
                                                                                           None))
+        before = os.environ.get(utils.KERNEL_FAMILY_ENV)
         os.environ[utils.KERNEL_FAMILY_ENV] = "chunk64"  # the fused bidirectional chunk kernels
-        row["bidir_chunk"] = median_ms(lambda: chunk_hdla_bidirectional(q, k, v, betas, gates))
-        del os.environ[utils.KERNEL_FAMILY_ENV]
+        try:
+            row["bidir_chunk"] = median_ms(lambda: chunk_hdla_bidirectional(q, k, v, betas, gates))
+        finally:
+            if before is None:
+                del os.environ[utils.KERNEL_FAMILY_ENV]
+            else:
+                os.environ[utils.KERNEL_FAMILY_ENV] = before
     for base in baselines:
         try:
             row[base] = [median_ms(lambda: OPS[base](*plain)), grad_time(lambda *x: (OPS[base](*x),), inputs)]
