@@ -74,15 +74,11 @@ def run_case(r_ab, r_kv, dk, dv):
     """One case in this process: ``{"status": "ok" | "refused" | "failed", ...}``."""
     import torch
 
-    from hdla_vision.kernels import chunk_generalized, chunk_hdla, custom_ops
-    from tests.oracle import compare_with_loop
-
-    def recurrence(q, k, v, beta, g, initial_state, scale, reverse, output_final_state):
-        return custom_ops.fused_recurrent_hdla_op(q, k, v, beta, g, 1.0 if scale is None else scale, initial_state,
-                                                  reverse)
+    from hdla_vision.kernels import chunk_generalized, chunk_hdla
+    from tests.oracle import compare_with_loop, hdla_recurrence
 
     inputs = {n: x.cuda() for n, x in problem(r_ab, r_kv, dk, dv).items()}
-    op, kind = {HDLA: (chunk_hdla, "hdla"), RECURRENCE: (recurrence, "hdla")}.get(r_ab, (chunk_generalized, "generalized"))
+    op, kind = {HDLA: (chunk_hdla, "hdla"), RECURRENCE: (hdla_recurrence, "hdla")}.get(r_ab, (chunk_generalized, "generalized"))
     unrounded = 0.0
     for reverse in (False, True):
         try:

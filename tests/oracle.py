@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from hdla_vision.kernels import (
     chunk_loglinear_generalized,
+    custom_ops,
     chunk_loglinear_hdla,
     fused_recurrent_loglinear_generalized,
     fused_recurrent_loglinear_hdla,
@@ -115,6 +116,13 @@ def compare_with_loop(op, kind, inputs, scale=None, reverse=False, dtype=torch.f
     for n, g in zip(empty, grads[len(names):]):
         errors[f"d{n}"] = 0.0 if g is not None and g.shape == leaves[n].shape else float("inf")
     return errors
+
+
+def hdla_recurrence(q, k, v, beta, g, initial_state=None, scale=None, reverse=False, output_final_state=True):
+    """HDLA's token recurrence (its custom op, whose gradients are its Triton backward on the Triton backends)
+    with chunk_hdla's keywords, for :func:`compare_with_loop`; it always returns the final state."""
+    return custom_ops.fused_recurrent_hdla_op(q, k, v, beta, g, 1.0 if scale is None else scale, initial_state,
+                                              reverse)
 
 
 class LoopCase(NamedTuple):

@@ -8,11 +8,11 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import hdla_vision  # noqa: F401  registers the timm models
 from hdla_vision.layers import create_mixer
 from hdla_vision.layers.mixer import activation_recompute, set_activation_recompute
+from tests.op_calls import OurOpCalls
 from tools.compile_models import TINY
 
 VISION = ("fwd", "bwd")
@@ -55,19 +55,6 @@ def test_recomputing_changes_no_bit(name):
     saved = outputs_and_grads(model, x)
     assert_same(recomputed, saved)
     assert saved[1]["blocks.0.attn.qkv.weight"].abs().max() > 0
-
-
-class OurOpCalls(TorchDispatchMode):
-    """Counts the calls of the ``hdla_vision`` ops (the scans' forward and backward) while entered."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "hdla_vision":
-            self.calls[func.name()] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def training_step_calls(model, x):

@@ -4,37 +4,16 @@ the output, the final state and every gradient against the float64 loop (V split
 programs, head dims that are not powers of 2, T = 1, reversed scans, initial states, gates to -20,
 beta at 0 and 2, resets); which op a chunk_hdla / chunk_hdla_bidirectional call runs; the
 bidirectional recurrence against its definition; torch.compile."""
-import collections
-
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from hdla_vision.kernels import chunk_hdla, chunk_hdla_bidirectional, custom_ops, naive_hdla, utils
+from hdla_vision.kernels import chunk_hdla, chunk_hdla_bidirectional, naive_hdla, utils
 from tests.backends import CUDA_TOL, backend_cases, backends, on_backend
-from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, rel_err
+from tests.op_calls import OurOpCalls
+from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, hdla_recurrence, rel_err
 
 F32, BF16 = torch.float32, torch.bfloat16
-
-
-class OpCalls(TorchDispatchMode):
-    """Counts the ``hdla_vision`` op calls made while entered."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "hdla_vision":
-            self.calls[func.name().split("::")[-1]] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _recurrence(q, k, v, beta, g, initial_state=None, scale=None, reverse=False, output_final_state=True):
-    """The recurrence's custom op with chunk_hdla's keywords (for compare_with_loop)."""
-    return custom_ops.fused_recurrent_hdla_op(q, k, v, beta, g, 1.0 if scale is None else scale, initial_state,
-                                              reverse)
 
 
 def _beta_ends(problem: dict) -> dict:
@@ -71,7 +50,7 @@ def test_recurrence_matches_float64_loop(backend, case):
     cases named ``beta_0_2`` beta is exactly 0 on every third token and 2 on the next."""
     problem = hdla_problem(**case.problem)
     inputs = on_backend(_beta_ends(problem) if case.name.endswith("beta_0_2") else problem, backend)
-    errors = compare_with_loop(_recurrence, "hdla", inputs, dtype=case.dtype, **case.op)
+    errors = compare_with_loop(hdla_recurrence, "hdla", inputs, dtype=case.dtype, **case.op)
     assert all(err < case.tol for err in errors.values()), errors  # NaN fails
 
 
@@ -81,9 +60,10 @@ def _grad_inputs(backend, batch=2, seq_len=11, heads=2, dk=16, dv=16, requires_g
 
 
 def _calls(fn, **kw):
-    with OpCalls() as ops:
+    """The hdla_vision ops ``fn(**kw)`` calls, without the namespace."""
+    with OurOpCalls() as ops:
         fn(**kw)
-    return set(ops.calls)
+    return {name.removeprefix("hdla_vision::") for name in ops.calls}
 
 
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
@@ -140,9 +120,9 @@ def test_bidirectional_inference_equals_its_definition(backend, case):
     and both final states against the float64 loops."""
     _, shape, dtype, tol = case
     p = _bidirectional_inputs(backend, dtype=dtype, **shape)
-    with torch.no_grad(), OpCalls() as ops:
+    with torch.no_grad(), OurOpCalls() as ops:
         y, states = chunk_hdla_bidirectional(**p, scale=0.5, output_final_state=True)
-    assert set(ops.calls) == {"fused_recurrent_hdla_bidirectional"}
+    assert set(ops.calls) == {"hdla_vision::fused_recurrent_hdla_bidirectional"}
     y_ref, s_ref = _bidirectional_reference(p, 0.5)
     assert y.dtype == dtype and states.dtype == dtype
     assert rel_err(y, y_ref) < tol and rel_err(states, s_ref) < tol
