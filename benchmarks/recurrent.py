@@ -9,25 +9,43 @@ Per shape (do_bench medians, benchmarks/timing.py; ms):
       (its Triton backward);
   bidir_chunk / bidir_recurrent: the forward of chunk_hdla_bidirectional (two directions) on each path;
   the baselines (fla_kda, sdpa): (fwd, fwd+bwd).
+
+    python -m benchmarks.recurrent --shapes vision,m224 --bwd-configs 16x1,16x2,16x4 --no-parity
+
+times the recurrence's backward launch alone (``triton_fused_recurrent_hdla_backward``) at each
+(state columns per program)x(warps) and checks its bf16 gradients on the reversed fast-gate case;
+
+    python -m benchmarks.recurrent --bidir-train b224,b512,b1024
+
+times one training step's op of a backbone block (both directions, fwd+bwd) on the chunk kernels
+(``chunk_hdla_bidirectional`` with gradients, the auto family) and on the recurrence (its bidirectional
+forward and backward launches), with the bf16 error of the latter's gradients against float64.
 """
 import argparse
 import json
 import os
+from unittest import mock
 
 import torch
+import triton
 
 from benchmarks.kernels import OPS, SHAPES, make_inputs, rel_err
 from benchmarks.timing import median_ms
 from hdla_vision.kernels import chunk_hdla, chunk_hdla_bidirectional, custom_ops, naive_hdla, utils
 from hdla_vision.kernels.bidirectional_ops import fused_recurrent_hdla_bidirectional_op
+from hdla_vision.kernels.hdla import fused_recurrent
 from hdla_vision.kernels.hdla.fused_recurrent import (triton_fused_recurrent_hdla,
-                                                      triton_fused_recurrent_hdla_backward)
+                                                      triton_fused_recurrent_hdla_backward,
+                                                      triton_fused_recurrent_hdla_bidirectional,
+                                                      triton_fused_recurrent_hdla_bidirectional_backward)
 from tools.provenance import provenance
 
 # The backbones' training shapes with both scan directions as batch (benchmarks/models.py: batch 256 at 224 px,
 # 64 at 512, 16 at 1024): the work of one block's bidirectional op.
 MODEL_SHAPES = {"m224": (512, 196, 3, 64), "m512": (128, 1024, 3, 64), "m1024": (32, 4096, 3, 64)}
 ALL_SHAPES = {**SHAPES, **MODEL_SHAPES}
+# One block's bidirectional op in training: hdla_tiny's batch at 224 / 512 / 1024 px (the directions not folded).
+BIDIR_SHAPES = {"b224": (256, 196, 3, 64), "b512": (64, 1024, 3, 64), "b1024": (16, 4096, 3, 64)}
 
 
 def grad_time(fn, inputs):
@@ -84,11 +102,72 @@ def parity(shape, dtype, reverse, fast_forgetting):
     return errors
 
 
+def backward_configs(shapes, dtype, configs):
+    """{config: {shape: backward ms, "parity": errors}} for each "BVxWARPS" of ``configs``."""
+    out = {}
+    for config in configs:
+        block_v, warps = (int(x) for x in config.split("x"))
+
+        def pinned(dk, dv, block_v=block_v, warps=warps):
+            return triton.next_power_of_2(dk), block_v, warps
+
+        with mock.patch.object(fused_recurrent, "_bwd_config", pinned):
+            row = out[config] = {"parity": parity(SHAPES["vision"], dtype, True, True)}
+            for name in shapes:
+                q, k, v, beta, g = (x.detach() for x in make_inputs(*ALL_SHAPES[name], dtype, "cuda"))
+                do = torch.randn_like(v)
+                row[name] = median_ms(lambda: triton_fused_recurrent_hdla_backward(do, None, q, k, v, beta, g, 1.0))
+        print(f"bwd {config}: {row}", flush=True)
+    return out
+
+
+def bidirectional_inputs(shape, dtype, seed=0):
+    """(q, k, v, betas [2, ...], gates [2, ...]) with gradients: each direction its own beta and g."""
+    q, k, v, beta, g = make_inputs(*shape, dtype, "cuda", seed=seed)
+    _, _, _, beta2, g2 = make_inputs(*shape, dtype, "cuda", seed=seed + 1)
+    return [x.detach().requires_grad_() for x in (q, k, v, torch.stack([beta, beta2]), torch.stack([g, g2]))]
+
+
+def bidirectional_parity(dtype):
+    """bf16 errors of the recurrence's bidirectional forward and backward against float64 (T = 196)."""
+    inputs = bidirectional_inputs((2, 196, 3, 64), torch.float64)
+    y, states = chunk_hdla_bidirectional(*inputs, output_final_state=True)
+    dy, dst = torch.randn_like(y), torch.randn_like(states)
+    torch.autograd.backward([y, states], [dy, dst])
+    low = [x.detach().to(dtype) for x in inputs]
+    y_r, st_r = triton_fused_recurrent_hdla_bidirectional(*low, 1.0, None)
+    grads = triton_fused_recurrent_hdla_bidirectional_backward(dy.to(dtype), dst.float(), *low, 1.0, None)
+    errors = {"y": rel_err(y_r, y), "states": rel_err(st_r, states)}
+    errors.update({n: rel_err(a, x.grad) for n, a, x in zip(("dq", "dk", "dv", "dbeta", "dg"), grads, inputs)})
+    return errors
+
+
+def bidirectional_training(shapes, dtype):
+    """{shape: {"chunk": ms, "recurrent": ms}} of one fwd+bwd of the bidirectional op, and the parity."""
+    out = {"parity_b2_T196": bidirectional_parity(dtype)}
+    print(f"bidir parity: {out['parity_b2_T196']}", flush=True)
+    for name in shapes:
+        inputs = bidirectional_inputs(BIDIR_SHAPES[name], dtype)
+        plain = [x.detach() for x in inputs]
+        dy = torch.randn_like(plain[2])
+
+        def recurrent():
+            triton_fused_recurrent_hdla_bidirectional(*plain, 1.0, None)
+            triton_fused_recurrent_hdla_bidirectional_backward(dy, None, *plain, 1.0, None)
+
+        out[name] = {"chunk": median_ms(lambda: torch.autograd.grad(chunk_hdla_bidirectional(*inputs)[0], inputs, dy)),
+                     "recurrent": median_ms(recurrent)}
+        print(f"bidir train {name} {BIDIR_SHAPES[name]}: {out[name]}", flush=True)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="vision,m224,m512,m1024")
     parser.add_argument("--baselines", default="fla_kda,sdpa")
     parser.add_argument("--no-parity", action="store_true", help="timings only")
+    parser.add_argument("--bwd-configs", default=None, help="e.g. 16x1,16x2: the backward launch per config")
+    parser.add_argument("--bidir-train", default=None, help="e.g. b224,b512: the bidirectional op in training")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype = torch.bfloat16
@@ -100,7 +179,12 @@ def main():
             break
         result["parity"][case] = errs = parity(shape, dtype, reverse, fast)
         print(f"parity {case}: " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
-    for name in args.shapes.split(","):
+    shapes = list(filter(None, args.shapes.split(",")))
+    if args.bidir_train:
+        result["bidir_train"] = bidirectional_training(args.bidir_train.split(","), dtype)
+    if args.bwd_configs:
+        result["bwd_configs"] = backward_configs(shapes, dtype, args.bwd_configs.split(","))
+    for name in shapes if not (args.bidir_train or args.bwd_configs) else ():
         result["times"][name] = row = timings(ALL_SHAPES[name], dtype, args.baselines.split(","))
         print(f"{name} {ALL_SHAPES[name]}: {row}", flush=True)
     if args.out:

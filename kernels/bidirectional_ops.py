@@ -247,24 +247,67 @@ chunk_hdla_bidirectional_op.register_autograd(_hdla_bidirectional_backward, setu
 
 
 
-# ----------------------------------------------------------------------------- HDLA inference
+# ----------------------------------------------------------------------------- HDLA as a token recurrence
+def _fused_recurrent():
+    from .hdla import fused_recurrent  # noqa: PLC0415 (imports triton: loaded on first use)
+
+    return fused_recurrent
+
+
 @torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_hdla_bidirectional", mutates_args=())
 def fused_recurrent_hdla_bidirectional_op(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
-    """``chunk_hdla_bidirectional``'s inference path (``utils.recurrent_inference``): both scans as token
+    """``chunk_hdla_bidirectional``'s recurrent path (``utils.use_recurrence``): both scans as token
     recurrences in one Triton launch (hdla/fused_recurrent.py), ``(y [B, T, H, V]`` in q's dtype, final
-    states ``[2, B, H, K, V]`` fp32). Forward only: the public op takes it when no gradient is needed."""
+    states ``[2, B, H, K, V]`` fp32); its backward is one Triton launch for both directions too."""
     check_log_decay(g)
-    from .hdla.fused_recurrent import triton_fused_recurrent_hdla_bidirectional  # noqa: PLC0415 (imports triton)
-
-    return _contiguous(*triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale, initial_state))
+    return _contiguous(*_fused_recurrent().triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale,
+                                                                                     initial_state))
 
 
 @fused_recurrent_hdla_bidirectional_op.register_fake
 def _(q, k, v, beta, g, scale, initial_state):
     batch, _, heads, dk = q.shape
     return q.new_empty(v.shape), q.new_empty(2, batch, heads, dk, v.shape[-1], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_hdla_bidirectional_backward", mutates_args=())
+def fused_recurrent_hdla_bidirectional_backward_op(
+    dy: Tensor, dstate: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float,
+    initial_state: Optional[Tensor],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dbeta [2, ...], dg [2, ...], dh0 [2, B, H, K, V])`` of the recurrent bidirectional op;
+    dh0 empty without an initial state."""
+    *grads, dh0 = _fused_recurrent().triton_fused_recurrent_hdla_bidirectional_backward(dy, dstate, q, k, v, beta,
+                                                                                       g, scale, initial_state)
+    return _contiguous(*grads, _dh0_or_empty(dh0, initial_state, q))
+
+
+@fused_recurrent_hdla_bidirectional_backward_op.register_fake
+def _(dy, dstate, q, k, v, beta, g, scale, initial_state):
+    return _fake_grads((q, k, v, beta, g), initial_state, q)
+
+
+def _fused_recurrent_setup_context(ctx, inputs, output):
+    q, k, v, beta, g, scale, initial_state = inputs
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, beta, g, initial_state)
+    ctx.scale = scale
+
+
+def _fused_recurrent_backward(ctx, dy, dstate):
+    if dy is None and dstate is None:
+        return (None,) * 7
+    q, k, v, beta, g, h0 = ctx.saved_tensors
+    if dy is None:
+        dy = q.new_zeros(v.shape)
+    *grads, dh0 = fused_recurrent_hdla_bidirectional_backward_op(dy, dstate, q, k, v, beta, g, ctx.scale, h0)
+    return (*grads, None, None if h0 is None else dh0)
+
+
+fused_recurrent_hdla_bidirectional_op.register_autograd(_fused_recurrent_backward,
+                                                        setup_context=_fused_recurrent_setup_context)
 
 
 # ----------------------------------------------------------------------------- generalized

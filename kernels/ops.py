@@ -23,7 +23,7 @@ from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
 from .utils import (MAX_GRID_BATCH_HEADS, batch_slices, check_generalized_bidirectional_inputs,
                     check_generalized_inputs, check_hdla_bidirectional_inputs, check_hdla_inputs, per_batch_slice,
-                    recurrent_inference, use_triton)  # noqa: F401 (use_triton: imported from here by callers)
+                    use_recurrence, use_triton)  # noqa: F401 (use_triton: imported from here by callers)
 
 
 def _scale(scale: Optional[float]) -> float:
@@ -132,7 +132,7 @@ def chunk_hdla(
     if exporting_to_onnx():
         o, state = exportable_hdla(q, k, v, beta, g, _scale(scale), initial_state, reverse)
         return o, _final(state, q, output_final_state)
-    recurrent = recurrent_inference(q, k, v, beta, g, initial_state)  # inference: the token recurrence
+    recurrent = use_recurrence(q, k, v, beta, g, initial_state)  # the token recurrence (README §11)
 
     def op(q, k, v, beta, g, initial_state):
         if recurrent:
@@ -200,7 +200,7 @@ def chunk_hdla_bidirectional(
         y = parts[0][0] + parts[1][0] - own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), _scale(scale)).to(q.dtype)
         return y, _final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
 
-    recurrent = recurrent_inference(q, k, v, beta, g, initial_state)  # inference: the token recurrence
+    recurrent = use_recurrence(q, k, v, beta, g, initial_state)  # the token recurrence (README §11)
 
     def op(q, k, v, beta, g, initial_state):
         if recurrent:

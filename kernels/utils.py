@@ -32,19 +32,25 @@ CHUNK64_MIN_TOKENS = 576
 # about 0.8 µs each: at 16384 tokens (2048 px, batch 2: 48 programs) that walk alone would take ~13 ms, more
 # than the chunk kernels' ~3 ms for a whole block there (an estimate: not measured).
 RECURRENT_MAX_TOKENS = 4096
+# ... and in training (a gradient to compute) up to this many: both directions' fwd+bwd of one block 7.82 /
+# 13.19 ms on the recurrence against 8.17 / 15.37 ms on the chunk kernels at (B, T, H) = (256, 196, 3) /
+# (64, 1024, 3) (H100, bf16, d = 64, 2026-11-25, benchmarks/results/recurrent_h100/train); at 4096 tokens the
+# chunk kernels' backward is the faster (one direction, (32, 4096, 3): 15.3 against 20.8 ms).
+RECURRENT_TRAIN_MAX_TOKENS = 1024
 RECURRENT_MAX_HEAD_DIM = 64  # measured at d = 64 only; wider heads (the LM's 128) keep the chunk kernels
 
 
-def recurrent_inference(q: torch.Tensor, *tensors: Optional[torch.Tensor]) -> bool:
+def use_recurrence(q: torch.Tensor, *tensors: Optional[torch.Tensor]) -> bool:
     """Whether an HDLA chunk op's call runs the token recurrence instead of the chunk kernels: the auto
-    setting, a Triton device, fp32 / bf16 / fp16 inputs, at most ``RECURRENT_MAX_TOKENS`` tokens and
-    ``RECURRENT_MAX_HEAD_DIM`` channels per head, and no input that a gradient must reach (in training the
-    chunk kernels' backward is the faster one)."""
+    setting, a Triton device, fp32 / bf16 / fp16 inputs, at most ``RECURRENT_MAX_HEAD_DIM`` channels per
+    head and at most ``RECURRENT_MAX_TOKENS`` tokens, or ``RECURRENT_TRAIN_MAX_TOKENS`` where an input needs
+    a gradient (the recurrence's backward against the chunk kernels': kernels/README.md §11)."""
     if kernel_family() != "auto" or not use_triton(q) or q.dtype == torch.float64:
         return False
-    if q.shape[1] > RECURRENT_MAX_TOKENS or q.shape[-1] > RECURRENT_MAX_HEAD_DIM:
+    if q.shape[-1] > RECURRENT_MAX_HEAD_DIM:
         return False
-    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors)))
+    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors))
+    return q.shape[1] <= (RECURRENT_TRAIN_MAX_TOKENS if training else RECURRENT_MAX_TOKENS)
 
 
 def kernel_family() -> str:

@@ -159,15 +159,34 @@ def _fused_recurrent_hdla_bwd_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, do_ptr, dht_ptr, ckpt_ptr,
     dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dh0_ptr,
     scale, T, H, K, V, NCK,
-    BK: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr, REVERSE: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr, DIRS: tl.constexpr, REVERSE: tl.constexpr,
     HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr,
 ):
-    """Every gradient of one (batch, head, V-block). dq, dk, dg [NV, B, T, H, K] and dbeta [NV, B, T, H]
-    are this V-block's fp32 partial sums; dv [B, T, H, V] (dv's dtype) and dh0 [B, H, K, V] (fp32) are
-    whole. ckpt [B * H, NV, NCK, BK, BV] fp32 scratch: the state entering scan steps 0, CK, 2 CK, ..."""
+    """Every gradient of one (batch, head, V-block). dq, dk, dg [DIRS * NV, B, T, H, K] and dbeta
+    [DIRS * NV, B, T, H] are this V-block's fp32 partial sums; dv [DIRS, B, T, H, V] (dv's dtype) and dh0
+    [DIRS, B, H, K, V] (fp32) are whole. ckpt [DIRS, B * H, NV, NCK, BK, BV] fp32 scratch: the state
+    entering scan steps 0, CK, 2 CK, ... DIRS = 2 as the forward kernel: grid axis 2 is the direction;
+    beta, g, h0, dht and the outputs are stacked by direction, q, k, v and do shared; direction 1 scans
+    t = T-1 .. 0 and its output left its own write out."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     n_v = tl.num_programs(0)
     i_b, i_h = i_bh // H, i_bh % H
+    i_d = 0
+    if DIRS == 2:
+        i_d = tl.program_id(2)
+        rev = i_d
+        n_rows = tl.num_programs(1) * T  # B * T * H tokens per direction
+        beta_ptr += i_d * n_rows
+        g_ptr += i_d.to(tl.int64) * n_rows * K
+        dv_ptr += i_d.to(tl.int64) * n_rows * V
+        h0_ptr += i_d.to(tl.int64) * tl.num_programs(1) * K * V
+        dht_ptr += i_d.to(tl.int64) * tl.num_programs(1) * K * V
+        dh0_ptr += i_d.to(tl.int64) * tl.num_programs(1) * K * V
+        ckpt_ptr += i_d.to(tl.int64) * tl.num_programs(1) * n_v * NCK * BK * BV
+        own = (1 - i_d).to(tl.float32)
+    else:
+        rev = REVERSE
+        own = 1.0
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
     mk, mv = ck < K, cv < V
@@ -175,24 +194,25 @@ def _fused_recurrent_hdla_bwd_kernel(
     s_off = i_bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
     c_base = (i_bh.to(tl.int64) * n_v + i_v) * NCK * BK * BV
     c_off = ck[:, None] * BV + tl.arange(0, BV)[None, :]
-    part = i_v.to(tl.int64) * tl.num_programs(1) * T  # this V-block's partials start B * T * H rows in
+    part = (i_d * n_v + i_v).to(tl.int64) * tl.num_programs(1) * T  # this block's partials: B * T * H rows each
 
     # 1. the recurrence forward, storing the state entering every CK-th step
     s = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         s += tl.load(h0_ptr + s_off, mask=ms, other=0.0).to(tl.float32)
-    row = ((i_b * T + _token(0, T, REVERSE)) * H + i_h).to(tl.int64)
+    row = ((i_b * T + _token(0, T, rev)) * H + i_h).to(tl.int64)
     _, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
     do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
     for p in range(0, T):
-        row_n = ((i_b * T + _token(tl.minimum(p + 1, T - 1), T, REVERSE)) * H + i_h).to(tl.int64)
+        row_n = ((i_b * T + _token(tl.minimum(p + 1, T - 1), T, rev)) * H + i_h).to(tl.int64)
         _, k_n, lam_n, v_n, beta_n = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_n, ck, cv, mk, mv, K, V)
         do_n = tl.load(do_ptr + row_n * V + cv, mask=mv, other=0.0).to(tl.float32)
         if p % CK == 0:
             tl.store(ckpt_ptr + c_base + (p // CK) * BK * BV + c_off, s)
         s = _step(s, k, lam, beta, v)
-        # dq = scale S_t do needs no cotangent of the state: it is taken on the way forward
-        tl.store(dq_ptr + (part + row) * K + ck, tl.sum(s * do[None, :], axis=1) * scale, mask=mk)
+        # dq = scale (S_t - (1 - own) k v^T) do needs no cotangent of the state: it is taken on the way forward
+        dq = tl.sum(s * do[None, :], axis=1) - (1.0 - own) * k * tl.sum(v * do)
+        tl.store(dq_ptr + (part + row) * K + ck, dq * scale, mask=mk)
         row, k, lam, v, beta, do = row_n, k_n, lam_n, v_n, beta_n, do_n
 
     # 2. back through the steps, a segment of CK steps at a time
@@ -205,31 +225,44 @@ def _fused_recurrent_hdla_bwd_kernel(
         end = tl.minimum(j * CK + CK, T)
         for ii in range(0, end - j * CK):
             p = end - 1 - ii
-            row = ((i_b * T + _token(p, T, REVERSE)) * H + i_h).to(tl.int64)
+            row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
             q, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
             do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
             x = x0
             for r in range(j * CK, p):  # S_{p-1} from the segment's checkpoint
-                row_r = ((i_b * T + _token(r, T, REVERSE)) * H + i_h).to(tl.int64)
+                row_r = ((i_b * T + _token(r, T, rev)) * H + i_h).to(tl.int64)
                 _, k_r, lam_r, v_r, beta_r = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_r, ck, cv, mk,
                                                          mv, K, V)
                 x = _step(x, k_r, lam_r, beta_r, v_r)
-            a, kx = _house(x, k, beta)
-            b = lam[:, None] * a
-            kb = tl.sum(k[:, None] * b, axis=0)
-            y += (q * scale)[:, None] * do[None, :]
-            db, ky = _house(y, k, beta)
-            tl.store(dv_ptr + row * V + cv, ky.to(dv_ptr.dtype.element_ty), mask=mv)
-            dlam = tl.sum(db * a, axis=1)
-            da = lam[:, None] * db
-            y, kda = _house(da, k, beta)
-            dk = (tl.sum(_dk_write(db, ky, kb, v, beta, b, k), axis=1)
-                  - beta * tl.sum(da * kx[None, :] + x * kda[None, :], axis=1))
-            dbeta = -tl.sum(ky * kb) - tl.sum(kda * kx)
-            tl.store(dk_ptr + (part + row) * K + ck, dk, mask=mk)
-            tl.store(dg_ptr + (part + row) * K + ck, dlam * lam, mask=mk)
-            tl.store(dbeta_ptr + part + row, dbeta)
+            y = _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale, own,
+                           ck, cv, mk, mv, K, V)
     tl.store(dh0_ptr + s_off, y, mask=ms)
+
+
+@triton.jit
+def _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale, own, ck, cv, mk, mv,
+               K, V):
+    """One scan step back (the module docstring's formulas): x = S_{t-1}, y = dS_t before o_t's read;
+    stores dv and this V-block's partials of dk, dg, dbeta; returns dS_{t-1}. own = 0: the output read
+    S_t - k v^T, whose extra term -scale (q.k) v adds -scale q (v.do) to dk and -scale (q.k) do to dv."""
+    a, kx = _house(x, k, beta)
+    b = lam[:, None] * a
+    kb = tl.sum(k[:, None] * b, axis=0)
+    y += (q * scale)[:, None] * do[None, :]
+    db, ky = _house(y, k, beta)
+    dv = ky - (1.0 - own) * scale * tl.sum(q * k) * do
+    tl.store(dv_ptr + row * V + cv, dv.to(dv_ptr.dtype.element_ty), mask=mv)
+    dlam = tl.sum(db * a, axis=1)
+    da = lam[:, None] * db
+    y, kda = _house(da, k, beta)
+    dk = (tl.sum(_dk_write(db, ky, kb, v, beta, b, k), axis=1)
+          - beta * tl.sum(da * kx[None, :] + x * kda[None, :], axis=1)
+          - (1.0 - own) * scale * tl.sum(v * do) * q)
+    dbeta = -tl.sum(ky * kb) - tl.sum(kda * kx)
+    tl.store(dk_ptr + (part + row) * K + ck, dk, mask=mk)
+    tl.store(dg_ptr + (part + row) * K + ck, dlam * lam, mask=mk)
+    tl.store(dbeta_ptr + part + row, dbeta)
+    return y
 
 
 @triton.jit
@@ -251,6 +284,11 @@ def _config(dk: int, dv: int) -> Tuple[int, int, int]:
     block_k = triton.next_power_of_2(dk)
     block_v = min(16, triton.next_power_of_2(dv))
     return block_k, block_v, max(1, block_k * block_v // 1024)
+
+
+def _bwd_config(dk: int, dv: int) -> Tuple[int, int, int]:
+    """(BK, BV, num_warps) of the backward, whose segment holds five state blocks and two segments' inputs."""
+    return _config(dk, dv)
 
 
 def triton_fused_recurrent_hdla(q, k, v, beta, g, scale: Optional[float] = None,
@@ -295,32 +333,52 @@ def triton_fused_recurrent_hdla_backward(do, dht, q, k, v, beta, g, scale: Optio
     """Every gradient of :func:`triton_fused_recurrent_hdla` for the cotangents ``do [B, T, H, V]`` and
     ``dht [B, H, K, V]`` (or None): ``(dq, dk, dv, dbeta, dg)`` in their inputs' dtypes and ``dh0``
     ``[B, H, K, V]`` fp32 (None without an initial state)."""
+    return _backward(do, dht, q, k, v, beta, g, 1.0 if scale is None else float(scale), initial_state, reverse, 1)
+
+
+def triton_fused_recurrent_hdla_bidirectional_backward(do, dht, q, k, v, beta, g, scale: float,
+                                                       initial_state: Optional[torch.Tensor]):
+    """Every gradient of :func:`triton_fused_recurrent_hdla_bidirectional` (both directions in one launch) for
+    ``do [B, T, H, V]`` (y's cotangent) and ``dht [2, B, H, K, V]`` (or None): ``(dq, dk, dv)`` summed over the
+    directions, ``(dbeta [2, B, T, H], dg [2, B, T, H, K])`` in their inputs' dtypes and ``dh0 [2, B, H, K, V]``
+    fp32 (None without an initial state)."""
+    return _backward(do, dht, q, k, v, beta, g, float(scale), initial_state, False, 2)
+
+
+def _backward(do, dht, q, k, v, beta, g, scale: float, initial_state, reverse: bool, dirs: int):
+    """The launch behind both backward functions; beta, g, initial_state and dht carry a leading direction
+    axis where ``dirs`` = 2."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     q, k, v, beta, g, do = (x.contiguous() for x in (q, k, v, beta, g, do))
-    block_k, block_v, warps = _config(dk, dv)
+    block_k, block_v, warps = _bwd_config(dk, dv)
     n_v = triton.cdiv(dv, block_v)
     n_ck = triton.cdiv(seq_len, CHECKPOINT_EVERY)
     f32 = dict(device=q.device, dtype=torch.float32)
-    ckpt = torch.empty(batch * heads * n_v * n_ck * block_k * block_v, **f32)
-    dq_p = torch.empty(n_v, batch, seq_len, heads, dk, **f32)
+    lead = (dirs,) if dirs == 2 else ()
+    ckpt = torch.empty(dirs * batch * heads * n_v * n_ck * block_k * block_v, **f32)
+    dq_p = torch.empty(dirs * n_v, batch, seq_len, heads, dk, **f32)
     dk_p, dg_p = torch.empty_like(dq_p), torch.empty_like(dq_p)
-    dbeta_p = torch.empty(n_v, batch, seq_len, heads, **f32)
-    dv_ = torch.empty_like(v)
-    dh0 = torch.empty(batch, heads, dk, dv, **f32)
+    dbeta_p = torch.empty(dirs * n_v, batch, seq_len, heads, **f32)
+    dv_ = v.new_empty(*lead, *v.shape)
+    dh0 = torch.empty(*lead, batch, heads, dk, dv, **f32)
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else dh0
     dht = dht.to(torch.float32).contiguous() if dht is not None else None
-    _fused_recurrent_hdla_bwd_kernel[(n_v, batch * heads)](
+    _fused_recurrent_hdla_bwd_kernel[(n_v, batch * heads, dirs)](
         q, k, v, beta, g, h0, do, dht if dht is not None else dh0, ckpt, dq_p, dk_p, dv_, dbeta_p, dg_p, dh0,
-        1.0 if scale is None else float(scale), seq_len, heads, dk, dv, n_ck,
-        BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, REVERSE=int(reverse), HAS_H0=initial_state is not None,
-        HAS_DHT=dht is not None, num_warps=warps)
+        scale, seq_len, heads, dk, dv, n_ck,
+        BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, DIRS=dirs, REVERSE=int(reverse),
+        HAS_H0=initial_state is not None, HAS_DHT=dht is not None, num_warps=warps)
 
-    def total(x, like):
-        return (x[0] if n_v == 1 else x.sum(0)).to(like.dtype)
+    def per_direction(x, like):  # the V-block partials' sum, per direction where dirs = 2
+        x = x.view(*lead, n_v, *x.shape[1:]).sum(len(lead)) if n_v > 1 else x.view(*lead, *x.shape[1:])
+        return x.to(like.dtype)
 
-    return (total(dq_p, q), total(dk_p, k), dv_, total(dbeta_p, beta), total(dg_p, g),
-            dh0 if initial_state is not None else None)
+    def shared(x, like):  # an input both directions read: the sum of every partial
+        return (x[0] if x.shape[0] == 1 else x.sum(0)).to(like.dtype)
+
+    return (shared(dq_p, q), shared(dk_p, k), dv_ if dirs == 1 else dv_.sum(0, dtype=torch.float32).to(v.dtype),
+            per_direction(dbeta_p, beta), per_direction(dg_p, g), dh0 if initial_state is not None else None)
 
 
 def fused_recurrent_hdla(

@@ -9,6 +9,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from hdla_vision.kernels import chunk_hdla, chunk_hdla_bidirectional, naive_hdla, utils
+from hdla_vision.kernels.bidirectional_ops import (fused_recurrent_hdla_bidirectional_backward_op,
+                                                   fused_recurrent_hdla_bidirectional_op)
 from tests.backends import CUDA_TOL, backend_cases, backends, on_backend
 from tests.op_calls import OurOpCalls
 from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, hdla_recurrence, rel_err
@@ -67,24 +69,39 @@ def _calls(fn, **kw):
 
 
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
-def test_chunk_hdla_runs_the_recurrence_only_without_gradients(backend, monkeypatch):
-    """Under the auto setting: no_grad (or inputs that need no gradient) and T <= RECURRENT_MAX_TOKENS
-    run the recurrence; a gradient to compute, a longer sequence, a wider head or a named kernel family run
-    the chunk op."""
+def test_which_op_chunk_hdla_runs(backend, monkeypatch):
+    """Under the auto setting the recurrence runs up to RECURRENT_MAX_TOKENS tokens without gradients and up
+    to RECURRENT_TRAIN_MAX_TOKENS with them; a longer sequence, a wider head or a named kernel family run the
+    chunk op."""
     monkeypatch.delenv(utils.KERNEL_FAMILY_ENV, raising=False)
     p = _grad_inputs(backend)
+    seq_len = p["q"].shape[1]
     with torch.no_grad():
         assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}
-        for name, value in (("RECURRENT_MAX_TOKENS", p["q"].shape[1] - 1), ("RECURRENT_MAX_HEAD_DIM", p["q"].shape[-1] - 1)):
+        for name, value in (("RECURRENT_MAX_TOKENS", seq_len - 1), ("RECURRENT_MAX_HEAD_DIM", p["q"].shape[-1] - 1)):
             with monkeypatch.context() as patch:
                 patch.setattr(utils, name, value)
                 assert _calls(chunk_hdla, **p) == {"chunk_hdla"}, name
         with monkeypatch.context() as patch:
+            patch.setattr(utils, "RECURRENT_TRAIN_MAX_TOKENS", seq_len - 1)  # the training limit: not without grad
+            assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}
+        with monkeypatch.context() as patch:
             patch.setenv(utils.KERNEL_FAMILY_ENV, "chunk64")
             assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
-    assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}  # grad mode, but no input requires grad
     p["v"].requires_grad_()
-    assert "chunk_hdla" in _calls(chunk_hdla, **p)
+    assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}
+    for name in ("RECURRENT_TRAIN_MAX_TOKENS", "RECURRENT_MAX_HEAD_DIM"):
+        with monkeypatch.context() as patch:
+            patch.setattr(utils, name, seq_len - 1 if name == "RECURRENT_TRAIN_MAX_TOKENS" else p["q"].shape[-1] - 1)
+            assert _calls(chunk_hdla, **p) == {"chunk_hdla"}, name
+    with monkeypatch.context() as patch:
+        patch.setattr(utils, "RECURRENT_MAX_TOKENS", seq_len - 1)  # the inference limit: not with grad
+        assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}
+    both = {n: x.requires_grad_() for n, x in _bidirectional_inputs(backend).items()}
+    assert _calls(chunk_hdla_bidirectional, **both) == {"fused_recurrent_hdla_bidirectional"}
+    with monkeypatch.context() as patch:
+        patch.setattr(utils, "RECURRENT_TRAIN_MAX_TOKENS", both["q"].shape[1] - 1)
+        assert _calls(chunk_hdla_bidirectional, **both) == {"chunk_hdla_bidirectional"}
 
 
 def test_cpu_without_interpreter_keeps_the_chunk_form():
@@ -126,6 +143,49 @@ def test_bidirectional_inference_equals_its_definition(backend, case):
     y_ref, s_ref = _bidirectional_reference(p, 0.5)
     assert y.dtype == dtype and states.dtype == dtype
     assert rel_err(y, y_ref) < tol and rel_err(states, s_ref) < tol
+
+
+@pytest.mark.parametrize("backend,case", backend_cases(
+    lambda c: c[0], interpreter=[("T13_V24_beta_0_2", dict(), F32, 1e-4),
+                                 ("T6_K24_gates-20", dict(batch=1, seq_len=6, dk=24, dv=16, g_min=-20.0), F32, 1e-4)],
+    cuda=[("vision_bf16_gates-20", dict(seq_len=196, heads=3, dk=64, dv=64, g_min=-20.0), BF16, CUDA_TOL),
+          ("T300_V96_bf16", dict(batch=1, seq_len=300, heads=2, dk=64, dv=96), BF16, CUDA_TOL),
+          ("T77_K128_fp32", dict(batch=1, seq_len=77, heads=1, dk=128, dv=64), F32, CUDA_TOL)]),
+    indirect=["backend"])
+def test_bidirectional_recurrence_gradients_equal_its_definition(backend, case):
+    """The recurrent bidirectional op with its backward (one launch for both directions): y, both final
+    states and the gradients of q, k, v, both betas and gates and both initial states against autograd
+    through the float64 definition; in the cases named ``beta_0_2`` beta is exactly 0 on every third token
+    and 2 on the next."""
+    name, shape, dtype, tol = case
+    p = _bidirectional_inputs(backend, dtype=dtype, **shape)
+    if name.endswith("beta_0_2"):
+        p["beta"][:, :, 0::3], p["beta"][:, :, 1::3] = 0.0, 2.0
+    leaves = {n: x.detach().requires_grad_() for n, x in p.items()}
+    y, states = fused_recurrent_hdla_bidirectional_op(*(leaves[n] for n in ("q", "k", "v", "beta", "g")), 0.5,
+                                                       leaves["initial_state"])
+    refs = {n: x.detach().double().requires_grad_() for n, x in p.items()}
+    y_ref, s_ref = _bidirectional_reference(refs, 0.5)
+    dy, dstates = torch.randn_like(y_ref), torch.randn_like(s_ref)
+    torch.autograd.backward([y, states], [dy.to(y.dtype), dstates.float()])
+    torch.autograd.backward([y_ref, s_ref], [dy, dstates])
+    errors = {"y": rel_err(y, y_ref), "states": rel_err(states, s_ref)}
+    errors.update({f"d{n}": rel_err(leaves[n].grad, refs[n].grad) for n in leaves})
+    assert all(err < tol for err in errors.values()), errors  # NaN fails
+
+
+@pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
+@pytest.mark.parametrize("h0", [True, False])
+def test_bidirectional_recurrence_opcheck(backend, h0):
+    """opcheck of the recurrent bidirectional op and of its backward op."""
+    p = _bidirectional_inputs(backend, seq_len=5, dk=8, dv=4)
+    p = {n: x.requires_grad_() for n, x in p.items()}
+    args = (p["q"], p["k"], p["v"], p["beta"], p["g"], 0.5, p["initial_state"] if h0 else None)
+    torch.library.opcheck(fused_recurrent_hdla_bidirectional_op, args)
+    y, states = fused_recurrent_hdla_bidirectional_op(*args)
+    plain = [t.detach() if isinstance(t, torch.Tensor) else t for t in args]
+    torch.library.opcheck(fused_recurrent_hdla_bidirectional_backward_op,
+                          (torch.randn_like(y), torch.randn_like(states), *plain[:5], 0.5, plain[6]))
 
 
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
