@@ -389,7 +389,7 @@ def fused_recurrent_hdla_op(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
     reverse: bool = False,
 ) -> Tuple[Tensor, Tensor]:
-    """The token recurrence on checked inputs (``fused_recurrent_hdla``; ``chunk_hdla``'s inference path):
+    """The token recurrence on checked inputs (``fused_recurrent_hdla``; ``chunk_hdla``'s recurrent path):
     ``(o [B, T, H, V]`` in v's dtype, ``new_state [B, H, K, V]`` fp32, float64 for float64 inputs)."""
     check_log_decay(g)
     module = _fused_recurrent()

@@ -23,7 +23,7 @@ DEFAULT_KERNEL_FAMILY = "auto"
 # shape (T = 4096, H = 16, d = 128) 29.1 / 19.0 ms. Below ~576 tokens chunk16's shorter chunks win.
 # (custom_ops picks the family per call, and the other one where the first cannot run the ranks or dtype.)
 CHUNK64_MIN_TOKENS = 576
-# HDLA's inference path (kernels/README.md §11): under the auto setting, a chunk_hdla or
+# HDLA's recurrent path (kernels/README.md §11): under the auto setting, a chunk_hdla or
 # chunk_hdla_bidirectional call that no gradient will flow through runs the token recurrence
 # (hdla/fused_recurrent.py) up to this many tokens. H100, bf16, d = 64, forward, both directions in one
 # op (2026-11-24, benchmarks/results/recurrent_h100): 0.35 against 1.49 ms at (B, T, H) = (128, 196, 3),

@@ -1,5 +1,6 @@
 """HDLA as a token recurrence (one Triton program per (b, h, V-block)): the decoding step, the backward
-of it, and the chunk ops' inference path for short sequences (kernels/README.md §11).
+of it, and the chunk ops' path for short sequences, in inference and in training, one direction or both in
+one launch (kernels/README.md §11).
 
 Per head and token t (paper eq. 27), with H_t = I - beta_t k_t k_t^T:
 
@@ -287,7 +288,8 @@ def _config(dk: int, dv: int) -> Tuple[int, int, int]:
 
 
 def _bwd_config(dk: int, dv: int) -> Tuple[int, int, int]:
-    """(BK, BV, num_warps) of the backward, whose segment holds five state blocks and two segments' inputs."""
+    """(BK, BV, num_warps) of the backward: the forward's (one warp on 16 columns was also the fastest backward
+    on the H100; ``python -m benchmarks.recurrent --bwd-configs`` times others)."""
     return _config(dk, dv)
 
 
@@ -360,7 +362,7 @@ def _backward(do, dht, q, k, v, beta, g, scale: float, initial_state, reverse: b
     dq_p = torch.empty(dirs * n_v, batch, seq_len, heads, dk, **f32)
     dk_p, dg_p = torch.empty_like(dq_p), torch.empty_like(dq_p)
     dbeta_p = torch.empty(dirs * n_v, batch, seq_len, heads, **f32)
-    dv_ = v.new_empty(*lead, *v.shape)
+    dv_ = v.new_empty(*lead, *v.shape, dtype=torch.float32 if dirs == 2 else v.dtype)  # two directions: summed
     dh0 = torch.empty(*lead, batch, heads, dk, dv, **f32)
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else dh0
     dht = dht.to(torch.float32).contiguous() if dht is not None else None
@@ -377,7 +379,7 @@ def _backward(do, dht, q, k, v, beta, g, scale: float, initial_state, reverse: b
     def shared(x, like):  # an input both directions read: the sum of every partial
         return (x[0] if x.shape[0] == 1 else x.sum(0)).to(like.dtype)
 
-    return (shared(dq_p, q), shared(dk_p, k), dv_ if dirs == 1 else dv_.sum(0, dtype=torch.float32).to(v.dtype),
+    return (shared(dq_p, q), shared(dk_p, k), dv_ if dirs == 1 else dv_.sum(0).to(v.dtype),
             per_direction(dbeta_p, beta), per_direction(dg_p, g), dh0 if initial_state is not None else None)
 
 

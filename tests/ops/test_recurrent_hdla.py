@@ -1,9 +1,10 @@
 """HDLA's token recurrence with its Triton backward (kernels/hdla/fused_recurrent.py), and the chunk
-ops' inference path through it (kernels/README.md §11), on the Triton backends (tests/backends.py):
+ops' recurrent path through it (kernels/README.md §11), on the Triton backends (tests/backends.py):
 the output, the final state and every gradient against the float64 loop (V split over several
 programs, head dims that are not powers of 2, T = 1, reversed scans, initial states, gates to -20,
-beta at 0 and 2, resets); which op a chunk_hdla / chunk_hdla_bidirectional call runs; the
-bidirectional recurrence against its definition; torch.compile."""
+beta at 0 and 2, resets); which op a chunk_hdla / chunk_hdla_bidirectional call runs, with and without
+gradients; the bidirectional recurrence (both directions in one launch each way) against its definition,
+every gradient included; opcheck; torch.compile."""
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -12,6 +13,7 @@ from hdla_vision.kernels import chunk_hdla, chunk_hdla_bidirectional, naive_hdla
 from hdla_vision.kernels.bidirectional_ops import (fused_recurrent_hdla_bidirectional_backward_op,
                                                    fused_recurrent_hdla_bidirectional_op)
 from tests.backends import CUDA_TOL, backend_cases, backends, on_backend
+from tests.ops.compiled import assert_compiled_equals_eager
 from tests.op_calls import OurOpCalls
 from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, hdla_recurrence, rel_err
 
@@ -206,3 +208,15 @@ def test_compiled_inference_equals_eager(backend):
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+def test_compiled_training_equals_eager(backend, monkeypatch):
+    """Training on the recurrent path under torch.compile(fullgraph=True): one graph, the eager output,
+    states and gradients of every input."""
+    monkeypatch.delenv(utils.KERNEL_FAMILY_ENV, raising=False)
+    p = _bidirectional_inputs(backend, seq_len=7, dk=8, dv=8)
+    with OurOpCalls() as ops:
+        chunk_hdla_bidirectional(**{n: x.detach().requires_grad_() for n, x in p.items()})
+    assert set(ops.calls) == {"hdla_vision::fused_recurrent_hdla_bidirectional"}
+    assert_compiled_equals_eager(lambda **kw: chunk_hdla_bidirectional(**kw, scale=0.5, output_final_state=True), p)
