@@ -4,7 +4,8 @@ fla's KDA and SDPA, per shape, in one process; and its bf16 error against the fl
     python -m benchmarks.recurrent --shapes vision,m224,m512,m1024 --out OUT_DIR [--no-parity]
 
 Per shape (do_bench medians, benchmarks/timing.py; ms):
-  chunk: the chunk op's forward (its custom op called directly) and fwd+bwd (chunk_hdla with gradients);
+  chunk: the chunk op's forward (its custom op called directly) and fwd+bwd (chunk_hdla with gradients, the
+      chunk kernels pinned: chunk_kernels_in_training);
   recurrent: the recurrence's op (chunk_hdla's inference path up to 1024 tokens), forward and fwd+bwd
       (its Triton backward);
   bidir_chunk / bidir_recurrent: the forward of chunk_hdla_bidirectional (two directions) on each path;
@@ -18,8 +19,9 @@ times the recurrence's backward launch alone (``triton_fused_recurrent_hdla_back
     python -m benchmarks.recurrent --bidir-train b224,b512,b1024
 
 times one training step's op of a backbone block (both directions, fwd+bwd) on the chunk kernels
-(``chunk_hdla_bidirectional`` with gradients, the auto family) and on the recurrence (its bidirectional
-forward and backward launches), with the bf16 error of the latter's gradients against float64.
+(``chunk_hdla_bidirectional`` with gradients, the auto family, the recurrence's training route off) and
+on the recurrence (its bidirectional forward and backward launches), with the bf16 error of the latter's
+gradients against float64.
 """
 import argparse
 import json
@@ -48,6 +50,12 @@ ALL_SHAPES = {**SHAPES, **MODEL_SHAPES}
 BIDIR_SHAPES = {"b224": (256, 196, 3, 64), "b512": (64, 1024, 3, 64), "b1024": (16, 4096, 3, 64)}
 
 
+def chunk_kernels_in_training():
+    """A context in which calls with gradients run the chunk kernels at every length (no training on the
+    recurrence: utils.RECURRENT_TRAIN_MAX_TOKENS = 0), so that the "chunk" rows time them."""
+    return mock.patch.object(utils, "RECURRENT_TRAIN_MAX_TOKENS", 0)
+
+
 def grad_time(fn, inputs):
     """Median ms of ``fn(*inputs)`` and the gradients of every input (random output cotangent)."""
     do = torch.randn_like(fn(*inputs)[0])
@@ -62,21 +70,15 @@ def timings(shape, dtype, baselines):
     with torch.no_grad():
         row["chunk"] = [median_ms(lambda: custom_ops.chunk_hdla_op(*plain, 1.0, None, False, False))]
         row["recurrent"] = [median_ms(lambda: custom_ops.fused_recurrent_hdla_op(*plain, 1.0, None, False))]
-    row["chunk"].append(grad_time(lambda *x: chunk_hdla(*x), inputs))
+    with chunk_kernels_in_training():
+        row["chunk"].append(grad_time(lambda *x: chunk_hdla(*x), inputs))
     row["recurrent"].append(grad_time(lambda *x: custom_ops.fused_recurrent_hdla_op(*x, 1.0, None, False), inputs))
     betas, gates = torch.stack([beta, beta.flip(1)]), torch.stack([g, g.flip(1)])
     with torch.no_grad():
         row["bidir_recurrent"] = median_ms(lambda: fused_recurrent_hdla_bidirectional_op(q, k, v, betas, gates, 1.0,
                                                                                           None))
-        before = os.environ.get(utils.KERNEL_FAMILY_ENV)
-        os.environ[utils.KERNEL_FAMILY_ENV] = "chunk64"  # the fused bidirectional chunk kernels
-        try:
+        with mock.patch.dict(os.environ, {utils.KERNEL_FAMILY_ENV: "chunk64"}):  # the fused bidirectional kernels
             row["bidir_chunk"] = median_ms(lambda: chunk_hdla_bidirectional(q, k, v, betas, gates))
-        finally:
-            if before is None:
-                del os.environ[utils.KERNEL_FAMILY_ENV]
-            else:
-                os.environ[utils.KERNEL_FAMILY_ENV] = before
     for base in baselines:
         try:
             row[base] = [median_ms(lambda: OPS[base](*plain)), grad_time(lambda *x: (OPS[base](*x),), inputs)]
@@ -155,8 +157,9 @@ def bidirectional_training(shapes, dtype):
             triton_fused_recurrent_hdla_bidirectional(*plain, 1.0, None)
             triton_fused_recurrent_hdla_bidirectional_backward(dy, None, *plain, 1.0, None)
 
-        out[name] = {"chunk": median_ms(lambda: torch.autograd.grad(chunk_hdla_bidirectional(*inputs)[0], inputs, dy)),
-                     "recurrent": median_ms(recurrent)}
+        with chunk_kernels_in_training():
+            chunk = median_ms(lambda: torch.autograd.grad(chunk_hdla_bidirectional(*inputs)[0], inputs, dy))
+        out[name] = {"chunk": chunk, "recurrent": median_ms(recurrent)}
         print(f"bidir train {name} {BIDIR_SHAPES[name]}: {out[name]}", flush=True)
     return out
 
