@@ -99,6 +99,16 @@ def _token(p, T, reverse):
 
 
 @triton.jit
+def _direction(d, T, K, V):
+    """Scan direction d of a launch whose grid axis 2 is the direction (DIRS = 2): (reverse, own, rows,
+    states) with reverse = d, own = 1 - d (the reversed scan leaves its own write out) and the offsets of
+    direction d's part of a tensor stacked by direction: rows * X elements into a [2, B, T, H, X] one,
+    states into a [2, B, H, K, V] one (grid axis 1 is B * H)."""
+    rows = d.to(tl.int64) * tl.num_programs(1) * T
+    return d, (1 - d).to(tl.float32), rows, d.to(tl.int64) * tl.num_programs(1) * K * V
+
+
+@triton.jit
 def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V):
     """q, k, lambda [BK], v [BV], beta (scalar) of one token in fp32; ``row`` = (b * T + t) * H + h."""
     q = tl.load(q_ptr + row * K + ck, mask=mk, other=0.0).to(tl.float32)
@@ -122,15 +132,12 @@ def _fused_recurrent_hdla_fwd_kernel(
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if DIRS == 2:
-        d = tl.program_id(2)
-        rev = d
-        n_rows = tl.num_programs(1) * T  # B * T * H tokens per direction
-        beta_ptr += d * n_rows
-        g_ptr += d.to(tl.int64) * n_rows * K
-        o_ptr += d.to(tl.int64) * n_rows * V
-        h0_ptr += d.to(tl.int64) * tl.num_programs(1) * K * V
-        ht_ptr += d.to(tl.int64) * tl.num_programs(1) * K * V
-        own = (1 - d).to(tl.float32)
+        rev, own, rows, states = _direction(tl.program_id(2), T, K, V)
+        beta_ptr += rows
+        g_ptr += rows * K
+        o_ptr += rows * V
+        h0_ptr += states
+        ht_ptr += states
     else:
         rev = REVERSE
         own = 1.0
@@ -175,16 +182,14 @@ def _fused_recurrent_hdla_bwd_kernel(
     i_d = 0
     if DIRS == 2:
         i_d = tl.program_id(2)
-        rev = i_d
-        n_rows = tl.num_programs(1) * T  # B * T * H tokens per direction
-        beta_ptr += i_d * n_rows
-        g_ptr += i_d.to(tl.int64) * n_rows * K
-        dv_ptr += i_d.to(tl.int64) * n_rows * V
-        h0_ptr += i_d.to(tl.int64) * tl.num_programs(1) * K * V
-        dht_ptr += i_d.to(tl.int64) * tl.num_programs(1) * K * V
-        dh0_ptr += i_d.to(tl.int64) * tl.num_programs(1) * K * V
+        rev, own, rows, states = _direction(i_d, T, K, V)
+        beta_ptr += rows
+        g_ptr += rows * K
+        dv_ptr += rows * V
+        h0_ptr += states
+        dht_ptr += states
+        dh0_ptr += states
         ckpt_ptr += i_d.to(tl.int64) * tl.num_programs(1) * n_v * NCK * BK * BV
-        own = (1 - i_d).to(tl.float32)
     else:
         rev = REVERSE
         own = 1.0
