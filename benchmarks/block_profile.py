@@ -4,6 +4,9 @@ where its glue goes (torch.profiler's aten ops by input shape, device time per c
     python -m benchmarks.block_profile --model hdla_tiny --res 224 --batch 256
     python -m benchmarks.block_profile --model hdla_tiny --res 2048 --batch 2 --families chunk64
 
+``--families``: the kernel family setting (``$HDLA_VISION_KERNELS``); ``auto``, the default, runs HDLA's token
+recurrence where it routes training (up to 1024 tokens, kernels/README.md §11), the others pin a chunk family.
+
 The block is ``model.blocks[0]`` of ``timm.create_model(model)`` on a random input ``[batch, tokens,
 embed_dim]`` (tokens = (res / 16)^2, no class token); a step is the block's forward, ``sum()`` of its
 fp32 output and the backward. Times are ``triton.testing.do_bench`` medians after warm-up; the host time
@@ -26,7 +29,7 @@ from benchmarks.timing import profile_steps
 from hdla_vision.layers.hdla import HDLAMixer
 from hdla_vision.layers.mixer import LinearAttentionMixer, set_activation_recompute
 
-FAMILIES = ("chunk16", "chunk64")
+FAMILIES = ("auto", "chunk16", "chunk64")
 PROLOGUES = ("fused", "unfused")
 COMBINES = ("kernel", "torch")
 OUTPUT_STAGES = ("fused", "composed")
@@ -130,7 +133,7 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default="hdla_tiny")
     parser.add_argument("--res", type=int, default=224)
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--families", nargs="+", default=["auto"], choices=FAMILIES)
     parser.add_argument("--prologues", nargs="+", default=["fused"], choices=PROLOGUES,
                         help="HDLA's mixer prologue: fused (layers/hdla.py) or the unfused definition")
     parser.add_argument("--combines", nargs="+", default=["kernel"], choices=COMBINES,
