@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..generalized.bwd import scratch_batch_slices
 from ..utils import check_hdla_inputs, per_batch_slice
 
 
@@ -351,8 +352,39 @@ def triton_fused_recurrent_hdla_bidirectional_backward(do, dht, q, k, v, beta, g
 
 
 def _backward(do, dht, q, k, v, beta, g, scale: float, initial_state, reverse: bool, dirs: int):
-    """The launch behind both backward functions; beta, g, initial_state and dht carry a leading direction
-    axis where ``dirs`` = 2."""
+    """The launches behind both backward functions; beta, g, initial_state and dht carry a leading direction
+    axis where ``dirs`` = 2. The launch's transient memory (the fp32 checkpoints and V-block partials,
+    :func:`transient_bytes_per_batch`) grows with the batch: a batch whose transient exceeds the backward's
+    scratch budget (``generalized.bwd.scratch_budget_bytes``, the chunk backward's) runs in slices of the batch
+    axis, one launch each. Every (batch, head) walks its own tokens, so the gradients are those of one launch."""
+    batch, seq_len, heads, dk = q.shape
+    slices = scratch_batch_slices(batch, transient_bytes_per_batch(seq_len, heads, dk, v.shape[-1], dirs))
+    if len(slices) == 1:
+        return _backward_launch(do, dht, q, k, v, beta, g, scale, initial_state, reverse, dirs)
+
+    def part(x, rows, stacked):  # batch rows of an input; ``stacked``: a [2, B, ...] tensor where dirs = 2
+        return None if x is None else (x[:, rows] if stacked and dirs == 2 else x[rows])
+
+    parts = [_backward_launch(part(do, s, False), part(dht, s, True), part(q, s, False), part(k, s, False),
+                              part(v, s, False), part(beta, s, True), part(g, s, True), scale,
+                              part(initial_state, s, True), reverse, dirs) for s in slices]
+    batch_dims = (0, 0, 0, 1, 1, 1) if dirs == 2 else (0,) * 6
+    return tuple(None if xs[0] is None else torch.cat(xs, dim) for xs, dim in zip(zip(*parts), batch_dims))
+
+
+def transient_bytes_per_batch(seq_len: int, heads: int, dk: int, dv: int, dirs: int) -> int:
+    """Bytes the backward launch allocates per batch element beyond its outputs: the fp32 checkpoints (a
+    ``[BK, BV]`` block per V-block every ``CHECKPOINT_EVERY`` tokens), the fp32 V-block partials of dq, dk, dg
+    and dbeta, both directions' fp32 dv (``dirs`` = 2) and the zero states it reads in place of h0 / dht."""
+    block_k, block_v, _ = _bwd_config(dk, dv)
+    n_v = triton.cdiv(dv, block_v)
+    per_head = (n_v * triton.cdiv(seq_len, CHECKPOINT_EVERY) * block_k * block_v + n_v * seq_len * (3 * dk + 1)
+                + (seq_len * dv if dirs == 2 else 0) + 2 * dk * dv)
+    return 4 * dirs * heads * per_head
+
+
+def _backward_launch(do, dht, q, k, v, beta, g, scale: float, initial_state, reverse: bool, dirs: int):
+    """One launch of the backward kernel over the whole batch of its inputs (:func:`_backward`)."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     q, k, v, beta, g, do = (x.contiguous() for x in (q, k, v, beta, g, do))

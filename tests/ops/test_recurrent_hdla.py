@@ -176,6 +176,38 @@ def test_bidirectional_recurrence_gradients_equal_its_definition(backend, case):
     assert all(err < tol for err in errors.values()), errors  # NaN fails
 
 
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+@pytest.mark.parametrize("dirs", [1, 2])
+def test_backward_in_batch_slices_equals_one_launch(backend, dirs, monkeypatch):
+    """A batch whose transient exceeds the scratch budget runs the backward in slices of the batch (here a
+    budget of two elements: slices of 2 and 1) with the gradients of one launch, initial states and state
+    cotangents included (one direction reversed, and both directions)."""
+    from hdla_vision.kernels.generalized import bwd
+    from hdla_vision.kernels.hdla import fused_recurrent as rec
+
+    p = _bidirectional_inputs(backend, batch=3, seq_len=6, heads=1, dk=8, dv=20, g_min=-20.0)
+    q, k, v = p["q"], p["k"], p["v"]
+    if dirs == 2:
+        gates, h0 = (p["beta"], p["g"]), p["initial_state"]
+
+        def backward():
+            return rec.triton_fused_recurrent_hdla_bidirectional_backward(do, dht, q, k, v, *gates, 0.5, h0)
+    else:
+        gates, h0 = (p["beta"][1], p["g"][1]), p["initial_state"][1]
+
+        def backward():
+            return rec.triton_fused_recurrent_hdla_backward(do, dht, q, k, v, *gates, 0.5, h0, reverse=True)
+    do, dht = torch.randn_like(v), torch.randn_like(h0)
+    whole = backward()
+    per_element = rec.transient_bytes_per_batch(6, 1, 8, 20, dirs)
+    monkeypatch.setattr(bwd, "scratch_budget_bytes", lambda: 2 * per_element)
+    assert [s.stop - s.start for s in bwd.scratch_batch_slices(3, per_element)] == [2, 1]
+    sliced = backward()
+    assert len(sliced) == len(whole) == 6
+    for name, a, b in zip(("dq", "dk", "dv", "dbeta", "dg", "dh0"), sliced, whole):
+        assert a.shape == b.shape and rel_err(a, b) < 1e-6, name  # NaN fails
+
+
 @pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
 @pytest.mark.parametrize("h0", [True, False])
 def test_bidirectional_recurrence_opcheck(backend, h0):
