@@ -179,7 +179,7 @@ def _fused_recurrent_hdla_bwd_kernel(
     has none): both state chains then start from a load in the checkpoints' register layout (4 columns of 8
     rows per thread), which Triton keeps through the loops, so the sums over V are cheap and no [BK, BV]
     tile changes layout per token (tl.zeros would start one chain in the default layout, 1 column of 32 rows
-    per thread: 11% more instructions per token, sm_90a SASS)."""
+    per thread; with it the kernel ran 2550 instead of 2245 SASS instructions per token on sm_90a)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     n_v = tl.num_programs(0)
     i_b, i_h = i_bh // H, i_bh % H
