@@ -375,11 +375,12 @@ def _backward(do, dht, q, k, v, beta, g, scale: float, initial_state, reverse: b
 def transient_bytes_per_batch(seq_len: int, heads: int, dk: int, dv: int, dirs: int) -> int:
     """Bytes the backward launch allocates per batch element beyond its outputs: the fp32 checkpoints (a
     ``[BK, BV]`` block per V-block every ``CHECKPOINT_EVERY`` tokens), the fp32 V-block partials of dq, dk, dg
-    and dbeta, both directions' fp32 dv (``dirs`` = 2) and the zero states it reads in place of h0 / dht."""
+    and dbeta, both directions' fp32 dv (``dirs`` = 2) and the one zero state it reads in place of h0 and / or
+    dht."""
     block_k, block_v, _ = _bwd_config(dk, dv)
     n_v = triton.cdiv(dv, block_v)
     per_head = (n_v * triton.cdiv(seq_len, CHECKPOINT_EVERY) * block_k * block_v + n_v * seq_len * (3 * dk + 1)
-                + (seq_len * dv if dirs == 2 else 0) + 2 * dk * dv)
+                + (seq_len * dv if dirs == 2 else 0) + dk * dv)
     return 4 * dirs * heads * per_head
 
 
