@@ -58,6 +58,24 @@ def test_scratch_batch_slices(monkeypatch):
     assert bwd.scratch_batch_slices(3, 100 * mib) == (slice(0, 1), slice(1, 2), slice(2, 3))
     monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "0")
     assert bwd.scratch_batch_slices(64, 100 * mib) == (slice(0, 64),)
+    assert bwd.scratch_batch_slices(64, 100 * mib, 24, 1056) == (slice(0, 64),)
+
+
+def test_scratch_batch_slices_keep_the_waves(monkeypatch):
+    """With the launch's programs per element and resident programs given, the batch takes the most slices
+    up to the budget's count that cost no extra wave: the recurrence's backward at hdla_tiny's 512 px batch
+    (64 elements of 24 programs, 43.7 MiB each, 132 SMs x 8 programs) in two slices of 32 (one wave each, as
+    one launch's 1536 programs take two), not the budget's three of 22 (three waves); at the 224 px batch (256
+    elements, 8.4 MiB) the budget's three slices of 86 take two waves each, six as one launch."""
+    from hdla_vision.kernels.generalized import bwd
+
+    mib = 1 << 20
+    monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "1024")
+    assert bwd.scratch_batch_slices(64, int(43.7 * mib)) == (slice(0, 22), slice(22, 44), slice(44, 64))
+    assert bwd.scratch_batch_slices(64, int(43.7 * mib), 24, 1056) == (slice(0, 32), slice(32, 64))
+    assert bwd.scratch_batch_slices(256, int(8.4 * mib), 24, 1056) == (slice(0, 86), slice(86, 172),
+                                                                       slice(172, 256))
+    assert bwd.scratch_batch_slices(3, 400 * mib, 700, 1056) == (slice(0, 3),)  # 2 waves; slices of 2 + 1 take 3
     monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "1.5")
     with pytest.raises(ValueError, match="HDLA_VISION_B2_SCRATCH_MIB"):
         bwd.scratch_batch_slices(2, mib)

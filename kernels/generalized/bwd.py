@@ -263,15 +263,35 @@ def scratch_budget_bytes() -> int:
     return int(raw) << 20
 
 
-def scratch_batch_slices(batch: int, bytes_per_batch: int) -> tuple:
+def scratch_batch_slices(batch: int, bytes_per_batch: int, programs_per_element: int = 0,
+                         resident_programs: int = 0) -> tuple:
     """Slices of the batch axis, as even as possible, whose B2 scratch (``bytes_per_batch`` per batch
     element) fits :func:`scratch_budget_bytes`, at least one element each. Each slice's backward is
     independent (B1's serial pass runs per batch and head), so the gradients are those of one launch
-    while the transient scratch (tens of KB per token at chunk 64) stays bounded."""
+    while the transient scratch (tens of KB per token at chunk 64) stays bounded.
+
+    A launch whose programs each walk the whole sequence (``programs_per_element`` per batch element,
+    ``resident_programs`` of them at once on the GPU) takes as long as its number of waves, so a slice that
+    leaves the GPU part-empty costs a wave: given both, the batch runs in the most slices, up to the budget's
+    count, whose waves add up to one launch's (:func:`_waves`); the budget may then be exceeded."""
     budget = scratch_budget_bytes()
     parts = 1 if budget == 0 else max(1, min(batch, triton.cdiv(batch * bytes_per_batch, budget)))
+    if programs_per_element > 0 and resident_programs > 0:
+        whole = _waves(batch, 1, programs_per_element, resident_programs)
+        parts = max(p for p in range(1, parts + 1)
+                    if _waves(batch, p, programs_per_element, resident_programs) == whole)
+    return _even_slices(batch, parts)
+
+
+def _even_slices(batch: int, parts: int) -> tuple:
     per = triton.cdiv(batch, parts)
     return tuple(slice(start, min(start + per, batch)) for start in range(0, batch, per))
+
+
+def _waves(batch: int, parts: int, programs_per_element: int, resident_programs: int) -> int:
+    """Waves of ``resident_programs`` the slices of :func:`_even_slices` take, one launch after another."""
+    return sum(triton.cdiv((s.stop - s.start) * programs_per_element, resident_programs)
+               for s in _even_slices(batch, parts))
 
 
 def _batch_part(x, part: slice, batch: int, dirs: int):

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from ..generalized.bwd import scratch_batch_slices
+from ..generalized.two_level import device_sm_count
 from ..utils import check_hdla_inputs, per_batch_slice
 
 
@@ -282,6 +283,9 @@ def _dk_write(db, ky, kb, v, beta, b, k):
 # prefetch): one warp on 16 state columns was the fastest of 8-64 columns on 1-8 warps, and a checkpoint
 # every 4 tokens the fastest of 4, 8 and 16 (the backward's scratch: one fp32 state per 4 tokens).
 CHECKPOINT_EVERY = 4
+# Warps of the backward resident per SM: it takes 255 registers a thread (ncu on the H100,
+# benchmarks/results/recurrent_h100/profile/ncu_recurrence_m224.txt), so 65536 / (256 * 32) = 8.
+BWD_RESIDENT_WARPS_PER_SM = 8
 
 
 def _config(dk: int, dv: int) -> Tuple[int, int, int]:
@@ -356,9 +360,11 @@ def _backward(do, dht, q, k, v, beta, g, scale: float, initial_state, reverse: b
     axis where ``dirs`` = 2. The launch's transient memory (the fp32 checkpoints and V-block partials,
     :func:`transient_bytes_per_batch`) grows with the batch: a batch whose transient exceeds the backward's
     scratch budget (``generalized.bwd.scratch_budget_bytes``, the chunk backward's) runs in slices of the batch
-    axis, one launch each. Every (batch, head) walks its own tokens, so the gradients are those of one launch."""
+    axis, one launch each, as many as cost no extra wave of programs (:func:`_backward_occupancy`). Every
+    (batch, head) walks its own tokens, so the gradients are those of one launch."""
     batch, seq_len, heads, dk = q.shape
-    slices = scratch_batch_slices(batch, transient_bytes_per_batch(seq_len, heads, dk, v.shape[-1], dirs))
+    slices = scratch_batch_slices(batch, transient_bytes_per_batch(seq_len, heads, dk, v.shape[-1], dirs),
+                                  *_backward_occupancy(q.device, heads, dk, v.shape[-1], dirs))
     if len(slices) == 1:
         return _backward_launch(do, dht, q, k, v, beta, g, scale, initial_state, reverse, dirs)
 
@@ -370,6 +376,17 @@ def _backward(do, dht, q, k, v, beta, g, scale: float, initial_state, reverse: b
                               part(initial_state, s, True), reverse, dirs) for s in slices]
     batch_dims = (0, 0, 0, 1, 1, 1) if dirs == 2 else (0,) * 6
     return tuple(None if xs[0] is None else torch.cat(xs, dim) for xs, dim in zip(zip(*parts), batch_dims))
+
+
+def _backward_occupancy(device: torch.device, heads: int, dk: int, dv: int, dirs: int) -> Tuple[int, int]:
+    """(programs per batch element, programs resident on the GPU at once) of the backward launch, for
+    :func:`scratch_batch_slices` (every program walks all T tokens, so a launch lasts as many walks as it has
+    waves); (0, 0) off CUDA (CPU under the interpreter: the budget alone decides)."""
+    sms = device_sm_count(device)
+    if sms is None:
+        return 0, 0
+    _, block_v, warps = _bwd_config(dk, dv)
+    return triton.cdiv(dv, block_v) * heads * dirs, sms * max(1, BWD_RESIDENT_WARPS_PER_SM // warps)
 
 
 def transient_bytes_per_batch(seq_len: int, heads: int, dk: int, dv: int, dirs: int) -> int:
