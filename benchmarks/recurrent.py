@@ -164,6 +164,25 @@ def bidirectional_training(shapes, dtype):
     return out
 
 
+def sum_parts_timing(shape=(256, 196, 3, 64)) -> dict:
+    """The backward's epilogue at hdla_tiny's 224 px batch: its fp32 V-block partials summed and cast to bf16
+    by PyTorch (a sum over the parts' axis, then a copy) and by ``sum_parts`` (one launch), ms each, for dq
+    (8 partials: 4 V-blocks x 2 directions into one) and dg (4 V-blocks into each direction's), with the
+    largest difference between the two (bf16 rounding of fp32 sums taken in another order)."""
+    from hdla_vision.kernels.hdla.fused_recurrent import sum_parts
+
+    out = {}
+    for name, parts, outputs in (("dq", 8, 1), ("dg", 4, 2)):
+        x = torch.randn(parts * outputs, *shape, device="cuda")
+        grouped = x.view(outputs, parts, *shape)
+        torch_ms = median_ms(lambda: grouped.sum(1).to(torch.bfloat16))
+        ours_ms = median_ms(lambda: sum_parts(x, parts, torch.bfloat16))
+        diff = (grouped.sum(1).to(torch.bfloat16).float() - sum_parts(x, parts, torch.bfloat16).float()).abs().max()
+        out[name] = {"torch_ms": torch_ms, "sum_parts_ms": ours_ms, "max_abs_diff": diff.item()}
+        print(f"sum parts {name}: {out[name]}", flush=True)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="vision,m224,m512,m1024")
@@ -171,6 +190,7 @@ def main():
     parser.add_argument("--no-parity", action="store_true", help="timings only")
     parser.add_argument("--bwd-configs", default=None, help="e.g. 16x1,16x2: the backward launch per config")
     parser.add_argument("--bidir-train", default=None, help="e.g. b224,b512: the bidirectional op in training")
+    parser.add_argument("--sum-parts", action="store_true", help="the backward's epilogue: PyTorch against sum_parts")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype = torch.bfloat16
@@ -183,11 +203,13 @@ def main():
         result["parity"][case] = errs = parity(shape, dtype, reverse, fast)
         print(f"parity {case}: " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
     shapes = list(filter(None, args.shapes.split(",")))
+    if args.sum_parts:
+        result["sum_parts"] = sum_parts_timing()
     if args.bidir_train:
         result["bidir_train"] = bidirectional_training(args.bidir_train.split(","), dtype)
     if args.bwd_configs:
         result["bwd_configs"] = backward_configs(shapes, dtype, args.bwd_configs.split(","))
-    for name in shapes if not (args.bidir_train or args.bwd_configs) else ():
+    for name in shapes if not (args.bidir_train or args.bwd_configs or args.sum_parts) else ():
         result["times"][name] = row = timings(ALL_SHAPES[name], dtype, args.baselines.split(","))
         print(f"{name} {ALL_SHAPES[name]}: {row}", flush=True)
     if args.out:

@@ -25,7 +25,8 @@ It needs S_{t-1} at every token, and HDLA's step cannot be inverted (beta = 1 is
 may be 0): the kernel runs the recurrence forward storing the state every CK tokens (fp32, transient
 scratch), then walks back a segment at a time, recomputing each token's S_{t-1} from the segment's
 checkpoint in registers (CK / 2 steps on average). Gradients that sum over V (dq, dk, dg, dbeta) are
-written per V-block and summed when V spans several blocks.
+written per V-block (fp32) and summed, with the cast to the input's dtype, by one launch per gradient
+(:func:`sum_parts`).
 """
 from typing import Optional, Tuple
 
@@ -426,14 +427,42 @@ def _backward_launch(do, dht, q, k, v, beta, g, scale: float, initial_state, rev
         BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, DIRS=dirs, REVERSE=int(reverse), num_warps=warps)
 
     def per_direction(x, like):  # the V-block partials' sum, per direction where dirs = 2
-        x = x.view(*lead, n_v, *x.shape[1:]).sum(len(lead)) if n_v > 1 else x.view(*lead, *x.shape[1:])
-        return x.to(like.dtype)
+        return sum_parts(x, n_v, like.dtype).view(*lead, *x.shape[1:])
 
     def shared(x, like):  # an input both directions read: the sum of every partial
-        return (x[0] if x.shape[0] == 1 else x.sum(0)).to(like.dtype)
+        return sum_parts(x, x.shape[0], like.dtype)[0]
 
-    return (shared(dq_p, q), shared(dk_p, k), dv_ if dirs == 1 else dv_.sum(0).to(v.dtype),
+    return (shared(dq_p, q), shared(dk_p, k), dv_ if dirs == 1 else sum_parts(dv_, 2, v.dtype)[0],
             per_direction(dbeta_p, beta), per_direction(dg_p, g), dh0 if initial_state is not None else None)
+
+
+@triton.jit
+def _sum_parts_kernel(x_ptr, out_ptr, n, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[o, i] = sum over p < PARTS of x[o * PARTS + p, i] (fp32, parts in order), in out's dtype;
+    grid (cdiv(n, BLOCK), outputs)."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    first = tl.program_id(1).to(tl.int64) * PARTS
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for p in tl.static_range(PARTS):
+        acc += tl.load(x_ptr + (first + p) * n + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(1).to(tl.int64) * n + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+SUM_PARTS_BLOCK = 1024
+
+
+def sum_parts(x: torch.Tensor, parts: int, dtype: torch.dtype) -> torch.Tensor:
+    """The backward's partials ``x [O * parts, ...]`` (contiguous fp32) summed in groups of ``parts``
+    consecutive rows: ``[O, ...]`` in ``dtype``, one launch (the sum and the cast that two PyTorch ops per
+    output were: a strided reduction at a third of the bandwidth, then a copy)."""
+    outputs = x.shape[0] // parts
+    out = torch.empty(outputs, *x.shape[1:], device=x.device, dtype=dtype)
+    n = x[0].numel()
+    if n:
+        _sum_parts_kernel[(triton.cdiv(n, SUM_PARTS_BLOCK), outputs)](x, out, n, PARTS=parts, BLOCK=SUM_PARTS_BLOCK,
+                                                                      num_warps=4)
+    return out
 
 
 def fused_recurrent_hdla(

@@ -253,3 +253,18 @@ def test_compiled_training_equals_eager(backend, monkeypatch):
         chunk_hdla_bidirectional(**{n: x.detach().requires_grad_() for n, x in p.items()})
     assert set(ops.calls) == {"hdla_vision::fused_recurrent_hdla_bidirectional"}
     assert_compiled_equals_eager(lambda **kw: chunk_hdla_bidirectional(**kw, scale=0.5, output_final_state=True), p)
+
+
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+@pytest.mark.parametrize("parts,outputs", [(8, 1), (4, 2), (1, 2)])
+def test_sum_parts_sums_each_group_of_partials(backend, parts, outputs):
+    """The backward's epilogue: fp32 partials [outputs * parts, ...] summed per group of consecutive parts
+    and cast (more elements than one program's block, a size that is not a multiple of it)."""
+    from hdla_vision.kernels.hdla.fused_recurrent import SUM_PARTS_BLOCK, sum_parts
+
+    x = on_backend({"x": torch.randn(outputs * parts, 3, SUM_PARTS_BLOCK // 2 + 5)}, backend)["x"]
+    want = x.view(outputs, parts, *x.shape[1:]).sum(1)
+    got = sum_parts(x, parts, BF16)
+    assert got.dtype == BF16 and got.shape == want.shape
+    assert rel_err(got.float(), want) < 4e-3  # bf16 rounding of the fp32 sums
+    assert rel_err(sum_parts(x, parts, F32), want) < 1e-6  # fp32: the same sums, maybe in another order
