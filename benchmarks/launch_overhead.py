@@ -6,9 +6,8 @@ binding, specialisation or cache key), against one small PyTorch op.
 
 Each figure is the median over 5 repetitions of the wall time of ``launches`` calls issued while the GPU is
 still busy with a sleep queued before them (so no call waits for the device), divided by ``launches``. Our
-chunk kernels take 20-60 arguments (tensors, ints, constexprs); the backward issues ~30 of them per call,
-so at 36-51 µs each the launches alone cost about as much host time as the device spends at the vision and
-high-res shapes (benchmarks/results/NOTES.md, 2026-11-24, fourth). A launch cache in Python (a key from each
+chunk kernels take 20-60 arguments (tensors, ints, constexprs) and chunk_hdla's fwd+bwd issues 39 launches at
+the high-res shape, 2.0 of its 5.0 ms of host time (benchmarks/results/launch_h100/host_hires.txt). A launch cache in Python (a key from each
 argument's dtype, alignment or value, then the compiled kernel's launcher) cost 45-48 µs here: no less than
 Triton's own path (benchmarks/results/launch_h100/, 2026-11-25, third). Needs CUDA.
 """

@@ -59,6 +59,9 @@ def test_scratch_batch_slices(monkeypatch):
     monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "0")
     assert bwd.scratch_batch_slices(64, 100 * mib) == (slice(0, 64),)
     assert bwd.scratch_batch_slices(64, 100 * mib, 24, 1056) == (slice(0, 64),)
+    monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "1.5")
+    with pytest.raises(ValueError, match="HDLA_VISION_B2_SCRATCH_MIB"):
+        bwd.scratch_batch_slices(2, mib)
 
 
 def test_scratch_batch_slices_keep_the_waves(monkeypatch):
@@ -76,9 +79,6 @@ def test_scratch_batch_slices_keep_the_waves(monkeypatch):
     assert bwd.scratch_batch_slices(256, int(8.4 * mib), 24, 1056) == (slice(0, 86), slice(86, 172),
                                                                        slice(172, 256))
     assert bwd.scratch_batch_slices(3, 400 * mib, 700, 1056) == (slice(0, 3),)  # 2 waves; slices of 2 + 1 take 3
-    monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "1.5")
-    with pytest.raises(ValueError, match="HDLA_VISION_B2_SCRATCH_MIB"):
-        bwd.scratch_batch_slices(2, mib)
 
 
 def test_b2_scratch_bytes_match_chunk_vjp_allocations():

@@ -454,8 +454,8 @@ SUM_PARTS_BLOCK = 1024
 
 def sum_parts(x: torch.Tensor, parts: int, dtype: torch.dtype) -> torch.Tensor:
     """The backward's partials ``x [O * parts, ...]`` (contiguous fp32) summed in groups of ``parts``
-    consecutive rows: ``[O, ...]`` in ``dtype``, one launch (the sum and the cast that two PyTorch ops per
-    output were: a strided reduction at a third of the bandwidth, then a copy)."""
+    consecutive rows: ``[O, ...]`` in ``dtype``, in one launch where PyTorch takes two (a reduction over the
+    parts' axis, then the cast's copy)."""
     outputs = x.shape[0] // parts
     out = torch.empty(outputs, *x.shape[1:], device=x.device, dtype=dtype)
     n = x[0].numel()
