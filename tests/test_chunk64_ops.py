@@ -81,6 +81,17 @@ def test_scratch_batch_slices_keep_the_waves(monkeypatch):
     assert bwd.scratch_batch_slices(3, 400 * mib, 700, 1056) == (slice(0, 3),)  # 2 waves; slices of 2 + 1 take 3
 
 
+def test_wave_count_is_the_sum_over_the_slices():
+    """``_waves`` (closed form: the even slices have two sizes at most) against the sum over the slices."""
+    from hdla_vision.kernels.generalized import bwd
+
+    for batch in range(1, 40):
+        for parts in range(1, batch + 1):
+            for per_element, resident in ((24, 1056), (700, 1056), (5, 7), (1, 1)):
+                want = sum(-(-(s.stop - s.start) * per_element // resident) for s in bwd._even_slices(batch, parts))
+                assert bwd._waves(batch, parts, per_element, resident) == want, (batch, parts, per_element)
+
+
 def test_b2_scratch_bytes_match_chunk_vjp_allocations():
     """scratch_bytes_per_block counts what chunk_vjp allocates: apart, the sum of the tensors' bytes (fp32:
     4 per element) and the reduction buffer; pooled (the default) the planned pool, about 70% of that for

@@ -278,8 +278,8 @@ def scratch_batch_slices(batch: int, bytes_per_batch: int, programs_per_element:
     parts = 1 if budget == 0 else max(1, min(batch, triton.cdiv(batch * bytes_per_batch, budget)))
     if programs_per_element > 0 and resident_programs > 0:
         whole = _waves(batch, 1, programs_per_element, resident_programs)
-        parts = max(p for p in range(1, parts + 1)
-                    if _waves(batch, p, programs_per_element, resident_programs) == whole)
+        parts = next(p for p in range(parts, 0, -1)
+                     if _waves(batch, p, programs_per_element, resident_programs) == whole)
     return _even_slices(batch, parts)
 
 
@@ -289,9 +289,13 @@ def _even_slices(batch: int, parts: int) -> tuple:
 
 
 def _waves(batch: int, parts: int, programs_per_element: int, resident_programs: int) -> int:
-    """Waves of ``resident_programs`` the slices of :func:`_even_slices` take, one launch after another."""
-    return sum(triton.cdiv((s.stop - s.start) * programs_per_element, resident_programs)
-               for s in _even_slices(batch, parts))
+    """Waves of ``resident_programs`` the slices of :func:`_even_slices` take, one launch after another
+    (all of ``per`` elements but the last)."""
+    per = triton.cdiv(batch, parts)
+    count = triton.cdiv(batch, per)
+    last = batch - per * (count - 1)
+    return ((count - 1) * triton.cdiv(per * programs_per_element, resident_programs)
+            + triton.cdiv(last * programs_per_element, resident_programs))
 
 
 def _batch_part(x, part: slice, batch: int, dirs: int):
