@@ -64,6 +64,30 @@ def test_scratch_batch_slices(monkeypatch):
         bwd.scratch_batch_slices(2, mib)
 
 
+def test_scratch_batch_slices_fit_and_are_final(monkeypatch):
+    """Every slice fits the budget (where one element does), the count is the least that fits, and a slice's
+    own backward takes it whole: hdla_tiny's 1024 px batch (16 elements of 180.5 MiB, both directions) under
+    1 GiB in four slices of 4, where ceil(16 * 180.5 / 1024) = 3 slices of 6 (1083 MiB each) once made each
+    slice of 6 slice itself again (five B2 launches in all)."""
+    from hdla_vision.kernels.generalized import bwd
+
+    mib = 1 << 20
+    monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, "1024")
+    per = int(180.5 * mib)
+    assert [s.stop - s.start for s in bwd.scratch_batch_slices(16, per)] == [4, 4, 4, 4]
+    for budget in (1, 7, 100):
+        monkeypatch.setenv(bwd.SCRATCH_BUDGET_ENV, str(budget))
+        for batch in range(1, 30):
+            for per in (mib, 3 * mib, 5 * mib, 200 * mib):
+                sizes = [s.stop - s.start for s in bwd.scratch_batch_slices(batch, per)]
+                assert sum(sizes) == batch and min(sizes) >= 1
+                if per <= budget * mib:
+                    assert max(sizes) * per <= budget * mib, (budget, batch, per, sizes)
+                    fewer = -(-batch // (len(sizes) - 1)) if len(sizes) > 1 else 0
+                    assert len(sizes) == 1 or fewer * per > budget * mib  # one slice fewer would not fit
+                assert all(len(bwd.scratch_batch_slices(n, per)) == 1 for n in sizes if n * per <= budget * mib)
+
+
 def test_scratch_batch_slices_keep_the_waves(monkeypatch):
     """With the launch's programs per element and resident programs given, the batch takes the most slices
     up to the budget's count that cost no extra wave: the recurrence's backward at hdla_tiny's 512 px batch

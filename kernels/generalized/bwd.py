@@ -275,7 +275,10 @@ def scratch_batch_slices(batch: int, bytes_per_batch: int, programs_per_element:
     leaves the GPU part-empty costs a wave: given both, the batch runs in the most slices, up to the budget's
     count, whose waves add up to one launch's (:func:`_waves`); the budget may then be exceeded."""
     budget = scratch_budget_bytes()
-    parts = 1 if budget == 0 else max(1, min(batch, triton.cdiv(batch * bytes_per_batch, budget)))
+    # the count whose even slices (cdiv(batch, parts) elements each) fit, not cdiv(batch * bytes, budget): its
+    # slices, rounded up, could exceed the budget, and each slice's own backward then sliced itself again
+    # (16 elements of 180 MiB under 1 GiB: 6 + 6 + 4, then 3 + 3 twice, five launches of B2 instead of four)
+    parts = 1 if budget == 0 else triton.cdiv(batch, max(1, budget // max(1, bytes_per_batch)))
     if programs_per_element > 0 and resident_programs > 0:
         whole = _waves(batch, 1, programs_per_element, resident_programs)
         parts = next(p for p in range(parts, 0, -1)
