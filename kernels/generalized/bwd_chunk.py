@@ -1121,9 +1121,13 @@ def _v(t, rows, cols, trans=False):
 
 def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: bool = False) -> dict:
     """B2's column tiles and warps, the one place to tune them: BKS of S2 (K columns per step of the Gram
-    products), BK1 of S1 (the stacks), BKV of S5 (K columns per program), BVS (V columns per step);
+    products), BK1 of S1 (the stacks), BKV of S5a / S5 (K columns per program; 64, not 32: on the H100 S5a's
+    Gram VJPs took 31% less time at hdla_tiny's 1024 px batch and at the LM shape, S5 10-20% less, the seed
+    mixers' rank-1 and rank-0 B2 3-4% less: benchmarks/launch_configs.py; HDLA's S5 then spills 16 bytes on
+    sm_90a), BVS (V columns per step);
     diag_limit, the bound on the diagonal token blocks' factors (one product per block below it, else by
     levels; S2, S5a, S2b, S5b);
+    warps_gemm, warps_stacks: S4's and S1's warps;
     stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
     dM_QA's, spilled a register on sm_90a), else 3; ``$HDLA_VISION_B2_GEMM_STAGES`` overrides it (the
     benchmarks). Its K loops take 1 to 4 steps of 64, so a third stage rarely has a load to hold; the
@@ -1132,8 +1136,8 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     stages = os.environ.get("HDLA_VISION_B2_GEMM_STAGES") or (2 if lowp_scratch else 3)
     if str(stages) not in ("1", "2", "3", "4"):
         raise ValueError(f"HDLA_VISION_B2_GEMM_STAGES must be 1 to 4, got {stages!r}")
-    return dict(BKS=_tile(dk, 64), BK1=_tile(dk, 32), BKV=_tile(dk, 32), BVS=_tile(dv, 64),
-                warps_vjp=4 if rows <= 64 else 8, stages_vjp=1, stages_gemm=int(stages),
+    return dict(BKS=_tile(dk, 64), BK1=_tile(dk, 32), BKV=_tile(dk, 64), BVS=_tile(dv, 64),
+                warps_vjp=4 if rows <= 64 else 8, stages_vjp=1, stages_gemm=int(stages), warps_gemm=4, warps_stacks=4,
                 warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4, diag_limit=DIAG_LIMIT)
 
 
@@ -1367,7 +1371,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             out, a1, b1, a2, b2, cin if cin is not None else out, sa1b, sa1r, sa1c, sb1b, sb1r, sb1c,
             sa2b, sa2r, sa2c, sb2b, sb2r, sb2c, m, n, k1, k2, float(al1), float(al2), BM=bm, BN=bn,
             BK1=_tile(k1), BK2=_tile(k2), HAS2=len(terms) > 1, HAS_C=cin is not None, MASK=1 if mask else 0,
-            RPR=1, RPC=rkp, **prec, num_warps=4, num_stages=cfg["stages_gemm"])
+            RPR=1, RPC=rkp, **prec, num_warps=cfg["warps_gemm"], num_stages=cfg["stages_gemm"])
 
     tm = z["tm16"] if z["tm16"].numel() else z["tm"]  # S4 reads T and At from their 16-bit copies if any
     at = z["at16"] if z["at16"].numel() else z["at"]
@@ -1383,7 +1387,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             float(scale), *(offsets(n, 0) for n in ("q", "k", "v", "a", "b", "hdla_beta", "g")), C=c,
             BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=rev,
             LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0, DIRS=dirs, STATE_INPUTS=state_inputs is not None,
-            num_warps=4)
+            num_warps=cfg["warps_stacks"])
         grams_in = (z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"])
         _gram_kernel[(nt, bh_all, nb)](
             *grams_in, defer["gram"], paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap,

@@ -1007,14 +1007,15 @@ def intra_scratch_floats(c: int, rap: int, rkp: int) -> int:
 
 
 def launch_warps(stage: str, c: int, rap: int, rkp: int, bk: int) -> int:
-    """num_warps per forward stage from the tile sizes (chunk c, padded ranks, key block bk): the
-    host-side table that an autotuner would replace once a GPU can time the choices; each entry is
-    the smallest count that compiles for sm_90a without spills (``--part aot``)."""
+    """num_warps per forward stage from the tile sizes (chunk c, padded ranks, key block bk): each entry
+    the smallest count that compiled for sm_90a without spills (``--part aot``), except where a device
+    timed another one faster (``python -m benchmarks.launch_configs``: F1ab at rank 2 and K <= 64)."""
     rows = c * max(rap, rkp)
     if stage == "F0":
         return 4 if c * bk <= 64 * 64 else 8
-    if stage == "F1ab":  # row-block tiles: [16 rap, bk] and [16 rap, c rkp]
-        return 4 if 16 * rap * max(bk, c * rkp) < 32 * 64 else 8
+    if stage == "F1ab":  # row-block tiles: [16 rap, bk] and [16 rap, c rkp]; rank 2 at K <= 64 (HDLA at d = 64)
+        # timed: 4 warps 40% faster than 8 (benchmarks/launch_configs.py, H100); both spill ~80 bytes on sm_90a
+        return 4 if 16 * rap * max(bk, c * rkp) < 32 * 64 or (rap == 2 and max(bk, c * rkp) <= 64) else 8
     if stage == "F1c":
         return 4 if rows * bk <= 64 * 64 else 8
     if stage == "F2":

@@ -1,0 +1,220 @@
+"""Launch settings of the chunk64 kernels timed on a device: warps, pipeline stages and column tiles of the
+forward (F1ab, F1c, F2: ``fwd.launch_warps``), B1 (``bwd.b1_config``) and B2 (``bwd_chunk.b2_config``),
+each variant against the defaults in the same process, per kernel and for the whole op.
+
+    python -m benchmarks.launch_configs --shapes b1024 hires lm --variants base f1ab_w8 b2_block_w4 ...
+    python -m benchmarks.launch_configs --list
+
+Those tables were set from sm_90a compiles without spills (``--part aot`` of the stage benchmarks), never
+timed; this is the timing. A variant changes launch settings only, not the arithmetic's order within a
+product, so its gradients must match the defaults' to bf16 rounding (``max_rel_vs_base``; NaN fails).
+Shapes: ``b1024`` is hdla_tiny's 1024 px training batch through ``chunk_hdla_bidirectional`` (both
+directions, B = 16, T = 4096, H = 3, d = 64; ``b2048``, ``b224`` the 2048 / 224 px ones), ``hires`` and ``lm``
+single-direction ``chunk_hdla`` at (8, 4096, 3, 64) and (4, 4096, 16, 128); ``<shape>:gla`` (``kda``, ``gdn``)
+the generalized op at rank 0 (rank 1 with vector decay, rank 1 with a decay per head); bf16, mild gates. Per kernel: torch.profiler's device µs per
+call of the op's fwd+bwd; whole op: ``triton.testing.do_bench`` median. Needs CUDA.
+"""
+import argparse
+import json
+import os
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from benchmarks.timing import device_us, profile_steps
+from hdla_vision.kernels import chunk_generalized, chunk_generalized_bidirectional, chunk_hdla, chunk_hdla_bidirectional
+from hdla_vision.kernels.generalized import bwd, bwd_chunk, fwd
+from tools.provenance import provenance
+
+SHAPES = {"b1024": (16, 4096, 3, 64, True), "b2048": (2, 16384, 3, 64, True), "hires": (8, 4096, 3, 64, False),
+          "lm": (4, 4096, 16, 128, False), "b224": (256, 196, 3, 64, True)}
+# kind -> (r_ab, scalar decay per head); "hdla" runs the HDLA ops, the others chunk_generalized(_bidirectional)
+# with r_kv = 1 as the seed mixers call them: GLA (rank 0), KDA (rank 1, vector decay), GDN (rank 1, decay per head)
+KINDS = {"hdla": (2, False), "gla": (0, False), "kda": (1, False), "gdn": (1, True)}
+
+# variant -> overrides: "fwd:<stage>" a forward stage's warps (F1ab, F1c, F2), "b1:<key>" and "b2:<key>" an
+# entry of b1_config / b2_config, "env:<name>" an environment variable (B2's scratch budget)
+VARIANTS = {
+    "base": {},
+    "old_defaults": {"fwd:F1ab": 8, "b2:BKV": 32},  # the tables before this benchmark (HDLA at d <= 64)
+    "old_bkv": {"b2:BKV": 32},
+    "f1ab_w4": {"fwd:F1ab": 4}, "f1ab_w8": {"fwd:F1ab": 8}, "f1ab_w2": {"fwd:F1ab": 2},
+    "f1c_w4": {"fwd:F1c": 4}, "f1c_w8": {"fwd:F1c": 8},
+    "f2_w8": {"fwd:F2": 8}, "f2_w2": {"fwd:F2": 2},
+    "b1_w8": {"b1:num_warps": 8}, "b1_w2": {"b1:num_warps": 2},
+    "b2_block_w4": {"b2:warps_block": 4}, "b2_block_w8": {"b2:warps_block": 8},
+    "b2_vjp_w4": {"b2:warps_vjp": 4}, "b2_vjp_w8": {"b2:warps_vjp": 8}, "b2_vjp_s2": {"b2:stages_vjp": 2},
+    "b2_gemm_w8": {"b2:warps_gemm": 8}, "b2_gemm_w2": {"b2:warps_gemm": 2},
+    "b2_gemm_s3": {"b2:stages_gemm": 3}, "b2_gemm_s1": {"b2:stages_gemm": 1},
+    "b2_stacks_w8": {"b2:warps_stacks": 8}, "b2_stacks_w2": {"b2:warps_stacks": 2},
+    "b2_bkv64": {"b2:BKV": 64}, "b2_bkv128": {"b2:BKV": 128}, "b2_bkv16": {"b2:BKV": 16}, "b2_bks32": {"b2:BKS": 32},
+    "f1ab_w4_bkv64": {"fwd:F1ab": 4, "b2:BKV": 64}, "f1ab_w4_bkv128": {"fwd:F1ab": 4, "b2:BKV": 128},
+    "budget_1152": {"env:HDLA_VISION_B2_SCRATCH_MIB": "1152"}, "budget_2048": {"env:HDLA_VISION_B2_SCRATCH_MIB": "2048"},
+    "budget_0": {"env:HDLA_VISION_B2_SCRATCH_MIB": "0"},
+}
+
+
+@contextmanager
+def launch_settings(overrides: dict):
+    """The launch tables with ``overrides`` applied (module attributes patched, restored on exit)."""
+    real = (fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config)
+
+    def launch_warps(stage, *args):
+        return overrides.get(f"fwd:{stage}") or real[0](stage, *args)
+
+    def b1_config(*args):
+        return {**real[1](*args), **{k[3:]: v for k, v in overrides.items() if k.startswith("b1:")}}
+
+    def b2_config(*args, **kwargs):
+        return {**real[2](*args, **kwargs), **{k[3:]: v for k, v in overrides.items() if k.startswith("b2:")}}
+
+    env = {k[4:]: v for k, v in overrides.items() if k.startswith("env:")}
+    saved = {name: os.environ.get(name) for name in env}
+    fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config = launch_warps, b1_config, b2_config
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config = real
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def make_case(shape, kind="hdla", seed=0, device="cuda", gates="mild"):
+    """Inputs (bf16; mild gates, or ``every8``: -20 on every eighth channel, whose diagonal blocks take the
+    levels) and a closure running the op's fwd+bwd, returning (y, *input grads)."""
+    batch, seq_len, heads, d, bidir = shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
+    dirs = (2,) if bidir else ()
+    r_ab, scalar = KINDS[kind]
+    q = rand(batch, seq_len, heads, d).bfloat16().requires_grad_()
+    dy = rand(batch, seq_len, heads, d).bfloat16()
+    g_shape = (*dirs, batch, seq_len, heads) + (() if scalar else (d,))
+    g = -0.5 * rand(*g_shape).abs()
+    if gates == "every8" and not scalar:
+        g[..., ::8] = -20.0
+    g.requires_grad_()
+    if kind == "hdla":
+        k = F.normalize(rand(batch, seq_len, heads, d), dim=-1).bfloat16().requires_grad_()
+        v = rand(batch, seq_len, heads, d).bfloat16().requires_grad_()
+        beta = (2 * torch.sigmoid(rand(*dirs, batch, seq_len, heads))).requires_grad_()
+        inputs = (q, k, v, beta, g)
+        op = chunk_hdla_bidirectional if bidir else chunk_hdla
+    else:  # the delta rule's a = beta k, b = k (KDA: b = alpha k is folded into the decay here; timing only)
+        k = F.normalize(rand(batch, seq_len, heads, 1, d), dim=-1).bfloat16().requires_grad_()
+        v = rand(batch, seq_len, heads, 1, d).bfloat16().requires_grad_()
+        a = (rand(batch, seq_len, heads, r_ab, d) / d ** 0.5).bfloat16().requires_grad_()
+        b = F.normalize(rand(batch, seq_len, heads, r_ab, d), dim=-1).bfloat16().requires_grad_()
+        inputs = (q, k, v, a, b, g)
+        op = chunk_generalized_bidirectional if bidir else chunk_generalized
+
+    def step():
+        for x in inputs:
+            x.grad = None
+        y = op(*inputs, scale=d ** -0.5)[0]
+        y.backward(dy)
+        return (y.detach(), *(x.grad for x in inputs if x.grad is not None))
+
+    return step
+
+
+def per_kernel(step, calls=3) -> dict:
+    """``{kernel: [device µs per call of step, launches per call]}`` under torch.profiler, largest first."""
+    rows = {}
+    for e in profile_steps(step, calls).key_averages():
+        if device_us(e) > 0 and not e.key.startswith(("aten::", "hdla_vision::", "Generated", "autograd")):
+            rows[e.key[:60]] = [round(device_us(e) / calls, 1), round(e.count / calls, 2)]
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1][0]))
+
+
+def rel(x, ref) -> float:
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+@contextmanager
+def recorded_slices(record: list):
+    """Appends the batch slices each backward call of B2 takes (``bwd.scratch_batch_slices``) to ``record``."""
+    real = bwd.scratch_batch_slices
+
+    def slices(*args, **kwargs):
+        parts = real(*args, **kwargs)
+        record.append([p.stop - p.start for p in parts])
+        return parts
+
+    bwd.scratch_batch_slices = slices
+    try:
+        yield
+    finally:
+        bwd.scratch_batch_slices = real
+
+
+def run(shape_names, variant_names, rep_ms=200, save=lambda rows: None, gates="mild") -> list:
+    """Every variant at every shape (``<shape>`` or ``<shape>:<kind>``), the defaults first; ``save(rows)``
+    after each row (a time limit keeps what ran)."""
+    rows = []
+    for name in shape_names:
+        shape, kind = (name.split(":") + ["hdla"])[:2]
+        step = make_case(SHAPES[shape], kind, gates=gates)
+        base = None
+        for variant in variant_names:
+            with launch_settings(VARIANTS[variant]):
+                slices = []
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                try:
+                    with recorded_slices(slices):
+                        out = step()
+                    torch.cuda.synchronize()
+                except Exception as error:  # a setting that cannot compile or launch: recorded, not fatal
+                    rows.append(dict(shape=name, variant=variant, error=f"{type(error).__name__}: {error}"[:300]))
+                    print(rows[-1], flush=True)
+                    continue
+                row = dict(shape=name, variant=variant, gates=gates, overrides=VARIANTS[variant], b2_slices=slices,
+                           peak_mib=round(torch.cuda.max_memory_allocated() / 2**20))
+                row["finite"] = all(torch.isfinite(t).all().item() for t in out)
+                if base is None:
+                    base = out
+                row["max_rel_vs_base"] = max(rel(o, b) for o, b in zip(out, base))
+                row["fwd_bwd_ms"] = triton.testing.do_bench(step, warmup=50, rep=rep_ms, return_mode="median")
+                row["kernels_us"] = per_kernel(step)
+            rows.append(row)
+            save(rows)
+            print(json.dumps({k: v for k, v in row.items() if k != "kernels_us"}), flush=True)
+            print("   ", json.dumps(dict(list(row["kernels_us"].items())[:10])), flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=["b1024"], choices=[f"{s}:{k}" if k != "hdla" else s
+                                                                           for s in SHAPES for k in KINDS],
+                        help="<shape> (HDLA) or <shape>:<kind>, kind one of " + ", ".join(KINDS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--rep-ms", type=int, default=200)
+    parser.add_argument("--gates", default="mild", choices=("mild", "every8"))
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "launch_configs.json"))
+    parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, overrides in VARIANTS.items():
+            print(name, overrides)
+        return
+    variants = ["base"] + [v for v in args.variants if v != "base"]
+    head = provenance(torch.cuda.get_device_name())
+
+    def save(rows):
+        with open(args.out, "w") as f:
+            json.dump(dict(head, rows=rows), f, indent=1)
+
+    run(args.shapes, variants, args.rep_ms, save, args.gates)
+
+
+if __name__ == "__main__":
+    main()
