@@ -35,10 +35,12 @@ SHAPES = {"b1024": (16, 4096, 3, 64, True), "b2048": (2, 16384, 3, 64, True), "h
 KINDS = {"hdla": (2, False), "gla": (0, False), "kda": (1, False), "gdn": (1, True)}
 
 # variant -> overrides: "fwd:<stage>" a forward stage's warps (F1ab, F1c, F2), "b1:<key>" and "b2:<key>" an
-# entry of b1_config / b2_config, "env:<name>" an environment variable (B2's scratch budget)
+# entry of b1_config / b2_config, "env:<name>" an environment variable (B2's scratch budget), "slices:old" the
+# chunk backward's batch slices by the rule before 0c1e469 (:func:`old_slices`)
 VARIANTS = {
     "base": {},
     "old_defaults": {"fwd:F1ab": 8, "b2:BKV": 32},  # the tables before this benchmark (HDLA at d <= 64)
+    "before": {"fwd:F1ab": 8, "b2:BKV": 32, "slices:old": True},  # and the slice rule before 0c1e469
     "old_bkv": {"b2:BKV": 32},
     "f1ab_w4": {"fwd:F1ab": 4}, "f1ab_w8": {"fwd:F1ab": 8}, "f1ab_w2": {"fwd:F1ab": 2},
     "f1c_w4": {"fwd:F1c": 4}, "f1c_w8": {"fwd:F1c": 8},
@@ -54,6 +56,18 @@ VARIANTS = {
     "budget_1152": {"env:HDLA_VISION_B2_SCRATCH_MIB": "1152"}, "budget_2048": {"env:HDLA_VISION_B2_SCRATCH_MIB": "2048"},
     "budget_0": {"env:HDLA_VISION_B2_SCRATCH_MIB": "0"},
 }
+
+
+def old_slices(batch: int, bytes_per_batch: int, programs_per_element: int = 0, resident_programs: int = 0):
+    """``bwd.scratch_batch_slices`` before 0c1e469: ceil(batch * bytes / budget) even slices, which could each
+    exceed the budget and be sliced again by the slice's own backward (the A/B's "before")."""
+    budget = bwd.scratch_budget_bytes()
+    parts = 1 if budget == 0 else max(1, min(batch, triton.cdiv(batch * bytes_per_batch, budget)))
+    if programs_per_element > 0 and resident_programs > 0:
+        whole = bwd._waves(batch, 1, programs_per_element, resident_programs)
+        parts = next(p for p in range(parts, 0, -1)
+                     if bwd._waves(batch, p, programs_per_element, resident_programs) == whole)
+    return bwd._even_slices(batch, parts)
 
 
 @contextmanager
@@ -72,12 +86,16 @@ def launch_settings(overrides: dict):
 
     env = {k[4:]: v for k, v in overrides.items() if k.startswith("env:")}
     saved = {name: os.environ.get(name) for name in env}
+    slices = bwd.scratch_batch_slices
     fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config = launch_warps, b1_config, b2_config
+    if overrides.get("slices:old"):
+        bwd.scratch_batch_slices = old_slices
     os.environ.update(env)
     try:
         yield
     finally:
         fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config = real
+        bwd.scratch_batch_slices = slices
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -191,6 +209,26 @@ def run(shape_names, variant_names, rep_ms=200, save=lambda rows: None, gates="m
     return rows
 
 
+def models_ab(models, resolutions, variants, rounds, compile_mode, rep_ms, save) -> list:
+    """Training steps of whole models (``benchmarks.models.measure``, bf16 autocast, its batch sizes) under each
+    variant in turn, ``rounds`` times (A B A B: the host's drift between machines and over minutes is larger
+    than the change, so only cells of one process compare)."""
+    from benchmarks.models import BATCH_SIZES, measure
+
+    rows = []
+    for res in resolutions:
+        for name in models:
+            for round_ in range(rounds):
+                for variant in variants:
+                    with launch_settings(VARIANTS[variant]):
+                        row = measure(name, "train", res, BATCH_SIZES[res], torch.device("cuda"), 100, rep_ms,
+                                      compile_mode)
+                    rows.append(dict(row, variant=variant, round=round_))
+                    save(rows)
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["b1024"], choices=[f"{s}:{k}" if k != "hdla" else s
@@ -201,6 +239,11 @@ def main(argv=None) -> None:
     parser.add_argument("--gates", default="mild", choices=("mild", "every8"))
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "launch_configs.json"))
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    parser.add_argument("--models-ab", nargs="+", default=None, metavar="MODEL",
+                        help="time these models' training steps under each variant instead (benchmarks.models)")
+    parser.add_argument("--resolutions", type=int, nargs="+", default=[1024, 2048], help="with --models-ab")
+    parser.add_argument("--rounds", type=int, default=2, help="with --models-ab: A B rounds")
+    parser.add_argument("--compile", default="eager", help="with --models-ab: benchmarks.models' compile mode")
     args = parser.parse_args(argv)
     if args.list:
         for name, overrides in VARIANTS.items():
@@ -213,6 +256,9 @@ def main(argv=None) -> None:
         with open(args.out, "w") as f:
             json.dump(dict(head, rows=rows), f, indent=1)
 
+    if args.models_ab:
+        models_ab(args.models_ab, args.resolutions, args.variants, args.rounds, args.compile, args.rep_ms, save)
+        return
     run(args.shapes, variants, args.rep_ms, save, args.gates)
 
 
