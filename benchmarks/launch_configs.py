@@ -209,6 +209,13 @@ def run(shape_names, variant_names, rep_ms=200, save=lambda rows: None, gates="m
     return rows
 
 
+def allocator_counts() -> dict:
+    """The caching allocator's cudaMalloc / cudaFree calls and retries so far (each may synchronise the host
+    with the device: an eager step that meets them stops overlapping its launches with the GPU's work)."""
+    stats = torch.cuda.memory_stats()
+    return {k: stats.get(k, 0) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
+
+
 def models_ab(models, resolutions, variants, rounds, compile_mode, rep_ms, save) -> list:
     """Training steps of whole models (``benchmarks.models.measure``, bf16 autocast, its batch sizes) under each
     variant in turn, ``rounds`` times (A B A B: the host's drift between machines and over minutes is larger
@@ -220,10 +227,13 @@ def models_ab(models, resolutions, variants, rounds, compile_mode, rep_ms, save)
         for name in models:
             for round_ in range(rounds):
                 for variant in variants:
+                    before = allocator_counts()
                     with launch_settings(VARIANTS[variant]):
                         row = measure(name, "train", res, BATCH_SIZES[res], torch.device("cuda"), 100, rep_ms,
                                       compile_mode)
-                    rows.append(dict(row, variant=variant, round=round_))
+                    after = allocator_counts()
+                    rows.append(dict(row, variant=variant, round=round_,
+                                     allocator={k: after[k] - before[k] for k in after}))
                     save(rows)
                     print(json.dumps(rows[-1]), flush=True)
     return rows
