@@ -1123,7 +1123,7 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     """B2's column tiles and warps, the one place to tune them: BKS of S2 (K columns per step of the Gram
     products), BK1 of S1 (the stacks), BKV of S5a / S5 (K columns per program; 64, not 32: on the H100 S5a's
     Gram VJPs took 31% less time at hdla_tiny's 1024 px batch and at the LM shape, S5 10-20% less, the seed
-    mixers' rank-1 and rank-0 B2 3-4% less: benchmarks/launch_configs.py; HDLA's S5 then spills 16 bytes on
+    mixers' rank-1 and rank-0 B2 2-4% less: benchmarks/launch_configs.py; HDLA's S5 then spills 16 bytes on
     sm_90a), BVS (V columns per step);
     diag_limit, the bound on the diagonal token blocks' factors (one product per block below it, else by
     levels; S2, S5a, S2b, S5b);
