@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from benchmarks.timing import device_us, profile_steps
+from benchmarks.kernel_stages_bwd import _rel as rel
+from benchmarks.kernel_stages_bwd import profile_launches
 from hdla_vision.kernels import chunk_generalized, chunk_generalized_bidirectional, chunk_hdla, chunk_hdla_bidirectional
 from hdla_vision.kernels.generalized import bwd, bwd_chunk, fwd
 from tools.provenance import provenance
@@ -63,11 +64,7 @@ def old_slices(batch: int, bytes_per_batch: int, programs_per_element: int = 0, 
     exceed the budget and be sliced again by the slice's own backward (the A/B's "before")."""
     budget = bwd.scratch_budget_bytes()
     parts = 1 if budget == 0 else max(1, min(batch, triton.cdiv(batch * bytes_per_batch, budget)))
-    if programs_per_element > 0 and resident_programs > 0:
-        whole = bwd._waves(batch, 1, programs_per_element, resident_programs)
-        parts = next(p for p in range(parts, 0, -1)
-                     if bwd._waves(batch, p, programs_per_element, resident_programs) == whole)
-    return bwd._even_slices(batch, parts)
+    return bwd.slices_keeping_waves(batch, parts, programs_per_element, resident_programs)
 
 
 @contextmanager
@@ -143,17 +140,10 @@ def make_case(shape, kind="hdla", seed=0, device="cuda", gates="mild"):
 
 
 def per_kernel(step, calls=3) -> dict:
-    """``{kernel: [device µs per call of step, launches per call]}`` under torch.profiler, largest first."""
-    rows = {}
-    for e in profile_steps(step, calls).key_averages():
-        if device_us(e) > 0 and not e.key.startswith(("aten::", "hdla_vision::", "Generated", "autograd")):
-            rows[e.key[:60]] = [round(device_us(e) / calls, 1), round(e.count / calls, 2)]
-    return dict(sorted(rows.items(), key=lambda kv: -kv[1][0]))
-
-
-def rel(x, ref) -> float:
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+    """``{kernel: [device µs per call of step, launches per call]}`` (kernel_stages_bwd's profile), largest
+    first, without the op-level rows (aten and custom ops, autograd nodes) that contain the kernels."""
+    ops = ("aten::", "hdla_vision::", "Generated", "autograd")
+    return {name: row for name, row in profile_launches(step, calls).items() if not name.startswith(ops)}
 
 
 @contextmanager

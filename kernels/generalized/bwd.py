@@ -279,6 +279,12 @@ def scratch_batch_slices(batch: int, bytes_per_batch: int, programs_per_element:
     # slices, rounded up, could exceed the budget, and each slice's own backward then sliced itself again
     # (16 elements of 180 MiB under 1 GiB: 6 + 6 + 4, then 3 + 3 twice, five launches of B2 instead of four)
     parts = 1 if budget == 0 else triton.cdiv(batch, max(1, budget // max(1, bytes_per_batch)))
+    return slices_keeping_waves(batch, parts, programs_per_element, resident_programs)
+
+
+def slices_keeping_waves(batch: int, parts: int, programs_per_element: int = 0, resident_programs: int = 0) -> tuple:
+    """Even slices of the batch, at most ``parts``: the most whose waves (:func:`_waves`) add up to one launch's
+    where ``programs_per_element`` and ``resident_programs`` are given, else ``parts``."""
     if programs_per_element > 0 and resident_programs > 0:
         whole = _waves(batch, 1, programs_per_element, resident_programs)
         parts = next(p for p in range(parts, 0, -1)

@@ -1013,9 +1013,11 @@ def launch_warps(stage: str, c: int, rap: int, rkp: int, bk: int) -> int:
     rows = c * max(rap, rkp)
     if stage == "F0":
         return 4 if c * bk <= 64 * 64 else 8
-    if stage == "F1ab":  # row-block tiles: [16 rap, bk] and [16 rap, c rkp]; rank 2 at K <= 64 (HDLA at d = 64)
-        # timed: 4 warps 40% faster than 8 (benchmarks/launch_configs.py, H100); both spill ~80 bytes on sm_90a
-        return 4 if 16 * rap * max(bk, c * rkp) < 32 * 64 or (rap == 2 and max(bk, c * rkp) <= 64) else 8
+    if stage == "F1ab":  # row-block tiles: [16 rap, width] with width = max(bk, c rkp)
+        width = max(bk, c * rkp)
+        # rank 2 at width 64 (HDLA at d = 64): 4 warps timed 40% faster than 8 (benchmarks/launch_configs.py,
+        # H100); both spill ~80 bytes on sm_90a
+        return 4 if 16 * rap * width < 32 * 64 or (rap == 2 and width <= 64) else 8
     if stage == "F1c":
         return 4 if rows * bk <= 64 * 64 else 8
     if stage == "F2":
