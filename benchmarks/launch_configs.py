@@ -56,6 +56,9 @@ VARIANTS = {
     "f1ab_w4_bkv64": {"fwd:F1ab": 4, "b2:BKV": 64}, "f1ab_w4_bkv128": {"fwd:F1ab": 4, "b2:BKV": 128},
     "budget_1152": {"env:HDLA_VISION_B2_SCRATCH_MIB": "1152"}, "budget_2048": {"env:HDLA_VISION_B2_SCRATCH_MIB": "2048"},
     "budget_0": {"env:HDLA_VISION_B2_SCRATCH_MIB": "0"},
+    # operands of B2's factored diagonal Gram blocks (bwd_chunk.DIAG_PRECISIONS): S2 / S2b (diag_gram, default tf32;
+    # tf32x3 before 2026-11-25), S5a / S5b (diag_vjp, default tf32x3)
+    "s2_tf32x3": {"b2:diag_gram": "tf32x3"}, "s2_bf16": {"b2:diag_gram": "bf16"}, "s5_tf32": {"b2:diag_vjp": "tf32"},
 }
 
 

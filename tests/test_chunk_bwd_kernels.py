@@ -174,12 +174,23 @@ def test_diag_limit_outside_its_range_raises():
 
 
 def test_diag_precision_rule(monkeypatch):
-    """The factored diagonal products take tf32x3 for 16-bit inputs by default; the benchmark override
-    picks bf16 or tf32, never fp16 operands (bf16 becomes tf32 for fp16 inputs); a bad name raises."""
+    """The factored diagonal products take tf32x3 for 16-bit inputs by default in the Gram VJPs (S5a, S5b) and
+    tf32 in the Grams (S2, S2b); the benchmark overrides pick bf16 or tf32 (both stages) or S2's alone, never
+    fp16 operands (bf16 becomes tf32 for fp16 inputs); a bad name raises."""
     from hdla_vision.kernels.generalized import bwd_chunk
 
     monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION", raising=False)
+    monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION_S2", raising=False)
     assert bwd_chunk.diag_lowp(1) == 3 and bwd_chunk.diag_lowp(2) == 3
+    cfg = lambda: bwd_chunk.b2_config(64, 64, 32, 1, 2, True)  # noqa: E731
+    assert cfg()["diag_gram"] == "tf32" and bwd_chunk.diag_lowp(1, cfg()["diag_gram"]) == 0
+    assert bwd_chunk.diag_lowp(1, cfg()["diag_vjp"]) == 3
+    monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION_S2", "bf16")
+    assert bwd_chunk.diag_lowp(1, cfg()["diag_gram"]) == 1 and bwd_chunk.diag_lowp(2, cfg()["diag_gram"]) == 0
+    assert bwd_chunk.diag_lowp(1, cfg()["diag_vjp"]) == 3
+    monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION_S2")
+    monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "tf32x3")
+    assert bwd_chunk.diag_lowp(1, cfg()["diag_gram"]) == 3
     monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "bf16")
     assert bwd_chunk.diag_lowp(1) == 1 and bwd_chunk.diag_lowp(2) == 0
     monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "fp8")

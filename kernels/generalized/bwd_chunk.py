@@ -32,7 +32,8 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
 
 Products take bf16 (fp16) operands with fp32 accumulation for 16-bit inputs and exact fp32 (ieee) for
 fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs, the factored diagonal
-Gram products tf32x3 (:data:`DIAG_PRECISION`, kernels/README.md §8 Numerics: dg needs their precision).
+Gram VJPs' products tf32x3 (:data:`DIAG_PRECISION`, kernels/README.md §8 Numerics: dg needs their precision),
+the factored diagonal Gram blocks of S2 tf32 (:data:`GRAM_DIAG_PRECISION`).
 Scratch is fp32, except for 16-bit inputs the tensors that only S4's products read (:data:`OPERAND_ONLY`,
 stored in the dtype those products cast them to: the same bits, half the bytes), 16-bit copies of T and
 At that S4 reads instead (:data:`OPERAND_COPIES`), and dV's stack (dv's dtype); :func:`scratch_dtypes`.
@@ -60,6 +61,12 @@ DIAG_LIMIT = 35.0
 # ``$HDLA_VISION_DIAG_PRECISION`` (bf16 / tf32 / tf32x3) overrides it, for the stage benchmarks.
 DIAG_PRECISIONS = {"bf16": 1, "tf32": 0, "tf32x3": 3}
 DIAG_PRECISION = "tf32x3"
+# S2's (and S2b's) diagonal Gram blocks, which feed the inverse and S4's 16-bit products, not dg's sum directly:
+# one tf32 product suffices there. On the H100 (2026-11-25, benchmarks/results/launch_configs_h100/
+# diag_precision.json) S2 took 2.21 -> 1.74 ms at hdla_tiny's 1024 px batch and 2.61 -> 2.08 ms at the LM shape;
+# bf16 there put HDLA's dbeta at 5.2e-3 of float64 (tf32x3: 4.9e-3), tf32 in S5a too put dg at 7.0e-3.
+# ``$HDLA_VISION_DIAG_PRECISION_S2`` overrides it, then ``$HDLA_VISION_DIAG_PRECISION`` (both stages).
+GRAM_DIAG_PRECISION = "tf32"
 
 # B2's scratch (chunk_vjp's z[...], per chunk) by producer and consumers. "operand": an S4 product's
 # operand, which _dot casts to the input's 16-bit dtype for 16-bit inputs (_gemm_part's load, then _dot
@@ -1126,7 +1133,9 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     mixers' rank-1 and rank-0 B2 2-4% less: benchmarks/launch_configs.py; HDLA's S5 then spills 16 bytes on
     sm_90a), BVS (V columns per step);
     diag_limit, the bound on the diagonal token blocks' factors (one product per block below it, else by
-    levels; S2, S5a, S2b, S5b);
+    levels; S2, S5a, S2b, S5b); diag_gram, diag_vjp: the operands of those products in S2 / S2b
+    (:data:`GRAM_DIAG_PRECISION`) and S5a / S5b (None: :func:`diag_lowp`'s default), names of
+    :data:`DIAG_PRECISIONS`;
     warps_gemm, warps_stacks: S4's and S1's warps;
     stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
     dM_QA's, spilled a register on sm_90a), else 3; ``$HDLA_VISION_B2_GEMM_STAGES`` overrides it (the
@@ -1138,14 +1147,17 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
         raise ValueError(f"HDLA_VISION_B2_GEMM_STAGES must be 1 to 4, got {stages!r}")
     return dict(BKS=_tile(dk, 64), BK1=_tile(dk, 32), BKV=_tile(dk, 64), BVS=_tile(dv, 64),
                 warps_vjp=4 if rows <= 64 else 8, stages_vjp=1, stages_gemm=int(stages), warps_gemm=4, warps_stacks=4,
-                warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4, diag_limit=DIAG_LIMIT)
+                warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4, diag_limit=DIAG_LIMIT,
+                diag_gram=(os.environ.get("HDLA_VISION_DIAG_PRECISION_S2") or os.environ.get("HDLA_VISION_DIAG_PRECISION")
+                           or GRAM_DIAG_PRECISION), diag_vjp=None)
 
 
-def diag_lowp(lowp: int) -> int:
+def diag_lowp(lowp: int, name: str = None) -> int:
     """The _dot LOWP code of the factored diagonal products for inputs of LOWP code ``lowp`` (0 = fp32:
-    unused, F32 takes ieee): :data:`DIAG_PRECISION` or ``$HDLA_VISION_DIAG_PRECISION``; never fp16
-    (its range, e^11, cannot hold factors up to e^DIAG_LIMIT): bf16 becomes tf32 for fp16 inputs."""
-    name = os.environ.get("HDLA_VISION_DIAG_PRECISION") or DIAG_PRECISION
+    unused, F32 takes ieee): ``name`` (one of :data:`DIAG_PRECISIONS`) if given, else :data:`DIAG_PRECISION`
+    or ``$HDLA_VISION_DIAG_PRECISION``; never fp16 (its range, e^11, cannot hold factors up to
+    e^DIAG_LIMIT): bf16 becomes tf32 for fp16 inputs."""
+    name = name or os.environ.get("HDLA_VISION_DIAG_PRECISION") or DIAG_PRECISION
     if name not in DIAG_PRECISIONS:
         raise ValueError(f"HDLA_VISION_DIAG_PRECISION must be one of {sorted(DIAG_PRECISIONS)}, got {name!r}")
     code = DIAG_PRECISIONS[name]
@@ -1350,7 +1362,8 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     empty = z["s"]
     ranks = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap)
     prec = dict(F32=f32, LOWP=lowp)
-    diag = dict(DLOWP=diag_lowp(lowp), DIAG_LIMIT=limit, RECORD=diag_paths is not None)
+    diag = dict(DLOWP=diag_lowp(lowp, cfg["diag_vjp"]), DIAG_LIMIT=limit, RECORD=diag_paths is not None)
+    gram_diag = dict(diag, DLOWP=diag_lowp(lowp, cfg["diag_gram"]))  # S2, S2b
     nb = c // 16
     levels_pass = not scalar and limit > 0  # S2b, S5b: the diagonal blocks S2, S5a leave (diag_levels.py)
     defer = dict(gram=torch.empty((blocks, 4, nb) if levels_pass else (0,), device=dev, dtype=torch.int8),
@@ -1391,11 +1404,11 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
         grams_in = (z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"])
         _gram_kernel[(nt, bh_all, nb)](
             *grams_in, defer["gram"], paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap,
-            SCALAR=scalar, **prec, **diag, DIRS=dirs, num_warps=cfg["warps_block"])
+            SCALAR=scalar, **prec, **gram_diag, DIRS=dirs, num_warps=cfg["warps_block"])
         if levels_pass:
             _gram_levels_kernel[(nt, bh_all, nb)](
                 *grams_in, defer["gram"], paths["gram"], dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap,
-                F32=f32, **diag, DIRS=dirs, num_warps=cfg["warps_block"])
+                F32=f32, **gram_diag, DIRS=dirs, num_warps=cfg["warps_block"])
         hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
         if r_ab:
             _inverse_kernel[grid](z["lab"], z["tm"], z["tm16"], nt, C=c, RAP=rap, F32=f32, T16=z["tm16"].numel() > 0,
