@@ -57,8 +57,12 @@ VARIANTS = {
     "budget_1152": {"env:HDLA_VISION_B2_SCRATCH_MIB": "1152"}, "budget_2048": {"env:HDLA_VISION_B2_SCRATCH_MIB": "2048"},
     "budget_0": {"env:HDLA_VISION_B2_SCRATCH_MIB": "0"},
     # operands of B2's factored diagonal Gram blocks (bwd_chunk.DIAG_PRECISIONS): S2 / S2b (diag_gram, default tf32;
-    # tf32x3 before 2026-11-25), S5a / S5b (diag_vjp, default tf32x3)
+    # tf32x3 before 2026-11-25), S5a (diag_vjp, per Gram: bwd_chunk.VJP_DIAG_PRECISIONS; all tf32x3 before)
     "s2_tf32x3": {"b2:diag_gram": "tf32x3"}, "s2_bf16": {"b2:diag_gram": "bf16"}, "s5_tf32": {"b2:diag_vjp": "tf32"},
+    **{f"s5_tf32_{name}": {"b2:diag_vjp": tuple("tf32" if i == gid else "tf32x3" for i in range(4))}
+       for gid, name in enumerate(("qk", "qa", "ab", "kb"))},  # one Gram VJP's diagonal blocks on tf32
+    "s5_tf32_m": {"b2:diag_vjp": ("tf32", "tf32", "tf32x3", "tf32x3")},  # M_QK's and M_QA's
+    "s5_tf32x3": {"b2:diag_vjp": "tf32x3"},  # every Gram VJP on tf32x3 (the default before 2026-11-25)
 }
 
 

@@ -174,23 +174,30 @@ def test_diag_limit_outside_its_range_raises():
 
 
 def test_diag_precision_rule(monkeypatch):
-    """The factored diagonal products take tf32x3 for 16-bit inputs by default in the Gram VJPs (S5a, S5b) and
-    tf32 in the Grams (S2, S2b); the benchmark overrides pick bf16 or tf32 (both stages) or S2's alone, never
-    fp16 operands (bf16 becomes tf32 for fp16 inputs); a bad name raises."""
+    """The factored diagonal products for 16-bit inputs by default: tf32x3 in M_QK's and M_QA's VJPs (S5a) and in
+    S5b's levels, tf32 in L_AB's and L_KB's VJPs and in the Grams (S2, S2b); the benchmark overrides pick bf16 or
+    tf32 for every stage, or S2's or S5a's alone (one name or four), never fp16 operands (bf16 becomes tf32 for
+    fp16 inputs); a bad name or count raises."""
     from hdla_vision.kernels.generalized import bwd_chunk
 
-    monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION", raising=False)
-    monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION_S2", raising=False)
+    for name in ("", "_S2", "_S5A"):
+        monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION" + name, raising=False)
     assert bwd_chunk.diag_lowp(1) == 3 and bwd_chunk.diag_lowp(2) == 3
     cfg = lambda: bwd_chunk.b2_config(64, 64, 32, 1, 2, True)  # noqa: E731
     assert cfg()["diag_gram"] == "tf32" and bwd_chunk.diag_lowp(1, cfg()["diag_gram"]) == 0
-    assert bwd_chunk.diag_lowp(1, cfg()["diag_vjp"]) == 3
+    assert [bwd_chunk.diag_lowp(1, n) for n in cfg()["diag_vjp"]] == [3, 3, 0, 0]
     monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION_S2", "bf16")
     assert bwd_chunk.diag_lowp(1, cfg()["diag_gram"]) == 1 and bwd_chunk.diag_lowp(2, cfg()["diag_gram"]) == 0
-    assert bwd_chunk.diag_lowp(1, cfg()["diag_vjp"]) == 3
+    assert cfg()["diag_vjp"] == bwd_chunk.VJP_DIAG_PRECISIONS
+    monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION_S5A", "bf16,tf32,tf32x3,tf32")
+    assert cfg()["diag_vjp"] == ("bf16", "tf32", "tf32x3", "tf32")
+    monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION_S5A", "tf32,tf32")
+    with pytest.raises(ValueError, match="HDLA_VISION_DIAG_PRECISION_S5A"):
+        cfg()
     monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION_S2")
+    monkeypatch.delenv("HDLA_VISION_DIAG_PRECISION_S5A")
     monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "tf32x3")
-    assert bwd_chunk.diag_lowp(1, cfg()["diag_gram"]) == 3
+    assert bwd_chunk.diag_lowp(1, cfg()["diag_gram"]) == 3 and cfg()["diag_vjp"] == "tf32x3"
     monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "bf16")
     assert bwd_chunk.diag_lowp(1) == 1 and bwd_chunk.diag_lowp(2) == 0
     monkeypatch.setenv("HDLA_VISION_DIAG_PRECISION", "fp8")

@@ -32,8 +32,9 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
 
 Products take bf16 (fp16) operands with fp32 accumulation for 16-bit inputs and exact fp32 (ieee) for
 fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs, the factored diagonal
-Gram VJPs' products tf32x3 (:data:`DIAG_PRECISION`, kernels/README.md §8 Numerics: dg needs their precision),
-the factored diagonal Gram blocks of S2 tf32 (:data:`GRAM_DIAG_PRECISION`).
+VJPs of M_QK and M_QA and S5b's levels tf32x3 (:data:`DIAG_PRECISION`, kernels/README.md §8 Numerics: dg needs
+their precision), those of L_AB, L_KB (:data:`VJP_DIAG_PRECISIONS`) and S2's Gram blocks (:data:`GRAM_DIAG_PRECISION`)
+one tf32 product.
 Scratch is fp32, except for 16-bit inputs the tensors that only S4's products read (:data:`OPERAND_ONLY`,
 stored in the dtype those products cast them to: the same bits, half the bytes), 16-bit copies of T and
 At that S4 reads instead (:data:`OPERAND_COPIES`), and dV's stack (dv's dtype); :func:`scratch_dtypes`.
@@ -67,6 +68,12 @@ DIAG_PRECISION = "tf32x3"
 # bf16 there put HDLA's dbeta at 5.2e-3 of float64 (tf32x3: 4.9e-3), tf32 in S5a too put dg at 7.0e-3.
 # ``$HDLA_VISION_DIAG_PRECISION_S2`` overrides it, then ``$HDLA_VISION_DIAG_PRECISION`` (both stages).
 GRAM_DIAG_PRECISION = "tf32"
+# S5a's factored diagonal blocks per Gram VJP (GRAM_VJPS' order: M_QK, M_QA, L_AB, L_KB): the VJPs of L_AB and
+# L_KB take one tf32 product, M_QK's and M_QA's (and S5b's levels, DIAG_PRECISION) tf32x3. On the H100
+# (2026-11-25, launch_configs_h100/s5_per_gram.json) S5a took 3.65 -> 3.23 ms at the LM shape and 2.63 -> 2.42
+# at hdla_tiny's 1024 px batch with dg unchanged; M_QK's on tf32 raised dg from 1.7e-3 to 3.0e-3 of float64,
+# tf32 in S5b too (every stage on tf32) put it at 7.0e-3 with -20 gates.
+VJP_DIAG_PRECISIONS = ("tf32x3", "tf32x3", "tf32", "tf32")
 
 # B2's scratch (chunk_vjp's z[...], per chunk) by producer and consumers. "operand": an S4 product's
 # operand, which _dot casts to the input's 16-bit dtype for 16-bit inputs (_gemm_part's load, then _dot
@@ -1134,8 +1141,9 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     sm_90a), BVS (V columns per step);
     diag_limit, the bound on the diagonal token blocks' factors (one product per block below it, else by
     levels; S2, S5a, S2b, S5b); diag_gram, diag_vjp: the operands of those products in S2 / S2b
-    (:data:`GRAM_DIAG_PRECISION`) and S5a / S5b (None: :func:`diag_lowp`'s default), names of
-    :data:`DIAG_PRECISIONS`;
+    (:data:`GRAM_DIAG_PRECISION`) and S5a (:data:`VJP_DIAG_PRECISIONS`, one per Gram, or one name for all and
+    S5b), names of :data:`DIAG_PRECISIONS`; ``$HDLA_VISION_DIAG_PRECISION_S2``, ``_S5A`` (one name or four) and
+    ``$HDLA_VISION_DIAG_PRECISION`` (every stage) override them (the benchmarks);
     warps_gemm, warps_stacks: S4's and S1's warps;
     stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
     dM_QA's, spilled a register on sm_90a), else 3; ``$HDLA_VISION_B2_GEMM_STAGES`` overrides it (the
@@ -1149,7 +1157,20 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
                 warps_vjp=4 if rows <= 64 else 8, stages_vjp=1, stages_gemm=int(stages), warps_gemm=4, warps_stacks=4,
                 warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4, diag_limit=DIAG_LIMIT,
                 diag_gram=(os.environ.get("HDLA_VISION_DIAG_PRECISION_S2") or os.environ.get("HDLA_VISION_DIAG_PRECISION")
-                           or GRAM_DIAG_PRECISION), diag_vjp=None)
+                           or GRAM_DIAG_PRECISION),
+                diag_vjp=(_per_gram(os.environ.get("HDLA_VISION_DIAG_PRECISION_S5A"))
+                          or os.environ.get("HDLA_VISION_DIAG_PRECISION") or VJP_DIAG_PRECISIONS))
+
+
+def _per_gram(names):
+    """``$HDLA_VISION_DIAG_PRECISION_S5A`` (benchmarks): one name, or four comma-separated names (M_QK, M_QA,
+    L_AB, L_KB: :data:`GRAM_VJPS`' order) for S5a's launches; None if unset."""
+    if not names:
+        return None
+    names = tuple(names.split(","))
+    if len(names) not in (1, 4):
+        raise ValueError(f"HDLA_VISION_DIAG_PRECISION_S5A takes one name or four, got {names!r}")
+    return names if len(names) == 4 else names[0]
 
 
 def diag_lowp(lowp: int, name: str = None) -> int:
@@ -1362,7 +1383,9 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     empty = z["s"]
     ranks = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap)
     prec = dict(F32=f32, LOWP=lowp)
-    diag = dict(DLOWP=diag_lowp(lowp, cfg["diag_vjp"]), DIAG_LIMIT=limit, RECORD=diag_paths is not None)
+    vjp_names = cfg["diag_vjp"] if isinstance(cfg["diag_vjp"], tuple) else (cfg["diag_vjp"],) * 4  # per Gram
+    diag = dict(DLOWP=diag_lowp(lowp, None if isinstance(cfg["diag_vjp"], tuple) else cfg["diag_vjp"]),
+                DIAG_LIMIT=limit, RECORD=diag_paths is not None)
     gram_diag = dict(diag, DLOWP=diag_lowp(lowp, cfg["diag_gram"]))  # S2, S2b
     nb = c // 16
     levels_pass = not scalar and limit > 0  # S2b, S5b: the diagonal blocks S2, S5a leave (diag_levels.py)
@@ -1448,7 +1471,8 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             _gram_vjp_kernel[(nt, bh_all, nb * nkt)](
                 z[d], z[STACK_OF[x]], z[xg], z[STACK_OF[y]], z["gs"], z[gx], z[gy],
                 defer["gram_vjp"][gid] if levels_pass else empty, paths["gram_vjp"][gid], dk, nt, nkt, C=c,
-                RX=ranks_of[x], RY=ranks_of[y], STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec, **diag,
+                RX=ranks_of[x], RY=ranks_of[y], STRICT=strict, BKS=cfg["BKV"], SCALAR=scalar, **prec,
+                **dict(diag, DLOWP=diag_lowp(lowp, vjp_names[gid])),
                 BIDIR_QK=dirs == 2 and gid == 0, ACC_X=acc_x, ACC_Y=acc_y, num_warps=cfg["warps_block"])
         gv = [z[n] if z[n].numel() else empty for n in ("gq", "gk", "ga", "gb")]
         if levels_pass:
