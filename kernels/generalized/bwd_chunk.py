@@ -65,7 +65,7 @@ DIAG_PRECISION = "tf32x3"
 # S2's (and S2b's) diagonal Gram blocks, which feed the inverse and S4's 16-bit products, not dg's sum directly:
 # one tf32 product suffices there. On the H100 (2026-11-25, benchmarks/results/launch_configs_h100/
 # diag_precision.json) S2 took 2.21 -> 1.74 ms at hdla_tiny's 1024 px batch and 2.61 -> 2.08 ms at the LM shape;
-# bf16 there put HDLA's dbeta at 5.2e-3 of float64 (tf32x3: 4.9e-3), tf32 in S5a too put dg at 7.0e-3.
+# bf16 there put HDLA's dbeta at 5.2e-3 of float64 (tf32x3: 4.9e-3); the Gram VJPs' needs: VJP_DIAG_PRECISIONS.
 # ``$HDLA_VISION_DIAG_PRECISION_S2`` overrides it, then ``$HDLA_VISION_DIAG_PRECISION`` (both stages).
 GRAM_DIAG_PRECISION = "tf32"
 # S5a's factored diagonal blocks per Gram VJP (GRAM_VJPS' order: M_QK, M_QA, L_AB, L_KB): the VJPs of L_AB and
