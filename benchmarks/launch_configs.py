@@ -63,6 +63,7 @@ VARIANTS = {
        for gid, name in enumerate(("qk", "qa", "ab", "kb"))},  # one Gram VJP's diagonal blocks on tf32
     "s5_tf32_m": {"b2:diag_vjp": ("tf32", "tf32", "tf32x3", "tf32x3")},  # M_QK's and M_QA's
     "s5_tf32x3": {"b2:diag_vjp": "tf32x3"},  # every Gram VJP on tf32x3 (the default before 2026-11-25)
+    "diag_tf32x3": {"b2:diag_gram": "tf32x3", "b2:diag_vjp": "tf32x3"},  # S2 and S5a as before 2026-11-25
 }
 
 
