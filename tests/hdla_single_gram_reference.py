@@ -35,6 +35,14 @@ def base_grams(q, k, g, scale) -> Dict[str, torch.Tensor]:
     return {name: gram(*rows[name[0]], k, cols[name[1]], mask) for name in BASES}
 
 
+def _mixing_terms(base, beta, s):
+    """What :func:`mix` and :func:`mix_vjp` share: the strict token mask ``[C, C]``, b_t ``[..., C, 1]``, b_i
+    ``[..., 1, C]``, c_t = b_t^2 s_t ``[..., C, 1]``, and the key-row base Grams pg, pp, gg, gp strictly lower."""
+    strict = _token_mask(beta.shape[-1], 1, 1, True, beta.device)
+    bt, bi, ct = beta[..., :, None], beta[..., None, :], (beta * beta * s)[..., :, None]
+    return (strict, bt, bi, ct, *(base[n] * strict for n in ("pg", "pp", "gg", "gp")))
+
+
 def mix(base: Dict[str, torch.Tensor], beta, s) -> Dict[str, torch.Tensor]:
     """M_QK ``[C, C]``, M_QA ``[C, 2C]``, L_AB ``[2C, 2C]``, L_KB ``[2C, C]`` (the L's strictly lower) from the
     base Grams, beta ``[..., C]`` and s ``[..., C]``: with ``b_t = beta_t``, ``c_t = beta_t^2 s_t``,
@@ -43,9 +51,7 @@ def mix(base: Dict[str, torch.Tensor], beta, s) -> Dict[str, torch.Tensor]:
         L_AB[(t, 1), (i, 0)] = (b_t gp - c_t pp) b_i,  L_AB[(t, 1), (i, 1)] = b_t gg - c_t pg,
         L_KB[(t, 0), i] = pg,   L_KB[(t, 1), i] = b_t gg - c_t pg."""
     c = beta.shape[-1]
-    strict = _token_mask(c, 1, 1, True, beta.device)
-    bt, bi, ct = beta[..., :, None], beta[..., None, :], (beta * beta * s)[..., :, None]
-    pg, pp, gg, gp = (base[n] * strict for n in ("pg", "pp", "gg", "gp"))
+    _, bt, bi, ct, pg, pp, gg, gp = _mixing_terms(base, beta, s)
     l1 = bt * gg - ct * pg  # row rank 1 against a column k (L_KB and L_AB's column rank 1)
 
     def interleave(*blocks):  # [..., C, C] blocks (row rank, column rank) -> token-major stack
@@ -61,7 +67,7 @@ def mix_vjp(base, beta, s, D: Dict[str, torch.Tensor]):
     """The VJP of :func:`mix` for the cotangents D of its four outputs: (the base Grams' cotangents, dbeta,
     ds), each dbeta / ds ``[..., C]`` summed over the rows (t) and columns (i) a token appears in."""
     c = beta.shape[-1]
-    strict = _token_mask(c, 1, 1, True, beta.device)
+    strict, bt, bi, ct, pg, pp, gg, gp = _mixing_terms(base, beta, s)
 
     def split(x, rr, cr):  # token-major stack -> {(row rank, column rank): [..., C, C]}
         x = x.reshape(*x.shape[:-2], c, rr, c, cr)
@@ -70,9 +76,6 @@ def mix_vjp(base, beta, s, D: Dict[str, torch.Tensor]):
     qa, ab, kb = split(D["M_QA"], 1, 2), split(D["L_AB"], 2, 2), split(D["L_KB"], 2, 1)
     ab = {key: val * strict for key, val in ab.items()}
     kb = {key: val * strict for key, val in kb.items()}
-    bt, bi = beta[..., :, None], beta[..., None, :]
-    ct = (beta * beta * s)[..., :, None]
-    pg, pp, gg, gp = (base[n] * strict for n in ("pg", "pp", "gg", "gp"))
     d1 = ab[1, 1] + kb[1, 0]  # the cotangent of b_t gg - c_t pg (L_AB's (1, 1) and L_KB's rank-1 rows)
     d_base = dict(qg=D["M_QK"] + qa[0, 1], qp=qa[0, 0] * bi,
                   pg=ab[0, 1] + kb[0, 0] - ct * d1, pp=(ab[0, 0] - ct * ab[1, 0]) * bi,

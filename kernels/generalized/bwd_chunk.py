@@ -1383,9 +1383,10 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     empty = z["s"]
     ranks = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap)
     prec = dict(F32=f32, LOWP=lowp)
-    vjp_names = cfg["diag_vjp"] if isinstance(cfg["diag_vjp"], tuple) else (cfg["diag_vjp"],) * 4  # per Gram
-    diag = dict(DLOWP=diag_lowp(lowp, None if isinstance(cfg["diag_vjp"], tuple) else cfg["diag_vjp"]),
-                DIAG_LIMIT=limit, RECORD=diag_paths is not None)
+    per_gram = isinstance(cfg["diag_vjp"], tuple)  # else one name for S5a's four launches and S5b
+    vjp_names = cfg["diag_vjp"] if per_gram else (cfg["diag_vjp"],) * 4
+    diag = dict(DLOWP=diag_lowp(lowp, None if per_gram else cfg["diag_vjp"]), DIAG_LIMIT=limit,
+                RECORD=diag_paths is not None)
     gram_diag = dict(diag, DLOWP=diag_lowp(lowp, cfg["diag_gram"]))  # S2, S2b
     nb = c // 16
     levels_pass = not scalar and limit > 0  # S2b, S5b: the diagonal blocks S2, S5a leave (diag_levels.py)
