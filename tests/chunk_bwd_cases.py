@@ -130,3 +130,13 @@ POOL_CASES = {
     "rab2_rkv2_mixed_fp32": ("gen", dict(batch=1, seq_len=40, heads=1, dk=16, dv=8, r_kv=2, r_ab=2), 32, True,
                              "float32", dict(mild=(-1.0, 0.0), fast_steps=[(16, 32)], fast_channels=[5])),
 }
+
+# HDLA's S2 from six base Grams (bwd_chunk._hdla_gram_kernel) against the four Grams over the rank stacks: K = 80
+# (three K tiles of 32, the last masked), four row blocks, T not a multiple of the chunk, reversed; fast gates that
+# leave diagonal blocks to S2b; fp16. name -> (problem kwargs, chunk, reverse, dtype, gates or None)
+SINGLE_GRAM_CASES = {
+    "k80_c64_rev": (dict(batch=1, seq_len=70, heads=2, dk=80, dv=8), 64, True, "float32", None),
+    "k32_mixed_gates_c32": (dict(batch=1, seq_len=45, heads=1, dk=32, dv=8), 32, False, "float32",
+                            dict(mild=(-1.0, 0.0), fast_steps=[(16, 32)], fast_channels=[5])),
+    "k16_fp16_c32_rev": (dict(batch=1, seq_len=45, heads=1, dk=16, dv=8), 32, True, "float16", None),
+}

@@ -7,6 +7,7 @@ never import it from a test.
     python -m tests.chunk_bwd_worker --diag [NAME ...]   # DIAG_CASES: default and forced token loop, paths
     python -m tests.chunk_bwd_worker --scratch [NAME ...]   # SCRATCH_CASES: fp16, B2's scratch fp32 and 16-bit
     python -m tests.chunk_bwd_worker --pool [NAME ...]      # POOL_CASES: B2's scratch pooled and apart, NaN-filled
+    python -m tests.chunk_bwd_worker --single-gram [NAME ...]   # SINGLE_GRAM_CASES: HDLA's S2, base Grams vs rank stacks
 """
 import json
 import os
@@ -20,7 +21,8 @@ from hdla_vision.kernels.generalized.bwd import generalized_backward  # noqa: E4
 from hdla_vision.kernels.generalized.fwd import chunk_prepare, chunk_state_pass  # noqa: E402
 from hdla_vision.kernels.generalized.naive import naive_generalized  # noqa: E402
 from hdla_vision.kernels.hdla.naive import naive_hdla  # noqa: E402
-from tests.chunk_bwd_cases import CASES, DIAG_CASES, POOL_CASES, SCALE, SCRATCH_CASES, diag_gates  # noqa: E402
+from tests.chunk_bwd_cases import (CASES, DIAG_CASES, POOL_CASES, SCALE, SCRATCH_CASES, SINGLE_GRAM_CASES,  # noqa: E402
+                                   diag_gates)  # noqa: E402
 from tests.oracle import generalized_problem, hdla_problem, rel_err  # noqa: E402
 
 
@@ -146,9 +148,41 @@ def _run_pool(kind, problem, chunk, reverse, dtype, gates):
             "error": {n: rel_err(m, r) for n, m, r in zip(names, runs[True], ref)}}
 
 
+def _run_single_gram(problem, chunk, reverse, dtype, gates):
+    """One SINGLE_GRAM_CASES entry (HDLA): S2's four Grams and defer flags from the six base Grams
+    (``_hdla_gram_kernel``, the default) and from the rank stacks (``$HDLA_VISION_HDLA_GRAM=0``), each scratch
+    tensor apart so that S2's outputs survive the backward: per Gram the relative difference, whether the
+    paths recorded after S2b agree per block (the largest over its K tiles: the two take different tiles), how many block tiles took the levels, and the default run's gradient errors
+    against the float64 loop."""
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    p = hdla_problem(**problem)
+    if gates is not None:
+        p["g"] = diag_gates(p["g"].shape, reverse, **gates)
+    dtype = getattr(torch, dtype)
+    if dtype != torch.float32:
+        p = {n: None if x is None else x.to(dtype).double() for n, x in p.items()}
+    do, dht, ref = _loop_grads("hdla", p, reverse, True)
+    real_alloc = bwd_chunk.allocate_scratch
+    runs = {}
+    for flag in ("1", "0"):
+        os.environ["HDLA_VISION_HDLA_GRAM"] = flag
+        seen, paths = {}, {}
+        bwd_chunk.allocate_scratch = lambda *a, **kw: seen.setdefault("z", real_alloc(*a, **dict(kw, pool=False)))
+        grads = _kernel_grads("hdla", p, chunk, reverse, do, dht, dtype, diag_paths=paths)
+        runs[flag] = ({n: seen["z"][n].float() for n in ("mqk", "mqa", "lab", "lkb")}, grads, paths["gram"])
+    bwd_chunk.allocate_scratch = real_alloc
+    del os.environ["HDLA_VISION_HDLA_GRAM"]
+    names = _names("hdla") + ["h0"]
+    return {"gram_diff": {n: rel_err(runs["1"][0][n], runs["0"][0][n]) for n in runs["1"][0]},
+            "paths_equal": bool(torch.equal(runs["1"][2].amax(-1), runs["0"][2].amax(-1))),  # per block (K tiles differ)
+            "levels_taken": int((runs["1"][2] >= 2).sum()),
+            "error": {n: rel_err(m, r) for n, m, r in zip(names, runs["1"][1], ref)}}
+
+
 def main(args):
     modes = {"--diag": (DIAG_CASES, _run_diag), "--scratch": (SCRATCH_CASES, _run_scratch),
-             "--pool": (POOL_CASES, _run_pool)}
+             "--pool": (POOL_CASES, _run_pool), "--single-gram": (SINGLE_GRAM_CASES, _run_single_gram)}
     names = [a for a in args if a not in modes]
     cases, run = next((modes[a] for a in args if a in modes), (CASES, _run))
     json.dump({name: run(*case) for name, case in cases.items() if not names or name in names}, sys.stdout)

@@ -10,7 +10,7 @@ import torch
 from hdla_vision.kernels.generalized.naive import naive_generalized
 from hdla_vision.kernels.hdla.naive import naive_hdla
 from tests.chunk_bwd_reference import generalized_backward_reference, hdla_backward_reference
-from tests.chunk_bwd_cases import CASES, DIAG_CASES, POOL_CASES, SCRATCH_CASES, diag_gates
+from tests.chunk_bwd_cases import CASES, DIAG_CASES, POOL_CASES, SCRATCH_CASES, SINGLE_GRAM_CASES, diag_gates
 from tests.diag_levels_rule import chunk_cumsums, level_paths
 from tests.oracle import generalized_problem, hdla_problem, rel_err
 from tests.interpreted import run_interpreted_json
@@ -110,13 +110,14 @@ def test_diag_cases_take_every_path():
     """DIAG_CASES exercise one product and each number of levels (paths 1..5) in S2's and S5a's tiles."""
     from hdla_vision.kernels.generalized.bwd_chunk import b2_config
 
-    for key in ("BKS", "BKV"):
+    for stage in ("S2", "S5a"):
         taken = set()
         for case, (kind, problem, chunk, *_) in DIAG_CASES.items():
             r_kv, r_ab = (1, 2) if kind == "hdla" else (problem["r_kv"], problem["r_ab"])
-            taken |= set(_expected_paths(case, b2_config(problem["dk"], problem["dv"], chunk, r_kv, r_ab)[key])
-                         .flatten().tolist())
-        assert taken == {1, 2, 3, 4, 5}, (key, taken)
+            cfg = b2_config(problem["dk"], problem["dv"], chunk, r_kv, r_ab)
+            key = "BKV" if stage == "S5a" else ("BKG" if kind == "hdla" else "BKS")
+            taken |= set(_expected_paths(case, cfg[key]).flatten().tolist())
+        assert taken == {1, 2, 3, 4, 5}, (stage, taken)
 
 
 @pytest.mark.interpret
@@ -154,7 +155,7 @@ def test_diagonal_block_paths_follow_the_gates(diag_results, case):
         paths = diag_results[case][run + "_paths"]
         gram = torch.tensor(paths["gram"]).transpose(0, 1)  # [4 Grams, blocks, C/16, K tiles]
         vjp = torch.tensor(paths["gram_vjp"])  # [4 Grams, blocks, C/16, K tiles]
-        for got, tile in ((gram, cfg["BKS"]), (vjp, cfg["BKV"])):
+        for got, tile in ((gram, cfg["BKG" if kind == "hdla" else "BKS"]), (vjp, cfg["BKV"])):
             want = _expected_paths(case, tile)[:4 if r_ab else 1]
             if run == "loop" and every_block_loops:
                 want = torch.zeros_like(want)
@@ -267,6 +268,29 @@ def test_scratch_pool_changes_no_bit(pool_results, case):
     tol = TOL if dtype == "float32" else FP16_TOL
     bad = {name: err for name, err in result["error"].items() if not err < tol}
     assert not bad, f"{case}: relative errors above {tol}: {bad}"
+
+
+@pytest.fixture(scope="module")
+def single_gram_results():
+    return run_interpreted_json("tests.chunk_bwd_worker", args=["--single-gram"])
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(SINGLE_GRAM_CASES))
+def test_hdla_single_gram_equals_rank_stack_grams(single_gram_results, case):
+    """HDLA's S2 from six base Grams of q and k (bwd_chunk._hdla_gram_kernel) gives M_QK, M_QA, L_AB and L_KB of
+    the four Grams over the rank stacks (to rounding: 1e-6 in fp32, 1e-4 with fp16 inputs, whose off-diagonal
+    products take fp16 operands either way), leaves S2b the blocks it must (the paths after S2b per block are the
+    same, and the mixed gates send some to the levels), and the gradients stay within tolerance of float64."""
+    result = single_gram_results[case]
+    fp32 = SINGLE_GRAM_CASES[case][3] == "float32"
+    apart = {n: d for n, d in result["gram_diff"].items() if not d < (1e-6 if fp32 else 1e-4)}
+    assert set(result["gram_diff"]) == {"mqk", "mqa", "lab", "lkb"} and not apart, f"{case}: {result['gram_diff']}"
+    assert result["paths_equal"], case
+    assert (result["levels_taken"] > 0) == (SINGLE_GRAM_CASES[case][4] is not None), result["levels_taken"]
+    tol = TOL if fp32 else FP16_TOL
+    bad = {name: err for name, err in result["error"].items() if not err < tol}
+    assert len(result["error"]) == 6 and not bad, f"{case}: relative errors above {tol}: {bad}"
 
 
 def _live_overlaps(offsets, sizes, spans):

@@ -13,6 +13,8 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
     S2b ``_gram_levels_kernel`` (vector decay) the diagonal blocks S2 left, each K tile by one product
                             or by levels (kernels/generalized/diag_levels.py; per block and K tile,
                             never per chunk); programs with nothing left exit at once.
+    S2 for HDLA ``_hdla_gram_kernel``: the same four Grams from six base Grams of q and k mixed with beta and s
+                            (kernels/README.md §8, HDLA's Grams as one product): 6 C^2 K multiply-adds per chunk, not 9 C^2 K.
     S3 ``_inverse_kernel``  T = (I + L_AB)^-1: 16-token diagonal blocks by doubling, the others by block
                             forward substitution (T_nm = -T_nn sum_k L_nk T_km).
     S4 ``_gemm_kernel``     every plain product of the VJP (W, U, Mo, E, dQeff, dMo, dE, dN, dV, dAt,
@@ -143,7 +145,7 @@ STAGES = ("S1", "S2", "S2b", "S3", "w", "u", "mo", "et", "qeff", "n", "B1", "dqe
 # products in chunk_vjp. Two tensors may share memory only if one's last reader runs before the other's
 # writer (strictly: a launch that reads one and writes the other would race).
 SCRATCH_LIFETIMES = dict(
-    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), xq=("S1", "S5"), kf=("S1", "S5"), kt=("S1", "S5"),
+    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S2"), xq=("S1", "S5"), kf=("S1", "S5"), kt=("S1", "S5"),
     af=("S1", "S5"), bf=("S1", "S5"), at=("S1", "S5"), at16=("S1", "dw"), bh=("S1", "S5"), vf=("S1", "det"),
     dos=("S1", "dvs"), mqk=("S2", "mo"), mqa=("S2", "dmqa"), lab=("S2", "S3"), lkb=("S2", "u"),
     tm=("S3", "dup"), tm16=("S3", "dup"), w=("w", "dlab"), u=("u", "dlab"), mo=("mo", "dvs"), et=("et", "dvs"),
@@ -228,14 +230,14 @@ def _store_with_copy(ptr, copy_ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.const
 @triton.jit
 def _stacks_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, beta_ptr, g_ptr, do_ptr,
-    gs_ptr, gps_ptr, s_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, at16_ptr, bh_ptr, vf_ptr, dos_ptr,
+    gs_ptr, gps_ptr, s_ptr, bt_ptr, xq_ptr, kf_ptr, kt_ptr, af_ptr, bf_ptr, at_ptr, at16_ptr, bh_ptr, vf_ptr, dos_ptr,
     qh_ptr, gamma_ptr,
     T, H, K, V, NT, scale, sqd, skd, svd, sad, sbd, sbed, sgd,
     C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
     LOG_ZERO: tl.constexpr, AT16: tl.constexpr, DIRS: tl.constexpr, STATE_INPUTS: tl.constexpr,
 ):
-    """S1, grid (NT, B*H). Writes G, G' ([blocks, C, K] or [blocks, C]), HDLA's s [blocks, C], scale*q
+    """S1, grid (NT, B*H). Writes G, G' ([blocks, C, K] or [blocks, C]), HDLA's s and beta [blocks, C], scale*q
     [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K] (AT16: At also into
     at16, S4's 16-bit copy), Vbar [blocks, C*RKP, V], dO [blocks, C, V]; padded rank rows and steps past
     T are 0. DIRS = 2: both directions (directions.py), each input of direction d at its pointer + d * its
@@ -275,6 +277,7 @@ def _stacks_kernel(
                             LOG_ZERO)
             s += tl.sum(tl.exp(gg) * kk * kk, 1)
         tl.store(s_ptr + blk * C + ct, s)
+        tl.store(bt_ptr + blk * C + ct, beta)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         mk = ck < K
@@ -570,6 +573,122 @@ def _gram_levels_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr
                          BKS, F32, DLOWP, DIAG_LIMIT, 2, RECORD)
         _gram_diag_block(lkb_ptr, bf_ptr, gps_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, RAP, RKP, True,
                          BKS, F32, DLOWP, DIAG_LIMIT, 3, RECORD)
+
+
+# ----------------------------------------------------------------------------- S2 for HDLA: one Gram product
+@triton.jit
+def _hdla_base_products(xq_ptr, kf_ptr, gs_ptr, gps_ptr, blk, rows, cols, ref, K, ck, mk, C: tl.constexpr,
+                        F32: tl.constexpr, LOWP: tl.constexpr, BKS: tl.constexpr):
+    """One K tile of HDLA's six base Grams (kernels/README.md §8) between row tokens ``rows``
+    and column tokens ``cols`` [16] of a chunk, factored through ``ref`` [BKS] (both factors <= 1 off the
+    diagonal, <= e^DIAG_LIMIT on it): the row stacks q e^{G-R}, k e^{G'-R}, k e^{G-R} against the column
+    stacks k e^{R-G}, k e^{R-G'}. Returns qg, qp, pg, pp, gg, gp [16, 16] (fp32 accumulators, unmasked)."""
+    Gr = _load_g(gs_ptr, blk, rows, C, K, ck, mk, BKS, False)
+    kr = _load_tile(kf_ptr, blk, rows, C, K, ck, mk)
+    xq = _load_tile(xq_ptr, blk, rows, C, K, ck, mk) * tl.exp(Gr - ref[None, :])
+    kg = kr * tl.exp(Gr - ref[None, :])
+    kp = kr * tl.exp(_load_g(gps_ptr, blk, rows, C, K, ck, mk, BKS, False) - ref[None, :])
+    kc = _load_tile(kf_ptr, blk, cols, C, K, ck, mk)
+    cg = tl.trans(kc * tl.exp(ref[None, :] - _load_g(gs_ptr, blk, cols, C, K, ck, mk, BKS, False)))
+    cp = tl.trans(kc * tl.exp(ref[None, :] - _load_g(gps_ptr, blk, cols, C, K, ck, mk, BKS, False)))
+    return (_dot(xq, cg, F32, LOWP), _dot(xq, cp, F32, LOWP), _dot(kp, cg, F32, LOWP), _dot(kp, cp, F32, LOWP),
+            _dot(kg, cg, F32, LOWP), _dot(kg, cp, F32, LOWP))
+
+
+@triton.jit
+def _hdla_mix_store(mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, blk, rows, m, qk, qg, qp, pg, pp, gg, gp, beta_t,
+                    c_t, beta_i, C: tl.constexpr):
+    """Store the 16 x 16 token block (rows, column block m) of M_QK [C, C], M_QA [C, 2C], L_AB [2C, 2C] and L_KB [2C, C] (rank
+    fastest) mixed from the base Grams (kernels/README.md §8; float64: tests/hdla_single_gram_reference.py's ``mix``): with b = beta,
+    c_t = beta_t^2 s_t, M_QK = qk (qg, masked as M_QK is), M_QA = (qp b_i, qg), L_AB = ((pp b_i, pg),
+    ((b_t gp - c_t pp) b_i, b_t gg - c_t pg)), L_KB = (pg, b_t gg - c_t pg); column ranks interleaved."""
+    bi = beta_i[None, :]
+    l1 = beta_t[:, None] * gg - c_t[:, None] * pg
+    l10 = (beta_t[:, None] * gp - c_t[:, None] * pp) * bi
+    cols = m * SUB + tl.arange(0, SUB)
+    pair = m * 2 * SUB + tl.arange(0, 2 * SUB)  # the interleaved column ranks of tokens cols
+    row2 = blk * 2 * C + 2 * rows  # rank-0 rows of the row tokens in L_AB, L_KB
+    tl.store(mqk_ptr + (blk * C + rows)[:, None] * C + cols[None, :], qk.to(mqk_ptr.dtype.element_ty))
+    tl.store(mqa_ptr + (blk * C + rows)[:, None] * (2 * C) + pair[None, :],
+             tl.interleave(qp * bi, qg).to(mqa_ptr.dtype.element_ty))
+    tl.store(lab_ptr + row2[:, None] * (2 * C) + pair[None, :], tl.interleave(pp * bi, pg).to(lab_ptr.dtype.element_ty))
+    tl.store(lab_ptr + (row2 + 1)[:, None] * (2 * C) + pair[None, :], tl.interleave(l10, l1).to(lab_ptr.dtype.element_ty))
+    tl.store(lkb_ptr + row2[:, None] * C + cols[None, :], pg.to(lkb_ptr.dtype.element_ty))
+    tl.store(lkb_ptr + (row2 + 1)[:, None] * C + cols[None, :], l1.to(lkb_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _hdla_gram_kernel(xq_ptr, kf_ptr, gs_ptr, gps_ptr, s_ptr, bt_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, defer_ptr,
+                      path_ptr, K, NT, C: tl.constexpr, BKS: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr,
+                      DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, DIRS: tl.constexpr):
+    """S2 for HDLA (rank 2, r_kv = 1), grid (NT, B*H, C/16): row block n of the four Grams of
+    :func:`_gram_kernel`, the same scratch and the same defer flags, from six base Grams of k and q
+    (kernels/README.md §8; 6 C^2 K multiply-adds per chunk instead of 9 C^2 K, and only the q, k stacks
+    read). Column blocks m < n through G at block m's last token; the diagonal block per K tile through the
+    midpoint of its G and G' (one reference for the six products, :func:`_diag_reference`) where that bound
+    is below DIAG_LIMIT (> 0), else the block of all four Grams is left to :func:`_gram_levels_kernel`
+    (their defer flags, path -1). DIRS = 2: the reversed scan's M_QK strictly lower (kernels/README.md §9)."""
+    blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
+    n = tl.program_id(2)
+    qk_strict = (tl.program_id(1) >= tl.num_programs(1) // 2) & (DIRS == 2)
+    rows = n * SUB + tl.arange(0, SUB)
+    beta_t = tl.load(bt_ptr + blk * C + rows)
+    c_t = beta_t * beta_t * tl.load(s_ptr + blk * C + rows)
+    rec = (blk * 4 * (C // SUB) + n) * tl.cdiv(K, BKS)
+    deferred = n * 0
+    for m in range(0, C // SUB):
+        cols = m * SUB + tl.arange(0, SUB)
+        qg = tl.zeros([SUB, SUB], dtype=tl.float32)
+        qp = tl.zeros([SUB, SUB], dtype=tl.float32)
+        pg = tl.zeros([SUB, SUB], dtype=tl.float32)
+        pp = tl.zeros([SUB, SUB], dtype=tl.float32)
+        gg = tl.zeros([SUB, SUB], dtype=tl.float32)
+        gp = tl.zeros([SUB, SUB], dtype=tl.float32)
+        if m < n:
+            for k0 in range(0, K, BKS):
+                ck = k0 + tl.arange(0, BKS)
+                mk = ck < K
+                ref = _load_g_row(gs_ptr, blk, m * SUB + SUB - 1, C, K, ck, mk, BKS, False)
+                dqg, dqp, dpg, dpp, dgg, dgp = _hdla_base_products(xq_ptr, kf_ptr, gs_ptr, gps_ptr, blk, rows, cols,
+                                                                   ref, K, ck, mk, C, F32, LOWP, BKS)
+                qg += dqg
+                qp += dqp
+                pg += dpg
+                pp += dpp
+                gg += dgg
+                gp += dgp
+        elif m == n:
+            for k0 in range(0, K, BKS):
+                ck = k0 + tl.arange(0, BKS)
+                mk = ck < K
+                ref, lim = _diag_reference(_load_g(gps_ptr, blk, rows, C, K, ck, mk, BKS, False),
+                                           _load_g(gs_ptr, blk, rows, C, K, ck, mk, BKS, False))
+                if lim < DIAG_LIMIT:
+                    dqg, dqp, dpg, dpp, dgg, dgp = _hdla_base_products(xq_ptr, kf_ptr, gs_ptr, gps_ptr, blk, rows,
+                                                                       cols, ref, K, ck, mk, C, F32, DLOWP, BKS)
+                    qg += dqg
+                    qp += dqp
+                    pg += dpg
+                    pp += dpp
+                    gg += dgg
+                    gp += dgp
+                fits = (lim < DIAG_LIMIT).to(tl.int32)
+                deferred = tl.maximum(deferred, 1 - fits)
+                for gid in tl.static_range(4):
+                    _record_path(path_ptr, rec + gid * (C // SUB) * tl.cdiv(K, BKS) + k0 // BKS, 2 * fits - 1, RECORD)
+            live = _token_mask(rows, cols, False)
+            strict = _token_mask(rows, cols, True)
+            qg = tl.where(live, qg, 0.0)
+            qp = tl.where(live, qp, 0.0)
+            pg = tl.where(strict, pg, 0.0)
+            pp = tl.where(strict, pp, 0.0)
+            gg = tl.where(strict, gg, 0.0)
+            gp = tl.where(strict, gp, 0.0)
+        qk = tl.where(_token_mask(rows, cols, qk_strict), qg, 0.0)
+        _hdla_mix_store(mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, blk, rows, m, qk, qg, qp, pg, pp, gg, gp, beta_t, c_t,
+                        tl.load(bt_ptr + blk * C + cols), C)
+    for gid in tl.static_range(4):
+        tl.store(defer_ptr + (blk * 4 + gid) * (C // SUB) + n, deferred.to(tl.int8))
 
 
 # ----------------------------------------------------------------------------- S3: T = (I + L_AB)^-1
@@ -1135,7 +1254,8 @@ def _v(t, rows, cols, trans=False):
 
 def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: bool = False) -> dict:
     """B2's column tiles and warps, the one place to tune them: BKS of S2 (K columns per step of the Gram
-    products), BK1 of S1 (the stacks), BKV of S5a / S5 (K columns per program; 64, not 32: on the H100 S5a's
+    products), BKG of HDLA's S2 (:func:`_hdla_gram_kernel`, and of S2b after it: at 64 its six products spill
+    168 bytes on sm_90a, at 32 none), BK1 of S1 (the stacks), BKV of S5a / S5 (K columns per program; 64, not 32: on the H100 S5a's
     Gram VJPs took 31% less time at hdla_tiny's 1024 px batch and at the LM shape, S5 10-20% less, the seed
     mixers' rank-1 and rank-0 B2 2-4% less: benchmarks/launch_configs.py; HDLA's S5 then spills 16 bytes on
     sm_90a), BVS (V columns per step);
@@ -1144,6 +1264,8 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     (:data:`GRAM_DIAG_PRECISION`) and S5a (:data:`VJP_DIAG_PRECISIONS`, one per Gram, or one name for all and
     S5b), names of :data:`DIAG_PRECISIONS`; ``$HDLA_VISION_DIAG_PRECISION_S2``, ``_S5A`` (one name or four) and
     ``$HDLA_VISION_DIAG_PRECISION`` (every stage) override them (the benchmarks);
+    hdla_gram: HDLA's S2 from six base Grams of q and k (:func:`_hdla_gram_kernel`; ``$HDLA_VISION_HDLA_GRAM=0``,
+    the benchmarks' "before": the four Grams over the rank stacks as for any rank);
     warps_gemm, warps_stacks: S4's and S1's warps;
     stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
     dM_QA's, spilled a register on sm_90a), else 3; ``$HDLA_VISION_B2_GEMM_STAGES`` overrides it (the
@@ -1153,11 +1275,12 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     stages = os.environ.get("HDLA_VISION_B2_GEMM_STAGES") or (2 if lowp_scratch else 3)
     if str(stages) not in ("1", "2", "3", "4"):
         raise ValueError(f"HDLA_VISION_B2_GEMM_STAGES must be 1 to 4, got {stages!r}")
-    return dict(BKS=_tile(dk, 64), BK1=_tile(dk, 32), BKV=_tile(dk, 64), BVS=_tile(dv, 64),
+    return dict(BKS=_tile(dk, 64), BKG=_tile(dk, 32), BK1=_tile(dk, 32), BKV=_tile(dk, 64), BVS=_tile(dv, 64),
                 warps_vjp=4 if rows <= 64 else 8, stages_vjp=1, stages_gemm=int(stages), warps_gemm=4, warps_stacks=4,
                 warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4, diag_limit=DIAG_LIMIT,
                 diag_gram=(os.environ.get("HDLA_VISION_DIAG_PRECISION_S2") or os.environ.get("HDLA_VISION_DIAG_PRECISION")
                            or GRAM_DIAG_PRECISION),
+                hdla_gram=os.environ.get("HDLA_VISION_HDLA_GRAM", "1") != "0",
                 diag_vjp=(_per_gram(os.environ.get("HDLA_VISION_DIAG_PRECISION_S5A"))
                           or os.environ.get("HDLA_VISION_DIAG_PRECISION") or VJP_DIAG_PRECISIONS))
 
@@ -1217,7 +1340,7 @@ def scratch_shapes(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla: bool, s
     rkp, rap = _pow2(r_kv), (_pow2(r_ab) if r_ab else 1)
     rk, ra = c * rkp, c * rap
     gshape = (c,) if scalar else (c, dk)
-    shapes = dict(gs=gshape, gps=gshape, s=(c,) if hdla else (0,), xq=(c, dk), kf=(rk, dk), kt=(rk, dk),
+    shapes = dict(gs=gshape, gps=gshape, s=(c,) if hdla else (0,), bt=(c,) if hdla else (0,), xq=(c, dk), kf=(rk, dk), kt=(rk, dk),
                   vf=(rk, dv), dos=(c, dv), mqk=(c, rk), dqe=(c, dk), dmo=(c, rk), det=(rk, dk), dvs=(rk, dv),
                   gq=(c, dk), gk=(rk, dk))
     for name, shape in dict(af=(ra, dk), bf=(ra, dk), at=(ra, dk), bh=(ra, dk), mqa=(c, ra), lab=(ra, ra),
@@ -1390,12 +1513,14 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     gram_diag = dict(diag, DLOWP=diag_lowp(lowp, cfg["diag_gram"]))  # S2, S2b
     nb = c // 16
     levels_pass = not scalar and limit > 0  # S2b, S5b: the diagonal blocks S2, S5a leave (diag_levels.py)
+    single_gram = hdla and levels_pass and cfg["hdla_gram"]  # S2 as HDLA's six base Grams (_hdla_gram_kernel)
+    bks = cfg["BKG"] if single_gram else cfg["BKS"]  # S2's and S2b's K columns per step
     defer = dict(gram=torch.empty((blocks, 4, nb) if levels_pass else (0,), device=dev, dtype=torch.int8),
                  gram_vjp=torch.empty((4, blocks, nb, nkt) if levels_pass else (0,), device=dev, dtype=torch.int8))
     paths = dict(gram=empty, gram_vjp=[empty] * 4)
     if diag_paths is not None:
         unset = dict(device=dev, dtype=torch.int32)
-        paths = dict(gram=torch.full((blocks, 4, nb, triton.cdiv(dk, cfg["BKS"])), -1, **unset),
+        paths = dict(gram=torch.full((blocks, 4, nb, triton.cdiv(dk, bks)), -1, **unset),
                      gram_vjp=torch.full((4, blocks, nb, nkt), -1, **unset))
         diag_paths.update(paths)
     from ..utils import LOG_ZERO_FP32
@@ -1419,19 +1544,24 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
         grid = (nt, bh_all)
         _stacks_kernel[grid](
             q, k, v, a if r_ab and not hdla else empty, b if r_ab and not hdla else empty,
-            beta if hdla else empty, g, do, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"], z["af"],
+            beta if hdla else empty, g, do, z["gs"], z["gps"], z["s"], z["bt"], z["xq"], z["kf"], z["kt"], z["af"],
             z["bf"], z["at"], z["at16"], z["bh"], z["vf"], z["dos"], qh, gamma, seq_len, heads, dk, dv, nt,
             float(scale), *(offsets(n, 0) for n in ("q", "k", "v", "a", "b", "hdla_beta", "g")), C=c,
             BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=rev,
             LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0, DIRS=dirs, STATE_INPUTS=state_inputs is not None,
             num_warps=cfg["warps_stacks"])
         grams_in = (z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"])
-        _gram_kernel[(nt, bh_all, nb)](
-            *grams_in, defer["gram"], paths["gram"], heads, dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap,
-            SCALAR=scalar, **prec, **gram_diag, DIRS=dirs, num_warps=cfg["warps_block"])
+        if single_gram:
+            _hdla_gram_kernel[(nt, bh_all, nb)](
+                z["xq"], z["kf"], z["gs"], z["gps"], z["s"], z["bt"], *grams_in[6:], defer["gram"], paths["gram"], dk,
+                nt, C=c, BKS=bks, **prec, **gram_diag, DIRS=dirs, num_warps=cfg["warps_block"])
+        else:
+            _gram_kernel[(nt, bh_all, nb)](
+                *grams_in, defer["gram"], paths["gram"], heads, dk, nt, C=c, BKS=bks, RKP=rkp, RAB=r_ab,
+                RAP=rap, SCALAR=scalar, **prec, **gram_diag, DIRS=dirs, num_warps=cfg["warps_block"])
         if levels_pass:
             _gram_levels_kernel[(nt, bh_all, nb)](
-                *grams_in, defer["gram"], paths["gram"], dk, nt, C=c, BKS=cfg["BKS"], RKP=rkp, RAB=r_ab, RAP=rap,
+                *grams_in, defer["gram"], paths["gram"], dk, nt, C=c, BKS=bks, RKP=rkp, RAB=r_ab, RAP=rap,
                 F32=f32, **gram_diag, DIRS=dirs, num_warps=cfg["warps_block"])
         hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
         if r_ab:
