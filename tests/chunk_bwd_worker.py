@@ -149,9 +149,11 @@ def _run_pool(kind, problem, chunk, reverse, dtype, gates):
 
 
 def _run_single_gram(problem, chunk, reverse, dtype, gates):
-    """One SINGLE_GRAM_CASES entry (HDLA): S2's four Grams and defer flags from the six base Grams
-    (``_hdla_gram_kernel``, the default) and from the rank stacks (``$HDLA_VISION_HDLA_GRAM=0``), each scratch
-    tensor apart so that S2's outputs survive the backward: per Gram the relative difference, whether the
+    """One SINGLE_GRAM_CASES entry (HDLA): S2's four Grams and S5a's stack gradients (after S5b) from the six base
+    Grams (``_hdla_gram_kernel``, ``_hdla_gram_vjp_kernel``, the default) and from the rank stacks
+    (``$HDLA_VISION_HDLA_GRAM=0``), each scratch tensor apart so that they survive the backward: per Gram and per
+    gradient buffer the relative difference (gk plus A's rank-1 rows of ga, gradients of the same column k e^-G,
+    which the single launch stores in gk, leaving 0 in ga where S5b adds nothing), whether the
     paths recorded after S2b agree per block (the largest over its K tiles: the two take different tiles), how many block tiles took the levels, and the default run's gradient errors
     against the float64 loop."""
     from hdla_vision.kernels.generalized import bwd_chunk
@@ -170,13 +172,23 @@ def _run_single_gram(problem, chunk, reverse, dtype, gates):
         seen, paths = {}, {}
         bwd_chunk.allocate_scratch = lambda *a, **kw: seen.setdefault("z", real_alloc(*a, **dict(kw, pool=False)))
         grads = _kernel_grads("hdla", p, chunk, reverse, do, dht, dtype, diag_paths=paths)
-        runs[flag] = ({n: seen["z"][n].float() for n in ("mqk", "mqa", "lab", "lkb")}, grads, paths["gram"])
+        runs[flag] = ({n: seen["z"][n].float() for n in ("mqk", "mqa", "lab", "lkb", "gq", "gk", "ga", "gb")}, grads,
+                      paths)
     bwd_chunk.allocate_scratch = real_alloc
     del os.environ["HDLA_VISION_HDLA_GRAM"]
     names = _names("hdla") + ["h0"]
-    return {"gram_diff": {n: rel_err(runs["1"][0][n], runs["0"][0][n]) for n in runs["1"][0]},
-            "paths_equal": bool(torch.equal(runs["1"][2].amax(-1), runs["0"][2].amax(-1))),  # per block (K tiles differ)
-            "levels_taken": int((runs["1"][2] >= 2).sum()),
+    new, old = runs["1"][0], runs["0"][0]
+    rank0 = lambda x: x.unflatten(1, (-1, 2))[:, :, 0]  # noqa: E731  A's rank-0 rows of ga [blocks, 2C, K]
+    rank1 = lambda x: x.unflatten(1, (-1, 2))[:, :, 1]  # noqa: E731  A's rank-1 rows (S5b's levels add there)
+    return {"gram_diff": {n: rel_err(new[n], old[n]) for n in ("mqk", "mqa", "lab", "lkb")},
+            "vjp_diff": dict(gq=rel_err(new["gq"], old["gq"]), gb=rel_err(new["gb"], old["gb"]),
+                             ga0=rel_err(rank0(new["ga"]), rank0(old["ga"])),
+                             gk=rel_err(new["gk"] + rank1(new["ga"]), old["gk"] + rank1(old["ga"])),
+                             ga1_max=float(rank1(new["ga"]).abs().max())),
+            "paths_equal": bool(torch.equal(runs["1"][2]["gram"].amax(-1), runs["0"][2]["gram"].amax(-1))),
+            "vjp_paths_equal": bool(torch.equal(runs["1"][2]["gram_vjp"], runs["0"][2]["gram_vjp"])),
+            "levels_taken": int((runs["1"][2]["gram"] >= 2).sum()),
+            "vjp_levels_taken": int((runs["1"][2]["gram_vjp"] >= 2).sum()),
             "error": {n: rel_err(m, r) for n, m, r in zip(names, runs["1"][1], ref)}}
 
 

@@ -278,16 +278,22 @@ def single_gram_results():
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(SINGLE_GRAM_CASES))
 def test_hdla_single_gram_equals_rank_stack_grams(single_gram_results, case):
-    """HDLA's S2 from six base Grams of q and k (bwd_chunk._hdla_gram_kernel) gives M_QK, M_QA, L_AB and L_KB of
-    the four Grams over the rank stacks (to rounding: 1e-6 in fp32, 1e-4 with fp16 inputs, whose off-diagonal
-    products take fp16 operands either way), leaves S2b the blocks it must (the paths after S2b per block are the
-    same, and the mixed gates send some to the levels), and the gradients stay within tolerance of float64."""
+    """HDLA's S2 and S5a through six base Grams of q and k (bwd_chunk._hdla_gram_kernel, _hdla_gram_vjp_kernel)
+    give the four Grams and the stack gradients (after S5b) of the launches over the rank stacks (to rounding: 1e-6
+    in fp32, 1e-4 with fp16 inputs, whose off-diagonal products take fp16 operands either way; gk with A's rank-1
+    rows, which hold 0 where S5b adds nothing), leave S2b and S5b the blocks they must (the same paths after them,
+    and the mixed gates send some to the levels), and the gradients stay within tolerance of float64."""
     result = single_gram_results[case]
     fp32 = SINGLE_GRAM_CASES[case][3] == "float32"
-    apart = {n: d for n, d in result["gram_diff"].items() if not d < (1e-6 if fp32 else 1e-4)}
-    assert set(result["gram_diff"]) == {"mqk", "mqa", "lab", "lkb"} and not apart, f"{case}: {result['gram_diff']}"
-    assert result["paths_equal"], case
-    assert (result["levels_taken"] > 0) == (SINGLE_GRAM_CASES[case][4] is not None), result["levels_taken"]
+    for key, names in (("gram_diff", {"mqk", "mqa", "lab", "lkb"}), ("vjp_diff", {"gq", "gb", "ga0", "gk"})):
+        diffs = {n: result[key][n] for n in names}
+        apart = {n: d for n, d in diffs.items() if not d < (1e-6 if fp32 else 1e-4)}
+        assert not apart, f"{case}: {result[key]}"
+    fast = SINGLE_GRAM_CASES[case][4] is not None
+    assert result["paths_equal"] and result["vjp_paths_equal"], case
+    assert (result["levels_taken"] > 0) == fast and (result["vjp_levels_taken"] > 0) == fast, result
+    if not fast:
+        assert result["vjp_diff"]["ga1_max"] == 0.0, result["vjp_diff"]
     tol = TOL if fp32 else FP16_TOL
     bad = {name: err for name, err in result["error"].items() if not err < tol}
     assert len(result["error"]) == 6 and not bad, f"{case}: relative errors above {tol}: {bad}"

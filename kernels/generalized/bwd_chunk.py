@@ -22,6 +22,8 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
     S5a ``_gram_vjp_kernel`` one launch per Gram matrix, per 16-token block and K tile: the Gram VJP
                             (same decay factoring and the same diagonal rule, the cotangent masked
                             before the products) into dx, dy scratch.
+    S5a for HDLA ``_hdla_gram_vjp_kernel``: the four Gram VJPs in one launch through the six base Grams, into the
+                            same buffers (12 products per block pair instead of 18).
     S5b ``_gram_vjp_levels_kernel`` (vector decay) the diagonal shares S5a left, by levels, added to
                             its dx, dy. S2b and S5b are launches of their own so that S2's and S5a's
                             registers stay those of the single product.
@@ -145,7 +147,7 @@ STAGES = ("S1", "S2", "S2b", "S3", "w", "u", "mo", "et", "qeff", "n", "B1", "dqe
 # products in chunk_vjp. Two tensors may share memory only if one's last reader runs before the other's
 # writer (strictly: a launch that reads one and writes the other would race).
 SCRATCH_LIFETIMES = dict(
-    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S2"), xq=("S1", "S5"), kf=("S1", "S5"), kt=("S1", "S5"),
+    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S5a_qk"), xq=("S1", "S5"), kf=("S1", "S5"), kt=("S1", "S5"),
     af=("S1", "S5"), bf=("S1", "S5"), at=("S1", "S5"), at16=("S1", "dw"), bh=("S1", "S5"), vf=("S1", "det"),
     dos=("S1", "dvs"), mqk=("S2", "mo"), mqa=("S2", "dmqa"), lab=("S2", "S3"), lkb=("S2", "u"),
     tm=("S3", "dup"), tm16=("S3", "dup"), w=("w", "dlab"), u=("u", "dlab"), mo=("mo", "dvs"), et=("et", "dvs"),
@@ -960,6 +962,149 @@ def _gram_vjp_kernel(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_p
 
 
 @triton.jit
+def _hdla_cotangents(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, blk, rows, cols, qk_live, live, strict, C: tl.constexpr):
+    """The base Grams' cotangents on the token block (rows, cols) [16, 16] from the four Grams' (M_QK's dmo
+    [C, C], M_QA's dmqa [C, 2C], L_AB's dlab [2C, 2C], L_KB's dup [2C, C]; kernels/README.md §8, the VJP of
+    the mixing), by row stack and column: (q rows against the columns k (K and A's rank 1, e^-G), against A's
+    rank 0 (beta_i k e^-G'), B's rank-0 rows against the same two, B's rank-1 rows against the same two), each
+    masked (qk_live for M_QK, live for M_QA, strict for the L's; all True off the diagonal). Without the
+    beta_i of A's rank 0 (the rows' products take it, the columns' gradient is A's own) and without B's
+    rank-1 rows beta_t k e^G - c_t k e^G' (:func:`_hdla_col_grads` takes them apart)."""
+    r2 = blk * 2 * C + 2 * rows
+    qk = tl.where(qk_live, tl.load(dmo_ptr + (blk * C + rows)[:, None] * C + cols[None, :]), 0.0)
+    qa0 = tl.where(live, tl.load(dmqa_ptr + (blk * C + rows)[:, None] * (2 * C) + 2 * cols[None, :]), 0.0)
+    qa1 = tl.where(live, tl.load(dmqa_ptr + (blk * C + rows)[:, None] * (2 * C) + 2 * cols[None, :] + 1), 0.0)
+    ab00 = tl.load(dlab_ptr + r2[:, None] * (2 * C) + 2 * cols[None, :])
+    ab01 = tl.load(dlab_ptr + r2[:, None] * (2 * C) + 2 * cols[None, :] + 1)
+    ab10 = tl.load(dlab_ptr + (r2 + 1)[:, None] * (2 * C) + 2 * cols[None, :])
+    ab11 = tl.load(dlab_ptr + (r2 + 1)[:, None] * (2 * C) + 2 * cols[None, :] + 1)
+    kb0 = tl.load(dup_ptr + r2[:, None] * C + cols[None, :])
+    kb1 = tl.load(dup_ptr + (r2 + 1)[:, None] * C + cols[None, :])
+    return (qk + qa1, qa0, tl.where(strict, ab01 + kb0, 0.0), tl.where(strict, ab00, 0.0),
+            tl.where(strict, ab11 + kb1, 0.0), tl.where(strict, ab10, 0.0))
+
+
+@triton.jit
+def _hdla_row_grads(gq, g0, g1, dq_g, dq_p, d0_g, d0_p, d1_g, d1_p, cg, cp, beta_i, ex_q, ex_b, F32: tl.constexpr,
+                    DM: tl.constexpr, DL: tl.constexpr):
+    """Rows' share of one column block: gq += (dq_g cg + dq_p b_i cp) e^{G-R}, the B rows' g0, g1 += (d_g cg +
+    d_p b_i cp) e^{G'-R}; cg, cp [16, BKS] the column block's k e^{R-G}, k e^{R-G'}, beta_i [16] its beta. DM: operands of the products with M_QK's and
+    M_QA's cotangents, DL: with the L's (VJP_DIAG_PRECISIONS' per-Gram rule on the diagonal block)."""
+    bi = beta_i[None, :]
+    gq += (_dot(dq_g, cg, F32, DM) + _dot(dq_p * bi, cp, F32, DM)) * ex_q
+    g0 += (_dot(d0_g, cg, F32, DL) + _dot(d0_p * bi, cp, F32, DL)) * ex_b
+    g1 += (_dot(d1_g, cg, F32, DL) + _dot(d1_p * bi, cp, F32, DL)) * ex_b
+    return gq, g0, g1
+
+
+@triton.jit
+def _hdla_col_grads(gk, ga, dq_g, dq_p, d0_g, d0_p, d1_g, d1_p, xq, kp, kg, beta_t, c_t, F32: tl.constexpr,
+                    DM: tl.constexpr, DL: tl.constexpr):
+    """Columns' share of one row block (before the columns' e^{R-G}): the K and A rank-1 columns (both k e^-G; all
+    of it into gk) and the A rank-0 column (beta u e^-G = beta k e^-G'; ga) from the row stacks xq = q e^{G-R},
+    kp = k e^{G'-R}, kg = k e^{G-R} [16, BKS]: B's rank-0 rows are kp, its rank-1 rows beta_t kg - c_t kp."""
+    bt = beta_t[:, None]
+    ct = c_t[:, None]
+    gk += _dot(tl.trans(dq_g), xq, F32, DM) + _dot(tl.trans(d0_g - ct * d1_g), kp, F32, DL) \
+        + _dot(tl.trans(bt * d1_g), kg, F32, DL)
+    ga += _dot(tl.trans(dq_p), xq, F32, DM) + _dot(tl.trans(d0_p - ct * d1_p), kp, F32, DL) \
+        + _dot(tl.trans(bt * d1_p), kg, F32, DL)
+    return gk, ga
+
+
+@triton.jit
+def _hdla_gram_vjp_kernel(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr, gs_ptr, gps_ptr, s_ptr, bt_ptr,
+                          gq_ptr, gk_ptr, ga_ptr, gb_ptr, defer_ptr, path_ptr, K, NT, NKT, ITEMS,
+                          C: tl.constexpr, BKS: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr,
+                          DM: tl.constexpr, DL: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr,
+                          DIRS: tl.constexpr):
+    """S5a for HDLA, grid (NT, B*H, C/16 * K/BKS): the four Gram VJPs of :func:`_gram_vjp_kernel` in one launch
+    through HDLA's six base Grams (kernels/README.md §8): token block b's gradients of the rank stacks' rows
+    (gq [C, K]; gb [2C, K]) and columns (gk [C, K] takes the K and the A rank-1 columns, both k; ga [2C, K] the
+    rank-0 column, its rank-1 rows 0), the buffers S5b adds to and S5 reads, from 12 products per block pair
+    instead of 18. Off the diagonal: rows through G at the column block's last token, columns through G at block
+    b's last; the diagonal block through the midpoint of its G and G' (one reference, :func:`_diag_reference`)
+    where that bound is below DIAG_LIMIT (> 0), else left to S5b for all four Grams (their flags in ``defer [4,
+    blocks, C/16, K/BKS]``; ITEMS = blocks * C/16 * K/BKS); operands DM for M_QK's and M_QA's cotangents and DL
+    for the L's on the diagonal block. DIRS = 2: the reversed scan's M_QK strictly lower (S2's rule)."""
+    blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
+    b = tl.program_id(2) // NKT
+    ck = (tl.program_id(2) % NKT) * BKS + tl.arange(0, BKS)
+    mk = ck < K
+    qk_strict = (tl.program_id(1) >= tl.num_programs(1) // 2) & (DIRS == 2)
+    tb = b * SUB + tl.arange(0, SUB)
+    beta_b = tl.load(bt_ptr + blk * C + tb)
+    c_b = beta_b * beta_b * tl.load(s_ptr + blk * C + tb)
+    Gb = _load_g(gs_ptr, blk, tb, C, K, ck, mk, BKS, False)
+    Gpb = _load_g(gps_ptr, blk, tb, C, K, ck, mk, BKS, False)
+    kb = _load_tile(kf_ptr, blk, tb, C, K, ck, mk)
+    gq = tl.zeros([SUB, BKS], dtype=tl.float32)
+    g0 = tl.zeros([SUB, BKS], dtype=tl.float32)
+    g1 = tl.zeros([SUB, BKS], dtype=tl.float32)
+    gk = tl.zeros([SUB, BKS], dtype=tl.float32)
+    ga = tl.zeros([SUB, BKS], dtype=tl.float32)
+    every = tb[:, None] >= 0
+    for m in range(0, b):  # earlier column blocks: block b's rows
+        tm = m * SUB + tl.arange(0, SUB)
+        ref = _load_g_row(gs_ptr, blk, m * SUB + SUB - 1, C, K, ck, mk, BKS, False)
+        km = _load_tile(kf_ptr, blk, tm, C, K, ck, mk)
+        cg = km * tl.exp(ref[None, :] - _load_g(gs_ptr, blk, tm, C, K, ck, mk, BKS, False))
+        cp = km * tl.exp(ref[None, :] - _load_g(gps_ptr, blk, tm, C, K, ck, mk, BKS, False))
+        dq_g, dq_p, d0_g, d0_p, d1_g, d1_p = _hdla_cotangents(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, blk, tb, tm, every,
+                                                              every, every, C)
+        gq, g0, g1 = _hdla_row_grads(gq, g0, g1, dq_g, dq_p, d0_g, d0_p, d1_g, d1_p, cg, cp,
+                                     tl.load(bt_ptr + blk * C + tm), tl.exp(Gb - ref[None, :]),
+                                     tl.exp(Gpb - ref[None, :]), F32, LOWP, LOWP)
+    ref_b = _load_g_row(gs_ptr, blk, b * SUB + SUB - 1, C, K, ck, mk, BKS, False)
+    for n in range(b + 1, C // SUB):  # later row blocks: block b's columns, reference at its last token
+        tn = n * SUB + tl.arange(0, SUB)
+        beta_n = tl.load(bt_ptr + blk * C + tn)
+        c_n = beta_n * beta_n * tl.load(s_ptr + blk * C + tn)
+        Gn = _load_g(gs_ptr, blk, tn, C, K, ck, mk, BKS, False)
+        kn = _load_tile(kf_ptr, blk, tn, C, K, ck, mk)
+        xq = _load_tile(xq_ptr, blk, tn, C, K, ck, mk) * tl.exp(Gn - ref_b[None, :])
+        kp = kn * tl.exp(_load_g(gps_ptr, blk, tn, C, K, ck, mk, BKS, False) - ref_b[None, :])
+        kg = kn * tl.exp(Gn - ref_b[None, :])
+        dq_g, dq_p, d0_g, d0_p, d1_g, d1_p = _hdla_cotangents(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, blk, tn, tb, every,
+                                                              every, every, C)
+        gk, ga = _hdla_col_grads(gk, ga, dq_g, dq_p, d0_g, d0_p, d1_g, d1_p, xq, kp, kg, beta_n, c_n, F32, LOWP,
+                                 LOWP)
+    gk = gk * tl.exp(ref_b[None, :] - Gb)
+    ga = ga * tl.exp(ref_b[None, :] - Gb)
+    ref, lim = _diag_reference(Gpb, Gb)  # the diagonal block: rows and columns both block b
+    fits = lim < DIAG_LIMIT
+    if fits:
+        ex_q = tl.exp(Gb - ref[None, :])
+        ex_b = tl.exp(Gpb - ref[None, :])
+        cg = kb * tl.exp(ref[None, :] - Gb)
+        cp = kb * tl.exp(ref[None, :] - Gpb)
+        dq_g, dq_p, d0_g, d0_p, d1_g, d1_p = _hdla_cotangents(
+            dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, blk, tb, tb, _token_mask(tb, tb, qk_strict), _token_mask(tb, tb, False),
+            _token_mask(tb, tb, True), C)
+        gq, g0, g1 = _hdla_row_grads(gq, g0, g1, dq_g, dq_p, d0_g, d0_p, d1_g, d1_p, cg, cp, beta_b, ex_q, ex_b, F32,
+                                     DM, DL)
+        xq = _load_tile(xq_ptr, blk, tb, C, K, ck, mk) * ex_q
+        dk_d = tl.zeros([SUB, BKS], dtype=tl.float32)
+        da_d = tl.zeros([SUB, BKS], dtype=tl.float32)
+        dk_d, da_d = _hdla_col_grads(dk_d, da_d, dq_g, dq_p, d0_g, d0_p, d1_g, d1_p, xq, kb * ex_b, kb * ex_q,
+                                     beta_b, c_b, F32, DM, DL)
+        gk += dk_d * tl.exp(ref[None, :] - Gb)
+        ga += da_d * tl.exp(ref[None, :] - Gb)
+    item = blk * (C // SUB) * NKT + tl.program_id(2)
+    for gid in tl.static_range(4):
+        _record_path(path_ptr, gid * ITEMS + item, fits.to(tl.int32) * 2 - 1, RECORD)
+        tl.store(defer_ptr + gid * ITEMS + item, (~fits).to(tl.int8))
+    rows = (blk * C + tb)[:, None] * K + ck[None, :]
+    rows2 = (blk * 2 * C + 2 * tb)[:, None] * K + ck[None, :]
+    tl.store(gq_ptr + rows, gq, mask=mk[None, :])
+    tl.store(gk_ptr + rows, gk, mask=mk[None, :])
+    tl.store(gb_ptr + rows2, g0, mask=mk[None, :])
+    tl.store(gb_ptr + rows2 + K, g1, mask=mk[None, :])
+    tl.store(ga_ptr + rows2, ga, mask=mk[None, :])
+    tl.store(ga_ptr + rows2 + K, tl.zeros([SUB, BKS], dtype=tl.float32), mask=mk[None, :])
+
+
+@triton.jit
 def _gram_vjp_fix(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr, path_ptr, blk, b, K, NKT,
                   C: tl.constexpr, RX: tl.constexpr, RY: tl.constexpr, STRICT, BKS: tl.constexpr,
                   F32: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr):
@@ -1264,8 +1409,9 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     (:data:`GRAM_DIAG_PRECISION`) and S5a (:data:`VJP_DIAG_PRECISIONS`, one per Gram, or one name for all and
     S5b), names of :data:`DIAG_PRECISIONS`; ``$HDLA_VISION_DIAG_PRECISION_S2``, ``_S5A`` (one name or four) and
     ``$HDLA_VISION_DIAG_PRECISION`` (every stage) override them (the benchmarks);
-    hdla_gram: HDLA's S2 from six base Grams of q and k (:func:`_hdla_gram_kernel`; ``$HDLA_VISION_HDLA_GRAM=0``,
-    the benchmarks' "before": the four Grams over the rank stacks as for any rank);
+    hdla_gram: HDLA's S2 and S5a through six base Grams of q and k (:func:`_hdla_gram_kernel`,
+    :func:`_hdla_gram_vjp_kernel`; ``$HDLA_VISION_HDLA_GRAM=0``, the benchmarks' "before": the four Grams and
+    their VJPs over the rank stacks as for any rank);
     warps_gemm, warps_stacks: S4's and S1's warps;
     stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
     dM_QA's, spilled a register on sm_90a), else 3; ``$HDLA_VISION_B2_GEMM_STAGES`` overrides it (the
@@ -1598,7 +1744,15 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             gemm(z["dlab"], ra, ra, [(_v(z["dwp"], ra, dk), _v(z["w"], ra, dk, True), dk, -1),
                                      (_v(z["dup"], ra, rk), _v(z["u"], ra, rk, True), rk, -1)])
         ranks_of = dict(q=1, k=rkp, a=rap, b=rap)
-        for gid, (d, x, xg, y, gx, gy, strict, acc_x, acc_y) in enumerate(GRAM_VJPS[:4 if r_ab else 1]):
+        if single_gram:  # S5a as one launch through HDLA's base Grams, into the same buffers and flags
+            _hdla_gram_vjp_kernel[(nt, bh_all, nb * nkt)](
+                z["dmo"], z["dmqa"], z["dlab"], z["dup"], z["xq"], z["kf"], z["gs"], z["gps"], z["s"], z["bt"],
+                z["gq"], z["gk"], z["ga"], z["gb"], defer["gram_vjp"],
+                paths["gram_vjp"] if diag_paths is not None else empty, dk, nt, nkt, blocks * nb * nkt, C=c,
+                BKS=cfg["BKV"], **prec, DM=diag_lowp(lowp, vjp_names[0]), DL=diag_lowp(lowp, vjp_names[2]),
+                DIAG_LIMIT=limit, RECORD=diag_paths is not None, DIRS=dirs, num_warps=cfg["warps_block"])
+        for gid, (d, x, xg, y, gx, gy, strict, acc_x, acc_y) in enumerate(GRAM_VJPS[:0 if single_gram else
+                                                                                   4 if r_ab else 1]):
             _gram_vjp_kernel[(nt, bh_all, nb * nkt)](
                 z[d], z[STACK_OF[x]], z[xg], z[STACK_OF[y]], z["gs"], z[gx], z[gy],
                 defer["gram_vjp"][gid] if levels_pass else empty, paths["gram_vjp"][gid], dk, nt, nkt, C=c,
