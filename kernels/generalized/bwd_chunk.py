@@ -89,9 +89,9 @@ VJP_DIAG_PRECISIONS = ("tf32x3", "tf32x3", "tf32", "tf32")
 #   xq        S1    S2, S5a stack; S5                              fp32
 #   kf        S1    S2, S5a stack; S5                              fp32
 #   kt        S1    et cin (r_ab > 0; at r_ab = 0 it is et, dvs's operand); S5   fp32
-#   af, bf    S1    S2, S5a stack; S5                              fp32
-#   at        S1    et, du, dw operand; S5                         fp32, S4 reads its 16-bit copy at16
-#   bh        S1    w operand; S5                                  fp32
+#   af, bf    S1    S2, S5a stack; S5 (HDLA: S2b, S5b only)        fp32
+#   at        S1    et, du, dw operand; S5 (its e^{G_last} sum)     fp32, S4 reads its 16-bit copy at16
+#   bh        S1    w operand; S5 (not HDLA's)                     fp32
 #   vf        S1    dmo, det operand                               16-bit
 #   dos       S1    dqe, dmo, dvs operand                          16-bit
 #   mqk       S2    mo cin (r_ab > 0); dvs operand (r_ab = 0: mo)  16-bit at r_ab = 0, else fp32
@@ -1263,7 +1263,27 @@ def _vjp_kernel(
         dkf = det * tl.exp(GL[None, :] - _load_g(gs_ptr, blk, rk // RKP, C, K, ck, mk, BKS, SCALAR)) + dyk
         dG += _token_sum(-(_load_tile(kt_ptr, blk, rk, RK, K, ck, mk) * det) - kf * dyk, RKP, BKS)
         dGp = tl.zeros([SUB, BKS], dtype=tl.float32)
-        if RAB > 0:
+        if HDLA:  # A = [beta u, k], B = [k, beta u - beta^2 s k] rebuilt here instead of read back from S1's stacks
+            g_raw = tl.load(g_ptr + tok[:, None] * K + ck[None, :], mask=m_tk, other=0.0).to(tl.float32)
+            lam = tl.exp(tl.maximum(g_raw, LOG_ZERO))
+            u = lam * kf
+            beta = tl.load(beta_ptr + tok, mask=valid, other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + blk * C + tb)
+            a0 = beta[:, None] * u
+            b1 = a0 - (beta * beta * s)[:, None] * kf
+            e_last = tl.exp(GL[None, :] - G)
+            e_excl = tl.exp(_load_g(gps_ptr, blk, tb, C, K, ck, mk, BKS, SCALAR))
+            dat0, dat1 = _rank_pair(_load_tile(dat_ptr, blk, ra, RA, K, ck, mk), BKS)
+            dya0, dya1 = _rank_pair(dya, BKS)
+            dwp0, dwp1 = _rank_pair(_load_tile(dwp_ptr, blk, ra, RA, K, ck, mk), BKS)
+            dxb0, dxb1 = _rank_pair(dxb, BKS)
+            da0 = dat0 * e_last + dya0
+            da1 = dat1 * e_last + dya1
+            db0 = dwp0 * e_excl + dxb0
+            db1 = dwp1 * e_excl + dxb1
+            dG -= e_last * (a0 * dat0 + kf * dat1) + a0 * dya0 + kf * dya1
+            dGp = e_excl * (kf * dwp0 + b1 * dwp1) + kf * dxb0 + b1 * dxb1
+        elif RAB > 0:
             ta = ra // RAP
             dat = _load_tile(dat_ptr, blk, ra, RA, K, ck, mk)
             daf = dat * tl.exp(GL[None, :] - _load_g(gs_ptr, blk, ta, C, K, ck, mk, BKS, SCALAR)) + dya
@@ -1280,13 +1300,6 @@ def _vjp_kernel(
         tl.store(dq_ptr + tok[:, None] * K + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=m_tk)
         if HDLA:
             kk = kf
-            g_raw = tl.load(g_ptr + tok[:, None] * K + ck[None, :], mask=m_tk, other=0.0).to(tl.float32)
-            lam = tl.exp(tl.maximum(g_raw, LOG_ZERO))
-            u = lam * kk
-            beta = tl.load(beta_ptr + tok, mask=valid, other=0.0).to(tl.float32)
-            s = tl.load(s_ptr + blk * C + tb)
-            da0, da1 = _rank_pair(daf, BKS)
-            db0, db1 = _rank_pair(dbf, BKS)
             red = red_ptr + (blk * NKT + i_k) * 2 * C
             tl.store(red + tb, tl.sum(db1 * kk, 1))
             tl.store(red + C + tb, tl.sum(u * (da0 + db1), 1))
