@@ -64,7 +64,8 @@ VARIANTS = {
     "s5_tf32_m": {"b2:diag_vjp": ("tf32", "tf32", "tf32x3", "tf32x3")},  # M_QK's and M_QA's
     "s5_tf32x3": {"b2:diag_vjp": "tf32x3"},  # every Gram VJP on tf32x3 (the default before 2026-11-25)
     "diag_tf32x3": {"b2:diag_gram": "tf32x3", "b2:diag_vjp": "tf32x3"},  # S2 and S5a as before 2026-11-25
-    "rank_grams": {"b2:hdla_gram": False},  # HDLA's S2 as the four Grams over the rank stacks (before 2026-11-25)
+    "rank_grams": {"b2:hdla_gram": False},  # HDLA's S2 and S5a over the rank stacks (before 2026-11-25)
+    "bkg64": {"b2:BKG": 64},  # HDLA's S2 on 64 K columns per step (spills 168 bytes on sm_90a)
 }
 
 

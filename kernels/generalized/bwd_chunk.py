@@ -13,8 +13,9 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
     S2b ``_gram_levels_kernel`` (vector decay) the diagonal blocks S2 left, each K tile by one product
                             or by levels (kernels/generalized/diag_levels.py; per block and K tile,
                             never per chunk); programs with nothing left exit at once.
-    S2 for HDLA ``_hdla_gram_kernel``: the same four Grams from six base Grams of q and k mixed with beta and s
-                            (kernels/README.md §8, HDLA's Grams as one product): 6 C^2 K multiply-adds per chunk, not 9 C^2 K.
+    S2 for HDLA ``_hdla_gram_kernel``: the same four Grams from six base Grams of q and k mixed with beta and
+                            s (kernels/README.md §8, HDLA's Grams as one product): 6 C^2 K multiply-adds
+                            per chunk, not 9 C^2 K.
     S3 ``_inverse_kernel``  T = (I + L_AB)^-1: 16-token diagonal blocks by doubling, the others by block
                             forward substitution (T_nm = -T_nn sum_k L_nk T_km).
     S4 ``_gemm_kernel``     every plain product of the VJP (W, U, Mo, E, dQeff, dMo, dE, dN, dV, dAt,
@@ -147,9 +148,9 @@ STAGES = ("S1", "S2", "S2b", "S3", "w", "u", "mo", "et", "qeff", "n", "B1", "dqe
 # products in chunk_vjp. Two tensors may share memory only if one's last reader runs before the other's
 # writer (strictly: a launch that reads one and writes the other would race).
 SCRATCH_LIFETIMES = dict(
-    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S5a_qk"), xq=("S1", "S5"), kf=("S1", "S5"), kt=("S1", "S5"),
-    af=("S1", "S5"), bf=("S1", "S5"), at=("S1", "S5"), at16=("S1", "dw"), bh=("S1", "S5"), vf=("S1", "det"),
-    dos=("S1", "dvs"), mqk=("S2", "mo"), mqa=("S2", "dmqa"), lab=("S2", "S3"), lkb=("S2", "u"),
+    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S5a_qk"), xq=("S1", "S5"), kf=("S1", "S5"),
+    kt=("S1", "S5"), af=("S1", "S5"), bf=("S1", "S5"), at=("S1", "S5"), at16=("S1", "dw"), bh=("S1", "S5"),
+    vf=("S1", "det"), dos=("S1", "dvs"), mqk=("S2", "mo"), mqa=("S2", "dmqa"), lab=("S2", "S3"), lkb=("S2", "u"),
     tm=("S3", "dup"), tm16=("S3", "dup"), w=("w", "dlab"), u=("u", "dlab"), mo=("mo", "dvs"), et=("et", "dvs"),
     dqe=("dqe", "S5"), dmo=("dmo", "S5b"), det=("det", "S5"), dvs=("dvs", "S7"), dn=("dn", "dw"),
     dat=("dat", "S5"), du=("du", "dup"), dw=("dw", "dwp"), dmqa=("dmqa", "S5b"), dwp=("dwp", "S5"),
@@ -600,10 +601,11 @@ def _hdla_base_products(xq_ptr, kf_ptr, gs_ptr, gps_ptr, blk, rows, cols, ref, K
 @triton.jit
 def _hdla_mix_store(mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, blk, rows, m, qk, qg, qp, pg, pp, gg, gp, beta_t,
                     c_t, beta_i, C: tl.constexpr):
-    """Store the 16 x 16 token block (rows, column block m) of M_QK [C, C], M_QA [C, 2C], L_AB [2C, 2C] and L_KB [2C, C] (rank
-    fastest) mixed from the base Grams (kernels/README.md §8; float64: tests/hdla_single_gram_reference.py's ``mix``): with b = beta,
-    c_t = beta_t^2 s_t, M_QK = qk (qg, masked as M_QK is), M_QA = (qp b_i, qg), L_AB = ((pp b_i, pg),
-    ((b_t gp - c_t pp) b_i, b_t gg - c_t pg)), L_KB = (pg, b_t gg - c_t pg); column ranks interleaved."""
+    """Store the 16 x 16 token block (rows, column block m) of M_QK [C, C], M_QA [C, 2C], L_AB [2C, 2C] and
+    L_KB [2C, C] (rank fastest) mixed from the base Grams (kernels/README.md §8; float64:
+    tests/hdla_single_gram_reference.py's ``mix``): with b = beta, c_t = beta_t^2 s_t, M_QK = qk (qg, masked
+    as M_QK is), M_QA = (qp b_i, qg), L_AB = ((pp b_i, pg), ((b_t gp - c_t pp) b_i, b_t gg - c_t pg)),
+    L_KB = (pg, b_t gg - c_t pg); column ranks interleaved."""
     bi = beta_i[None, :]
     l1 = beta_t[:, None] * gg - c_t[:, None] * pg
     l10 = (beta_t[:, None] * gp - c_t[:, None] * pp) * bi
@@ -613,8 +615,10 @@ def _hdla_mix_store(mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr, blk, rows, m, qk, qg, qp
     tl.store(mqk_ptr + (blk * C + rows)[:, None] * C + cols[None, :], qk.to(mqk_ptr.dtype.element_ty))
     tl.store(mqa_ptr + (blk * C + rows)[:, None] * (2 * C) + pair[None, :],
              tl.interleave(qp * bi, qg).to(mqa_ptr.dtype.element_ty))
-    tl.store(lab_ptr + row2[:, None] * (2 * C) + pair[None, :], tl.interleave(pp * bi, pg).to(lab_ptr.dtype.element_ty))
-    tl.store(lab_ptr + (row2 + 1)[:, None] * (2 * C) + pair[None, :], tl.interleave(l10, l1).to(lab_ptr.dtype.element_ty))
+    tl.store(lab_ptr + row2[:, None] * (2 * C) + pair[None, :],
+             tl.interleave(pp * bi, pg).to(lab_ptr.dtype.element_ty))
+    tl.store(lab_ptr + (row2 + 1)[:, None] * (2 * C) + pair[None, :],
+             tl.interleave(l10, l1).to(lab_ptr.dtype.element_ty))
     tl.store(lkb_ptr + row2[:, None] * C + cols[None, :], pg.to(lkb_ptr.dtype.element_ty))
     tl.store(lkb_ptr + (row2 + 1)[:, None] * C + cols[None, :], l1.to(lkb_ptr.dtype.element_ty))
 
@@ -988,7 +992,8 @@ def _hdla_cotangents(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, blk, rows, cols, qk_l
 def _hdla_row_grads(gq, g0, g1, dq_g, dq_p, d0_g, d0_p, d1_g, d1_p, cg, cp, beta_i, ex_q, ex_b, F32: tl.constexpr,
                     DM: tl.constexpr, DL: tl.constexpr):
     """Rows' share of one column block: gq += (dq_g cg + dq_p b_i cp) e^{G-R}, the B rows' g0, g1 += (d_g cg +
-    d_p b_i cp) e^{G'-R}; cg, cp [16, BKS] the column block's k e^{R-G}, k e^{R-G'}, beta_i [16] its beta. DM: operands of the products with M_QK's and
+    d_p b_i cp) e^{G'-R}; cg, cp [16, BKS] the column block's k e^{R-G}, k e^{R-G'}, beta_i [16] its
+    beta. DM: operands of the products with M_QK's and
     M_QA's cotangents, DL: with the L's (VJP_DIAG_PRECISIONS' per-Gram rule on the diagonal block)."""
     bi = beta_i[None, :]
     gq += (_dot(dq_g, cg, F32, DM) + _dot(dq_p * bi, cp, F32, DM)) * ex_q
@@ -1079,8 +1084,8 @@ def _hdla_gram_vjp_kernel(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr, 
         cg = kb * tl.exp(ref[None, :] - Gb)
         cp = kb * tl.exp(ref[None, :] - Gpb)
         dq_g, dq_p, d0_g, d0_p, d1_g, d1_p = _hdla_cotangents(
-            dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, blk, tb, tb, _token_mask(tb, tb, qk_strict), _token_mask(tb, tb, False),
-            _token_mask(tb, tb, True), C)
+            dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, blk, tb, tb, _token_mask(tb, tb, qk_strict),
+            _token_mask(tb, tb, False), _token_mask(tb, tb, True), C)
         gq, g0, g1 = _hdla_row_grads(gq, g0, g1, dq_g, dq_p, d0_g, d0_p, d1_g, d1_p, cg, cp, beta_b, ex_q, ex_b, F32,
                                      DM, DL)
         xq = _load_tile(xq_ptr, blk, tb, C, K, ck, mk) * ex_q
@@ -1413,10 +1418,10 @@ def _v(t, rows, cols, trans=False):
 def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: bool = False) -> dict:
     """B2's column tiles and warps, the one place to tune them: BKS of S2 (K columns per step of the Gram
     products), BKG of HDLA's S2 (:func:`_hdla_gram_kernel`, and of S2b after it: at 64 its six products spill
-    168 bytes on sm_90a, at 32 none), BK1 of S1 (the stacks), BKV of S5a / S5 (K columns per program; 64, not 32: on the H100 S5a's
-    Gram VJPs took 31% less time at hdla_tiny's 1024 px batch and at the LM shape, S5 10-20% less, the seed
-    mixers' rank-1 and rank-0 B2 2-4% less: benchmarks/launch_configs.py; HDLA's S5 then spills 16 bytes on
-    sm_90a), BVS (V columns per step);
+    168 bytes on sm_90a, at 32 none), BK1 of S1 (the stacks), BKV of S5a / S5 (K columns per program; 64, not
+    32: on the H100 S5a's Gram VJPs took 31% less time at hdla_tiny's 1024 px batch and at the LM shape, S5
+    10-20% less, the seed mixers' rank-1 and rank-0 B2 2-4% less: benchmarks/launch_configs.py; HDLA's S5 then
+    spilled 16 bytes on sm_90a), BVS (V columns per step);
     diag_limit, the bound on the diagonal token blocks' factors (one product per block below it, else by
     levels; S2, S5a, S2b, S5b); diag_gram, diag_vjp: the operands of those products in S2 / S2b
     (:data:`GRAM_DIAG_PRECISION`) and S5a (:data:`VJP_DIAG_PRECISIONS`, one per Gram, or one name for all and
@@ -1499,9 +1504,9 @@ def scratch_shapes(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla: bool, s
     rkp, rap = _pow2(r_kv), (_pow2(r_ab) if r_ab else 1)
     rk, ra = c * rkp, c * rap
     gshape = (c,) if scalar else (c, dk)
-    shapes = dict(gs=gshape, gps=gshape, s=(c,) if hdla else (0,), bt=(c,) if hdla else (0,), xq=(c, dk), kf=(rk, dk), kt=(rk, dk),
-                  vf=(rk, dv), dos=(c, dv), mqk=(c, rk), dqe=(c, dk), dmo=(c, rk), det=(rk, dk), dvs=(rk, dv),
-                  gq=(c, dk), gk=(rk, dk))
+    shapes = dict(gs=gshape, gps=gshape, s=(c,) if hdla else (0,), bt=(c,) if hdla else (0,), xq=(c, dk),
+                  kf=(rk, dk), kt=(rk, dk), vf=(rk, dv), dos=(c, dv), mqk=(c, rk), dqe=(c, dk), dmo=(c, rk),
+                  det=(rk, dk), dvs=(rk, dv), gq=(c, dk), gk=(rk, dk))
     for name, shape in dict(af=(ra, dk), bf=(ra, dk), at=(ra, dk), bh=(ra, dk), mqa=(c, ra), lab=(ra, ra),
                             lkb=(ra, rk), tm=(ra, ra), w=(ra, dk), u=(ra, rk), mo=(c, rk), et=(rk, dk),
                             dn=(dk, dk), dat=(ra, dk), du=(ra, rk), dw=(ra, dk), dmqa=(c, ra), dwp=(ra, dk),
