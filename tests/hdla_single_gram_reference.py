@@ -1,5 +1,6 @@
-"""Float64 specification of HDLA's four chunk Grams as one Gram product (the next step of issue 11's
-kernels; kernels/README.md §2 and §8 notation, stacks token-major with rank fastest).
+"""Float64 specification of HDLA's four chunk Grams as one Gram product, which B2's S2 and S5a compute
+(kernels/generalized/bwd_chunk.py ``_hdla_gram_kernel``, ``_hdla_gram_vjp_kernel``; kernels/README.md §8 "HDLA's
+Grams as one product", §2 and §8 notation, stacks token-major with rank fastest).
 
 HDLA's rank stacks are built from k alone (§2): ``A = [beta u, k]``, ``B = [k, beta u - beta^2 s k]`` with
 ``u = lambda * k``, ``s = k.u``, and ``u_i e^{-G_i} = k_i e^{-G'_i}``. So every entry of M_QK, M_QA, L_AB and
