@@ -580,8 +580,10 @@ def test_second_layout_checkpoint_loads_with_the_same_logits(name, tmp_path):
     16, 2 blocks, 3 x 3 patches of 4 px, MLP ratio 1) with class tokens, token and average pooling,
     layer scale and non-default mixer options, every weight moved off its init. Loaded through
     ``checkpoint_filter_fn`` (``pretrained=True`` with a local file) they have the same number of
-    parameters and the same logits: bit-identical for the seed mixers; for HDLA, whose two-direction
-    beta projection became one per direction (two matrix products instead of one), to float32 rounding."""
+    parameters and the same logits to float32 rounding (the stored logits come from another CPU, whose
+    matrix-product kernels round differently: 3e-7 apart on an AMD EPYC); for the seed mixers, whose keys
+    were only renamed, every loaded value is bit-identical to a stored one (HDLA's two-direction beta
+    projection became one per direction)."""
     kwargs, tensors = _v1_cases()
     prefix = f"{name}/state_dict/"
     state_dict = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
@@ -594,8 +596,7 @@ def test_second_layout_checkpoint_loads_with_the_same_logits(name, tmp_path):
     assert sum(p.numel() for p in model.parameters()) == sum(v.numel() for v in state_dict.values())
     with torch.no_grad():
         logits = model(tensors["input"])
-    expected = tensors[f"{name}/logits"]
-    if name == "hdla_tiny":
-        torch.testing.assert_close(logits, expected, rtol=1e-6, atol=1e-6)
-    else:
-        assert torch.equal(logits, expected), (logits - expected).abs().max()
+    torch.testing.assert_close(logits, tensors[f"{name}/logits"], rtol=1e-6, atol=1e-6)
+    if name != "hdla_tiny":
+        values = lambda sd: sorted((tuple(v.shape), v.float().numpy().tobytes()) for v in sd.values())  # noqa: E731
+        assert values(model.state_dict()) == values(state_dict)
