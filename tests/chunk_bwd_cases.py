@@ -129,6 +129,10 @@ POOL_CASES = {
                        dict(mild=(-1.0, 0.0), fast_steps=[(0, 45)])),
     "rab2_rkv2_mixed_fp32": ("gen", dict(batch=1, seq_len=40, heads=1, dk=16, dv=8, r_kv=2, r_ab=2), 32, True,
                              "float32", dict(mild=(-1.0, 0.0), fast_steps=[(16, 32)], fast_channels=[5])),
+    # HDLA with 16-bit scratch and fast gates: S1 writes no A, B stacks and no fp32 At, so S2b and S5b must write
+    # the rows of the blocks they take (two K tiles of S5b's flags at K = 80) and S5 must rebuild At
+    "hdla_fp16_mixed_k80_rev": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=80, dv=8), 32, True, "float16",
+                                dict(mild=(-1.0, 0.0), fast_steps=[(16, 32)], fast_channels=[5])),
 }
 
 # HDLA's S2 from six base Grams (bwd_chunk._hdla_gram_kernel) against the four Grams over the rank stacks: K = 80

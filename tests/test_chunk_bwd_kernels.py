@@ -230,7 +230,8 @@ def test_lowp_scratch_is_bit_identical(scratch_results, case):
 
 def test_scratch_dtypes_rule(monkeypatch):
     """Only 16-bit inputs get 16-bit scratch and S4's 16-bit copies of T and At (M_QK only at r_ab = 0, where
-    no fp32 sum reads it; dV's stack in v's dtype); "fp32" turns it off; a bad name raises."""
+    no fp32 sum reads it; HDLA's Bh, and no fp32 At for HDLA; dV's stack in v's dtype); "fp32" turns it off; a
+    bad name raises."""
     from hdla_vision.kernels.generalized import bwd_chunk
 
     monkeypatch.delenv("HDLA_VISION_B2_SCRATCH", raising=False)
@@ -240,6 +241,9 @@ def test_scratch_dtypes_rule(monkeypatch):
     assert set(lowp) == set(bwd_chunk.OPERAND_ONLY + bwd_chunk.OPERAND_COPIES) | {"dvs"}
     assert set(lowp.values()) == {bf}
     assert bwd_chunk.scratch_dtypes(fp, fp, 0)["mqk"] == fp
+    assert set(bwd_chunk.scratch_dtypes(bf, bf, 2, lean_hdla=True)) == set(lowp) | {"bh"}  # HDLA's S5 does not read Bh
+    shapes = bwd_chunk.scratch_shapes(32, 64, 64, 1, 2, True, False, bwd_chunk.scratch_dtypes(bf, bf, 2, lean_hdla=True))
+    assert shapes["at"][0] == (0,) and shapes["at16"][0] == (64, 64)  # nor At: S4 reads its 16-bit copy
     assert bwd_chunk.scratch_dtypes(bf, torch.float32, 1)["dvs"] == torch.float32
     monkeypatch.setenv("HDLA_VISION_B2_SCRATCH", "fp32")
     assert bwd_chunk.scratch_dtypes(bf, bf, 2) == {}
@@ -343,6 +347,8 @@ def test_scratch_lifetimes_follow_the_launch_order():
     assert spans["dvs"][1] == bwd_chunk.STAGES.index("S7") and spans["s"][1] == bwd_chunk.STAGES.index("S6")
     for cotangent, *_ in bwd_chunk.GRAM_VJPS:  # S5b reads every Gram's cotangent
         assert spans[cotangent][1] >= bwd_chunk.STAGES.index("S5b")
+    for name in ("bt", "s", "kf"):  # and, for HDLA's lean stacks, what it rebuilds A and B from
+        assert spans[name][1] >= bwd_chunk.STAGES.index("S5b"), name
     assert [g[7:] for g in bwd_chunk.GRAM_VJPS] == [(False, False), (True, False), (False, True), (True, True)]
 
 

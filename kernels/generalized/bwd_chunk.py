@@ -86,13 +86,15 @@ VJP_DIAG_PRECISIONS = ("tf32x3", "tf32x3", "tf32", "tf32")
 # the product (S2, S5a); "D": a Gram VJP's cotangent (S5a: the factored diagonal block takes it as a
 # DLOWP = tf32x3 operand, the per-head decay and the token loop elementwise); "S5"/"S6": elementwise reads.
 #   gs, gps   S1    S2, S5a, S5 (exp arguments)                   fp32
-#   s         S1    S5, S6 (HDLA)                                  fp32
+#   s, bt     S1    S2, S5a (HDLA's single Gram); S5, S6 (s); S2b, S5b (HDLA's rebuilt A, B)   fp32
 #   xq        S1    S2, S5a stack; S5                              fp32
 #   kf        S1    S2, S5a stack; S5                              fp32
 #   kt        S1    et cin (r_ab > 0; at r_ab = 0 it is et, dvs's operand); S5   fp32
-#   af, bf    S1    S2, S5a stack; S5 (HDLA: S2b, S5b only)        fp32
-#   at        S1    et, du, dw operand; S5 (its e^{G_last} sum)     fp32, S4 reads its 16-bit copy at16
-#   bh        S1    w operand; S5 (not HDLA's)                     fp32
+#   af, bf    S1    S2, S5a stack; S5 (HDLA: S2b, S5b only)        fp32 (HDLA's lean stacks: S2b, S5b write the
+#                   rows of the blocks they take)
+#   at        S1    et, du, dw operand; S5 (its e^{G_last} sum)     fp32, S4 reads its 16-bit copy at16 (HDLA's
+#                   lean stacks: only that copy where there is one; S5 rebuilds At for HDLA)
+#   bh        S1    w operand; S5 (not HDLA's)                     fp32 (HDLA's lean stacks: 16-bit)
 #   vf        S1    dmo, det operand                               16-bit
 #   dos       S1    dqe, dmo, dvs operand                          16-bit
 #   mqk       S2    mo cin (r_ab > 0); dvs operand (r_ab = 0: mo)  16-bit at r_ab = 0, else fp32
@@ -148,7 +150,7 @@ STAGES = ("S1", "S2", "S2b", "S3", "w", "u", "mo", "et", "qeff", "n", "B1", "dqe
 # products in chunk_vjp. Two tensors may share memory only if one's last reader runs before the other's
 # writer (strictly: a launch that reads one and writes the other would race).
 SCRATCH_LIFETIMES = dict(
-    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S5a_qk"), xq=("S1", "S5"), kf=("S1", "S5"),
+    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S5b"), xq=("S1", "S5"), kf=("S1", "S5"),
     kt=("S1", "S5"), af=("S1", "S5"), bf=("S1", "S5"), at=("S1", "S5"), at16=("S1", "dw"), bh=("S1", "S5"),
     vf=("S1", "det"), dos=("S1", "dvs"), mqk=("S2", "mo"), mqa=("S2", "dmqa"), lab=("S2", "S3"), lkb=("S2", "u"),
     tm=("S3", "dup"), tm16=("S3", "dup"), w=("w", "dlab"), u=("u", "dlab"), mo=("mo", "dvs"), et=("et", "dvs"),
@@ -215,6 +217,46 @@ def _load_tile(ptr, blk, rows, NROWS: tl.constexpr, K, ck, mk):
 
 # ----------------------------------------------------------------------------- S1: stacks
 @triton.jit
+def _store_hdla_ab(af_ptr, bf_ptr, a0, b1, kk, blk, ct, C: tl.constexpr, K, ck, mk):
+    """HDLA's A = [beta u, k] and B = [k, b1] rows of chunk tokens ct (a0 = beta u, b1 = beta u - beta^2 s k,
+    kk = k, each [len(ct), BKS]) into the rank stacks af, bf [blocks, 2C, K]."""
+    _store_rank_rows(af_ptr, a0, blk, 0, ct, 2, C, K, ck, mk)
+    _store_rank_rows(af_ptr, kk, blk, 1, ct, 2, C, K, ck, mk)
+    _store_rank_rows(bf_ptr, kk, blk, 0, ct, 2, C, K, ck, mk)
+    _store_rank_rows(bf_ptr, b1, blk, 1, ct, 2, C, K, ck, mk)
+
+
+@triton.jit
+def _hdla_ab_rows(kf_ptr, bt_ptr, s_ptr, g_ptr, af_ptr, bf_ptr, blk, c, n, T, H, K, sgd,
+                  C: tl.constexpr, BKS: tl.constexpr, REVERSE: tl.constexpr, LOG_ZERO: tl.constexpr,
+                  DIRS: tl.constexpr):
+    """HDLA's A and B rows of token block n of chunk c (batch-head ``program_id(1)``) into af, bf as S1 writes
+    them where it writes them (:func:`_stacks_kernel` with HDLA_AB): u = e^g k from the input g (clamped at
+    LOG_ZERO), k, beta and s from S1's kf, bt and s scratch. S2b and S5b call it for the blocks they take, the
+    only rows of the stacks they read, when S1 left the stacks out."""
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rev = REVERSE
+    if DIRS == 2:
+        d, i_b, rev = split_direction(i_bh, H, tl.num_programs(1))
+        g_ptr += d * sgd
+    tb = n * SUB + tl.arange(0, SUB)
+    tok, valid, _ = _row_tokens(c, tb, 1, C, T, H, i_b, i_h, rev, DIRS)
+    beta = tl.load(bt_ptr + blk * C + tb)
+    s = tl.load(s_ptr + blk * C + tb)
+    for k0 in range(0, K, BKS):
+        ck = k0 + tl.arange(0, BKS)
+        mk = ck < K
+        kk = _load_tile(kf_ptr, blk, tb, C, K, ck, mk)
+        gg = tl.maximum(tl.load(g_ptr + tok[:, None] * K + ck[None, :], mask=valid[:, None] & mk[None, :],
+                                other=0.0).to(tl.float32), LOG_ZERO)
+        a0 = beta[:, None] * (tl.exp(gg) * kk)
+        b1 = a0 - (beta * beta * s)[:, None] * kk
+        _store_hdla_ab(af_ptr, bf_ptr, a0, b1, kk, blk, tb, C, K, ck, mk)
+
+
+@triton.jit
 def _store_rank_rows(ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.constexpr, D, cd, md):
     """Store per-token rows x [C, BD] as rank l of a [blocks, C*RP, D] stack."""
     tl.store(ptr + (blk * C * RP + ct * RP + l)[:, None] * D + cd[None, :], x.to(ptr.dtype.element_ty),
@@ -223,9 +265,10 @@ def _store_rank_rows(ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.constexpr, D, c
 
 @triton.jit
 def _store_with_copy(ptr, copy_ptr, x, blk, l, ct, RP: tl.constexpr, C: tl.constexpr, D, cd, md,
-                     COPY: tl.constexpr):
-    """:func:`_store_rank_rows` into ptr and, with COPY, into copy_ptr (S4's 16-bit operand copy)."""
-    _store_rank_rows(ptr, x, blk, l, ct, RP, C, D, cd, md)
+                     COPY: tl.constexpr, MAIN: tl.constexpr = True):
+    """:func:`_store_rank_rows` into ptr (if MAIN) and, with COPY, into copy_ptr (S4's 16-bit operand copy)."""
+    if MAIN:
+        _store_rank_rows(ptr, x, blk, l, ct, RP, C, D, cd, md)
     if COPY:
         _store_rank_rows(copy_ptr, x, blk, l, ct, RP, C, D, cd, md)
 
@@ -239,12 +282,16 @@ def _stacks_kernel(
     C: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr,
     RAB: tl.constexpr, RAP: tl.constexpr, HDLA: tl.constexpr, SCALAR: tl.constexpr, REVERSE: tl.constexpr,
     LOG_ZERO: tl.constexpr, AT16: tl.constexpr, DIRS: tl.constexpr, STATE_INPUTS: tl.constexpr,
+    HDLA_AB: tl.constexpr = True, HDLA_AT32: tl.constexpr = True,
 ):
     """S1, grid (NT, B*H). Writes G, G' ([blocks, C, K] or [blocks, C]), HDLA's s and beta [blocks, C], scale*q
     [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K] (AT16: At also into
     at16, S4's 16-bit copy), Vbar [blocks, C*RKP, V], dO [blocks, C, V]; padded rank rows and steps past
-    T are 0. DIRS = 2: both directions (directions.py), each input of direction d at its pointer + d * its
-    direction stride (0: shared; dO is always shared). STATE_INPUTS: also B1's Qh = scale q e^G [blocks, C, K]
+    T are 0. HDLA: Af, Bf only if HDLA_AB and the fp32 At only if HDLA_AT32 (:func:`chunk_vjp` leaves out what
+    no later stage reads: the single-Gram S2 / S5a read neither stack, S2b and S5b rebuild the rows they need
+    (:func:`_hdla_ab_rows`), S5 rebuilds A and At, and S4 reads the 16-bit copy of At). DIRS = 2: both
+    directions (directions.py), each input of direction d at its pointer + d * its direction stride (0: shared;
+    dO is always shared). STATE_INPUTS: also B1's Qh = scale q e^G [blocks, C, K]
     (Qeff at r_ab = 0) and gamma = e^{G_last} [blocks, K] (fp32), so that the backward needs no second run
     of the forward's F1."""
     c = tl.program_id(0)
@@ -312,12 +359,10 @@ def _stacks_kernel(
             u = tl.exp(gg) * kk  # HDLA's decay is per channel (never SCALAR)
             a0 = beta[:, None] * u
             b1 = a0 - (beta * beta * s)[:, None] * kk
-            _store_rank_rows(af_ptr, a0, blk, 0, ct, 2, C, K, ck, mk)
-            _store_rank_rows(af_ptr, kk, blk, 1, ct, 2, C, K, ck, mk)
-            _store_rank_rows(bf_ptr, kk, blk, 0, ct, 2, C, K, ck, mk)
-            _store_rank_rows(bf_ptr, b1, blk, 1, ct, 2, C, K, ck, mk)
-            _store_with_copy(at_ptr, at16_ptr, a0 * e_last, blk, 0, ct, 2, C, K, ck, mk, AT16)
-            _store_with_copy(at_ptr, at16_ptr, kk * e_last, blk, 1, ct, 2, C, K, ck, mk, AT16)
+            if HDLA_AB:
+                _store_hdla_ab(af_ptr, bf_ptr, a0, b1, kk, blk, ct, C, K, ck, mk)
+            _store_with_copy(at_ptr, at16_ptr, a0 * e_last, blk, 0, ct, 2, C, K, ck, mk, AT16, HDLA_AT32)
+            _store_with_copy(at_ptr, at16_ptr, kk * e_last, blk, 1, ct, 2, C, K, ck, mk, AT16, HDLA_AT32)
             _store_rank_rows(bh_ptr, kk * e_excl, blk, 0, ct, 2, C, K, ck, mk)
             _store_rank_rows(bh_ptr, b1 * e_excl, blk, 1, ct, 2, C, K, ck, mk)
         else:
@@ -554,15 +599,25 @@ def _gram_diag_block(o_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, defer_ptr, path_ptr, bl
 
 @triton.jit
 def _gram_levels_kernel(xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr, mqk_ptr, mqa_ptr, lab_ptr, lkb_ptr,
-                        defer_ptr, path_ptr, K, NT, C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr,
-                        RAB: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr, DLOWP: tl.constexpr,
-                        DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr, DIRS: tl.constexpr):
+                        defer_ptr, path_ptr, bt_ptr, s_ptr, g_ptr, T, H, K, NT, sgd, C: tl.constexpr,
+                        BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr, RAP: tl.constexpr,
+                        F32: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr,
+                        DIRS: tl.constexpr, HDLA_AB: tl.constexpr = False, REVERSE: tl.constexpr = False,
+                        LOG_ZERO: tl.constexpr = 0.0):
     """S2b (vector decay), grid (NT, B*H, C/16), after S2: the diagonal blocks that S2 left (a K tile whose
     single product could overflow), by :func:`_gram_diag_block`; a program whose blocks all fit exits
     after reading their flags. Its own launch keeps S2's registers as they were without the levels.
-    DIRS = 2: S2's rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower."""
+    DIRS = 2: S2's rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower. HDLA_AB: S1 left
+    HDLA's A, B stacks out; a block that M_QA, L_AB or L_KB left here first gets its rows (:func:`_hdla_ab_rows`:
+    bt, s, the input g and its direction stride sgd, T, H, REVERSE)."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     n = tl.program_id(2)
+    if HDLA_AB:
+        flags = tl.load(defer_ptr + (blk * 4 + 1 + tl.arange(0, 4) % 3) * (C // SUB) + n)  # Grams 1..3
+        if tl.max(flags, 0) != 0:
+            _hdla_ab_rows(kf_ptr, bt_ptr, s_ptr, g_ptr, af_ptr, bf_ptr, blk, tl.program_id(0), n, T, H, K, sgd, C, BKS,
+                          REVERSE, LOG_ZERO, DIRS)
+            tl.debug_barrier()  # the rows are read back by other threads of this program
     if DIRS == 2:  # (as in _gram_kernel: a constexpr STRICT is passed as such)
         _gram_diag_block(mqk_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, defer_ptr, path_ptr, blk, n, K, C, 1, RKP,
                          tl.program_id(1) >= tl.num_programs(1) // 2, BKS, F32, DLOWP, DIAG_LIMIT, 0, RECORD)
@@ -1136,20 +1191,33 @@ def _gram_vjp_fix(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr,
 
 @triton.jit
 def _gram_vjp_levels_kernel(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr,
-                            gq_ptr, gk_ptr, ga_ptr, gb_ptr, defer_ptr, path_ptr, K, NT, NKT, n_items,
-                            C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr,
-                            RAP: tl.constexpr, F32: tl.constexpr,
+                            gq_ptr, gk_ptr, ga_ptr, gb_ptr, defer_ptr, path_ptr, bt_ptr, s_ptr, g_ptr, T, H, K, NT,
+                            NKT, n_items, sgd, C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr,
+                            RAB: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr,
                             DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr,
-                            DIRS: tl.constexpr):
+                            DIRS: tl.constexpr, HDLA_AB: tl.constexpr = False, REVERSE: tl.constexpr = False,
+                            LOG_ZERO: tl.constexpr = 0.0, NKT_P: tl.constexpr = 1):
     """S5b (vector decay), grid (NT, B*H, C/16), after the four S5a launches: token block b's diagonal
     shares that S5a left (``defer [4, blocks, C/16, K/BKS]``, n_items per Gram), for M_QK, M_QA, L_AB,
     L_KB as S5a's launches take them (:func:`_gram_vjp_fix`), added to the stacks' gradient buffers gq, gk,
     ga, gb (:data:`GRAM_VJPS`; a barrier between two Grams that share one); a program with nothing left
     exits after reading its flags. Its own launch keeps S5a's registers as they were without the levels.
-    DIRS = 2: S5a's BIDIR_QK rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower."""
+    DIRS = 2: S5a's BIDIR_QK rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower. HDLA_AB:
+    as in :func:`_gram_levels_kernel`, from the flags of M_QA, L_AB and L_KB over the block's NKT K tiles (NKT_P:
+    NKT rounded up to a power of two)."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     b = tl.program_id(2)
     rec = n_items if RECORD else 0
+    if HDLA_AB:
+        kt = tl.arange(0, NKT_P)
+        flags = tl.zeros([NKT_P], dtype=tl.int8)
+        for gid in tl.static_range(1, 4):
+            flags = tl.maximum(flags, tl.load(defer_ptr + gid * n_items + (blk * (C // SUB) + b) * NKT + kt,
+                                              mask=kt < NKT, other=0))
+        if tl.max(flags, 0) != 0:
+            _hdla_ab_rows(kf_ptr, bt_ptr, s_ptr, g_ptr, af_ptr, bf_ptr, blk, tl.program_id(0), b, T, H, K, sgd, C,
+                          BKS, REVERSE, LOG_ZERO, DIRS)
+            tl.debug_barrier()  # the rows are read back by other threads of this program
     if DIRS == 2:  # (as in _gram_kernel: a constexpr STRICT is passed as such)
         _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gq_ptr, gk_ptr, defer_ptr, path_ptr, blk, b, K,
                       NKT, C, 1, RKP, tl.program_id(1) >= tl.num_programs(1) // 2, BKS, F32, DLOWP, DIAG_LIMIT,
@@ -1242,10 +1310,21 @@ def _vjp_kernel(
     carry = tl.exp(GL) * dgam  # dG_last
     for b in range(NB):
         rk = b * SUB * RKP + tl.arange(0, SUB * RKP)
-        carry += tl.sum(_load_tile(kt_ptr, blk, rk, RK, K, ck, mk) * _load_tile(det_ptr, blk, rk, RK, K, ck, mk), 0)
+        kt_b = _load_tile(kt_ptr, blk, rk, RK, K, ck, mk)
+        carry += tl.sum(kt_b * _load_tile(det_ptr, blk, rk, RK, K, ck, mk), 0)
         if RAB > 0:
             ra = b * SUB * RAP + tl.arange(0, SUB * RAP)
-            carry += tl.sum(_load_tile(at_ptr, blk, ra, RA, K, ck, mk) * _load_tile(dat_ptr, blk, ra, RA, K, ck, mk), 0)
+            dat = _load_tile(dat_ptr, blk, ra, RA, K, ck, mk)
+            if HDLA:  # At = [beta u, k] e^{G_last - G} = [beta e^g Kt, Kt]: S1 stores no fp32 At for HDLA
+                tok, valid, _ = _row_tokens(c, rk, 1, C, T, H, i_b, i_h, REVERSE, DIRS)
+                m_tk = valid[:, None] & mk[None, :]
+                lam = tl.exp(tl.maximum(tl.load(g_ptr + tok[:, None] * K + ck[None, :], mask=m_tk,
+                                                other=0.0).to(tl.float32), LOG_ZERO))
+                beta = tl.load(beta_ptr + tok, mask=valid, other=0.0).to(tl.float32)
+                dat0, dat1 = _rank_pair(dat, BKS)
+                carry += tl.sum(kt_b * (beta[:, None] * lam * dat0 + dat1), 0)
+            else:
+                carry += tl.sum(_load_tile(at_ptr, blk, ra, RA, K, ck, mk) * dat, 0)
     for i in range(NB):
         b = NB - 1 - i
         tb = b * SUB + tl.arange(0, SUB)
@@ -1430,6 +1509,10 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     hdla_gram: HDLA's S2 and S5a through six base Grams of q and k (:func:`_hdla_gram_kernel`,
     :func:`_hdla_gram_vjp_kernel`; ``$HDLA_VISION_HDLA_GRAM=0``, the benchmarks' "before": the four Grams and
     their VJPs over the rank stacks as for any rank);
+    hdla_lean: HDLA's S1 writes no stack that no later stage reads (``$HDLA_VISION_HDLA_LEAN=0``, the benchmarks'
+    "before": all of them): with the single-Gram S2 / S5a no A, B stacks (S2b and S5b write the rows of the blocks
+    they take, :func:`_hdla_ab_rows`), with 16-bit scratch Bh in 16 bits and At only in S4's 16-bit copy (S5
+    rebuilds At from k, beta and g);
     warps_gemm, warps_stacks: S4's and S1's warps;
     stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
     dM_QA's, spilled a register on sm_90a), else 3; ``$HDLA_VISION_B2_GEMM_STAGES`` overrides it (the
@@ -1445,6 +1528,7 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
                 diag_gram=(os.environ.get("HDLA_VISION_DIAG_PRECISION_S2") or os.environ.get("HDLA_VISION_DIAG_PRECISION")
                            or GRAM_DIAG_PRECISION),
                 hdla_gram=os.environ.get("HDLA_VISION_HDLA_GRAM", "1") != "0",
+                hdla_lean=os.environ.get("HDLA_VISION_HDLA_LEAN", "1") != "0",
                 diag_vjp=(_per_gram(os.environ.get("HDLA_VISION_DIAG_PRECISION_S5A"))
                           or os.environ.get("HDLA_VISION_DIAG_PRECISION") or VJP_DIAG_PRECISIONS))
 
@@ -1472,17 +1556,18 @@ def diag_lowp(lowp: int, name: str = None) -> int:
     return 0 if code == 1 and lowp == 2 else code
 
 
-def scratch_dtypes(q_dtype: torch.dtype, v_dtype: torch.dtype, r_ab: int) -> dict:
+def scratch_dtypes(q_dtype: torch.dtype, v_dtype: torch.dtype, r_ab: int, lean_hdla: bool = False) -> dict:
     """{scratch name: dtype} for B2's scratch tensors not kept in fp32 (the table above): for 16-bit q
     and :data:`SCRATCH` (or ``$HDLA_VISION_B2_SCRATCH``) "lowp", :data:`OPERAND_ONLY` (and M_QK at
-    r_ab = 0, where it is M_o) and :data:`OPERAND_COPIES` in q's dtype, the dtype _dot casts S4's operands
-    to, and dV's stack in v's dtype; empty for fp32 q or "fp32" (no copies then)."""
+    r_ab = 0, where it is M_o; HDLA's Bh with ``lean_hdla``, b2_config's hdla_lean: its S5 does not read Bh) and
+    :data:`OPERAND_COPIES` in q's dtype, the dtype _dot casts S4's operands to, and dV's stack in v's dtype; empty
+    for fp32 q or "fp32" (no copies then)."""
     mode = os.environ.get("HDLA_VISION_B2_SCRATCH") or SCRATCH
     if mode not in SCRATCH_MODES:
         raise ValueError(f"HDLA_VISION_B2_SCRATCH must be one of {list(SCRATCH_MODES)}, got {mode!r}")
     if mode == "fp32" or q_dtype not in (torch.bfloat16, torch.float16):
         return {}
-    names = OPERAND_ONLY + OPERAND_COPIES + (() if r_ab else ("mqk",))
+    names = OPERAND_ONLY + OPERAND_COPIES + (() if r_ab else ("mqk",)) + (("bh",) if lean_hdla else ())
     return dict({name: q_dtype for name in names}, dvs=v_dtype)
 
 
@@ -1514,6 +1599,8 @@ def scratch_shapes(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla: bool, s
         shapes[name] = shape if r_ab else (0,)
     for name, shape in dict(tm16=(ra, ra), at16=(ra, dk)).items():  # S4's copies: only where 16-bit
         shapes[name] = shape if r_ab and name in dtypes else (0,)
+    if hdla and "at16" in dtypes and "bh" in dtypes:  # lean HDLA (scratch_dtypes): S4 reads At from its copy only
+        shapes["at"] = (0,)
     return {name: (shape, dtypes.get(name, torch.float32)) for name, shape in shapes.items()}
 
 
@@ -1608,7 +1695,8 @@ def scratch_bytes_per_block(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla
                             q_dtype: torch.dtype, v_dtype: torch.dtype, pool=None) -> int:
     """Bytes of B2's scratch per block (:func:`scratch_shapes`, laid out as :func:`allocate_scratch` lays it
     out), the reduction buffer of dg / dbeta included."""
-    shapes = scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, scratch_dtypes(q_dtype, v_dtype, r_ab))
+    lean = hdla and b2_config(dk, dv, c, r_kv, r_ab)["hdla_lean"]
+    shapes = scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, scratch_dtypes(q_dtype, v_dtype, r_ab, lean))
     total = scratch_layout(shapes, r_ab, pool)[2]
     reduction = triton.cdiv(dk, b2_config(dk, dv, c, r_kv, r_ab)["BKV"]) * 2 * c * 4 if hdla or scalar else 0
     return total + reduction
@@ -1649,8 +1737,9 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     scalar = g.dim() == 3
     f32 = q.dtype == torch.float32
     lowp = 0 if f32 else (1 if q.dtype == torch.bfloat16 else 2)
-    dtypes = scratch_dtypes(q.dtype, v.dtype, r_ab)
-    cfg = b2_config(dk, dv, c, r_kv, r_ab, lowp_scratch=bool(dtypes))
+    cfg = b2_config(dk, dv, c, r_kv, r_ab, lowp_scratch=bool(scratch_dtypes(q.dtype, v.dtype, r_ab)))
+    lean = hdla and cfg["hdla_lean"]
+    dtypes = scratch_dtypes(q.dtype, v.dtype, r_ab, lean)
     limit = check_diag_limit(cfg["diag_limit"] if diag_limit is None else diag_limit)
     dev = q.device
     sc = lambda *shape, dtype=torch.float32: torch.empty(blocks, *shape, device=dev, dtype=dtype)  # noqa: E731
@@ -1678,6 +1767,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     nb = c // 16
     levels_pass = not scalar and limit > 0  # S2b, S5b: the diagonal blocks S2, S5a leave (diag_levels.py)
     single_gram = hdla and levels_pass and cfg["hdla_gram"]  # S2 as HDLA's six base Grams (_hdla_gram_kernel)
+    lean_ab = single_gram and lean  # S1 leaves HDLA's A, B stacks out (below)
     bks = cfg["BKG"] if single_gram else cfg["BKS"]  # S2's and S2b's K columns per step
     defer = dict(gram=torch.empty((blocks, 4, nb) if levels_pass else (0,), device=dev, dtype=torch.int8),
                  gram_vjp=torch.empty((4, blocks, nb, nkt) if levels_pass else (0,), device=dev, dtype=torch.int8))
@@ -1688,6 +1778,11 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
                      gram_vjp=torch.full((4, blocks, nb, nkt), -1, **unset))
         diag_paths.update(paths)
     from ..utils import LOG_ZERO_FP32
+
+    # HDLA's A, B stacks: only S2b and S5b read them after the single-Gram S2 and S5a, and only the blocks they take,
+    # whose rows they write themselves (_hdla_ab_rows); S1 writes them for the rank-stack Grams
+    rebuild_ab = dict(HDLA_AB=lean_ab, REVERSE=rev and lean_ab, LOG_ZERO=LOG_ZERO_FP32)
+    hdla_ab_inputs = (z["bt"], z["s"], g if lean_ab else empty, seq_len, heads)
 
     def gemm(out, m, n, terms, cin=None, mask=False):
         (a1, sa1b, sa1r, sa1c), (b1, sb1b, sb1r, sb1c), k1, al1 = terms[0]
@@ -1713,7 +1808,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             float(scale), *(offsets(n, 0) for n in ("q", "k", "v", "a", "b", "hdla_beta", "g")), C=c,
             BKS=cfg["BK1"], BVS=cfg["BVS"], **ranks, HDLA=hdla, SCALAR=scalar, REVERSE=rev,
             LOG_ZERO=LOG_ZERO_FP32, AT16=z["at16"].numel() > 0, DIRS=dirs, STATE_INPUTS=state_inputs is not None,
-            num_warps=cfg["warps_stacks"])
+            HDLA_AB=not lean_ab, HDLA_AT32=z["at"].numel() > 0, num_warps=cfg["warps_stacks"])
         grams_in = (z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], z["mqk"], z["mqa"], z["lab"], z["lkb"])
         if single_gram:
             _hdla_gram_kernel[(nt, bh_all, nb)](
@@ -1725,8 +1820,8 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
                 RAP=rap, SCALAR=scalar, **prec, **gram_diag, DIRS=dirs, num_warps=cfg["warps_block"])
         if levels_pass:
             _gram_levels_kernel[(nt, bh_all, nb)](
-                *grams_in, defer["gram"], paths["gram"], dk, nt, C=c, BKS=bks, RKP=rkp, RAB=r_ab, RAP=rap,
-                F32=f32, **gram_diag, DIRS=dirs, num_warps=cfg["warps_block"])
+                *grams_in, defer["gram"], paths["gram"], *hdla_ab_inputs, dk, nt, offsets("g", 0), C=c, BKS=bks,
+                RKP=rkp, RAB=r_ab, RAP=rap, F32=f32, **gram_diag, DIRS=dirs, **rebuild_ab, num_warps=cfg["warps_block"])
         hv = lambda t, trans=False: _v(t, dk, dv, trans)  # noqa: E731  h, ds: [K, V] per chunk
         if r_ab:
             _inverse_kernel[grid](z["lab"], z["tm"], z["tm16"], nt, C=c, RAP=rap, F32=f32, T16=z["tm16"].numel() > 0,
@@ -1781,9 +1876,9 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
         if levels_pass:
             _gram_vjp_levels_kernel[(nt, bh_all, nb)](
                 z["dmo"], z["dmqa"], z["dlab"], z["dup"], z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], *gv,
-                defer["gram_vjp"], paths["gram_vjp"] if diag_paths is not None else empty, dk, nt, nkt,
-                blocks * nb * nkt, C=c, BKS=cfg["BKV"], RKP=rkp, RAB=r_ab, RAP=rap, F32=f32, **diag, DIRS=dirs,
-                num_warps=cfg["warps_block"])
+                defer["gram_vjp"], paths["gram_vjp"] if diag_paths is not None else empty, *hdla_ab_inputs, dk, nt,
+                nkt, blocks * nb * nkt, offsets("g", 0), C=c, BKS=cfg["BKV"], RKP=rkp, RAB=r_ab, RAP=rap, F32=f32,
+                **diag, DIRS=dirs, **rebuild_ab, NKT_P=_pow2(nkt), num_warps=cfg["warps_block"])
         _vjp_kernel[(nt, bh_all, nkt)](
             k, g, beta if hdla else empty, h, ds, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"],
             z["af"], z["bf"], z["at"], z["bh"], z["dqe"], z["det"], z["dat"], z["dwp"], *gv, dq, dk_,
