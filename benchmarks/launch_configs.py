@@ -66,6 +66,7 @@ VARIANTS = {
     "diag_tf32x3": {"b2:diag_gram": "tf32x3", "b2:diag_vjp": "tf32x3"},  # S2 and S5a as before 2026-11-25
     "rank_grams": {"b2:hdla_gram": False},  # HDLA's S2 and S5a over the rank stacks (before 2026-11-25)
     "full_stacks": {"b2:hdla_lean": False},  # HDLA's S1 writes every stack, fp32 At and Bh (before 2026-11-28)
+    "f1_gram": {"env:HDLA_VISION_F1_GRAM": "1"},  # F1 for HDLA from six base Grams (fwd.f1_hdla_gram; off by default)
     "bkg64": {"b2:BKG": 64},  # HDLA's S2 on 64 K columns per step (spills 168 bytes on sm_90a)
 }
 

@@ -91,6 +91,17 @@ def test_hdla_bidirectional_matches_float64_loop(fused_launches, diag_paths):
 
 
 @pytest.mark.interpret
+def test_hdla_bidirectional_f1_single_gram(fused_launches, monkeypatch):
+    """F1 from HDLA's six base Grams ($HDLA_VISION_F1_GRAM=1) in the launch of both directions: mild gates (every
+    diagonal block factored, the earlier row blocks' terms well above the tolerance), T = 70 over chunks of 32."""
+    monkeypatch.setenv("HDLA_VISION_F1_GRAM", "1")
+    p = bidirectional_problem("hdla", 1, 70, 1, 16, 8, g_min=-0.3)
+    errors = compare_bidirectional(chunk_hdla_bidirectional, "hdla", p, scale=0.7)
+    assert fused_launches == [1]
+    _assert_close(errors, ["y", "final_state", "dq", "dk", "dv", "dbeta", "dg", "dinitial_state"])
+
+
+@pytest.mark.interpret
 def test_generalized_bidirectional_matches_float64_loop(fused_launches):
     """r_ab = 1 with k, a stacked by direction, v and b shared, a decay per head, batch 2, T = 40."""
     p = bidirectional_problem("generalized", 2, 40, 1, 8, 6, stacked=("k", "a"), per_head_g=True)

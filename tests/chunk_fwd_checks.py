@@ -304,3 +304,62 @@ def test_diag_path_scalar_decay_not_recorded():
     p = _fp32(generalized_problem(1, 20, 2, 16, 16, 1, 1, per_head_g=True))
     prep = chunk_prepare(p["q"], p["k"], p["v"], p["a"], p["b"], p["g"], 1.0, False, chunk=16, record_path=True)
     assert prep["diag_path"].shape == (1, 2, 2, 1) and bool((prep["diag_path"] == -1).all())
+
+
+# F1 for HDLA from six base Grams of q and k ($HDLA_VISION_F1_GRAM=1, chunk_intra_kernel's HDLA_GRAM): the factored
+# diagonal blocks, the substitution (b) and the query rows (c) per rank, against the float64 loop and against the
+# rank-stack F1 on the same inputs. Chunks 16 / 32 / 64, K = 80 (BK 128, masked columns), beta at 0 and 2, reversed,
+# T not a multiple of the chunk, fast row blocks that keep the levels beside mild ones, fp16.
+# Mild gates (log lambda in [-0.3, 0]) keep the earlier row blocks' terms well above the tolerance.
+F1_GRAM_CASES = {
+    "c32_rev_states": dict(seq_len=70, chunk=32, reverse=True, dk=16, dv=32, g_min=-0.3),
+    "c64": dict(seq_len=70, chunk=64, dk=16, dv=16, g_min=-0.3),
+    "c16_k80": dict(seq_len=45, chunk=16, dk=80, dv=8, g_min=-0.3),
+    "beta0_fast": dict(seq_len=37, chunk=16, g_min=-20.0, beta=0.0),
+    "beta2_c32": dict(seq_len=45, chunk=32, g_min=-0.3, beta=2.0, reverse=True),
+}
+
+
+def _f1_gram_forward(f, reverse, chunk, flag, monkeypatch, record_path=False):
+    monkeypatch.setenv("HDLA_VISION_F1_GRAM", flag)
+    prep = chunk_prepare(f["q"], f["k"], f["v"], None, None, f["g"], SCALE, reverse, hdla_beta=f["beta"],
+                         chunk=chunk, record_path=record_path)
+    h, s = chunk_state_pass(prep, f["initial_state"])
+    return chunk_output(prep, h, f["v"], reverse), s, h, prep["diag_path"]
+
+
+@pytest.mark.parametrize("case", list(F1_GRAM_CASES))
+def test_hdla_f1_single_gram(case, monkeypatch):
+    spec = dict(F1_GRAM_CASES[case])
+    seq_len, chunk, reverse = spec.pop("seq_len"), spec.pop("chunk"), spec.pop("reverse", False)
+    beta = spec.pop("beta", None)
+    p = hdla_problem(1, seq_len, 2, spec.pop("dk", 16), spec.pop("dv", 16), g_min=spec.pop("g_min"))
+    if beta is not None:
+        p["beta"] = torch.full_like(p["beta"], beta)
+    ref_o, ref_s = naive_hdla(**p, scale=SCALE, output_final_state=True, reverse=reverse)
+    f = _fp32(p)
+    o, s, h, _ = _f1_gram_forward(f, reverse, chunk, "1", monkeypatch)
+    o0, s0, h0, _ = _f1_gram_forward(f, reverse, chunk, "0", monkeypatch)
+    assert rel_err(o, ref_o) < TOL and rel_err(s, ref_s) < TOL, (rel_err(o, ref_o), rel_err(s, ref_s))
+    assert rel_err(o, o0) < 1e-5 and rel_err(h, h0) < 1e-5, (rel_err(o, o0), rel_err(h, h0))
+    if case == "c32_rev_states":
+        _check_states(naive_hdla, p, h, chunk, reverse, ("q", "k", "v", "beta", "g"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_hdla_f1_single_gram_mixed_paths(dtype, monkeypatch):
+    """Mild and fast row blocks alternating (reversed, C = 32): the mild ones take the base Grams, the fast ones
+    the levels over the rank stacks, each on the path the rule predicts; fp16 within 2e-3 of the loop."""
+    monkeypatch.setenv("HDLA_VISION_F1_GRAM", "1")
+    p = hdla_problem(1, 45, 2, 32, 16)
+    p["g"] = _block_gates(p["g"].shape, ("mild", "fast"), True)
+    fp16 = dtype == "float16"
+    paths, _ = _check_diag_paths(p, True, 32, (fwd.DIAG_LIMIT,), tol=2e-3 if fp16 else TOL,
+                                 dtype=getattr(torch, dtype))
+    assert set(paths[fwd.DIAG_LIMIT].flatten().tolist()) >= {1, 3}
+
+
+def test_f1_gram_flag_rejects_other_values(monkeypatch):
+    monkeypatch.setenv("HDLA_VISION_F1_GRAM", "yes")
+    with pytest.raises(ValueError, match="HDLA_VISION_F1_GRAM"):
+        fwd.f1_hdla_gram()

@@ -68,6 +68,7 @@ Status: exact under the interpreter (fp32, fp16); compiled for sm_90a without a 
 (``python -m benchmarks.kernel_stages --part aot`` prints registers, spills, shared memory per
 kernel); not yet run on a GPU.
 """
+import os
 from typing import Optional
 
 import torch
@@ -89,6 +90,18 @@ CHUNKS = (16, 32, 64)
 # the token mask <= e^70 ~ 2.5e30 times sum_k |x_k y_k| (finite in fp32 and bf16); else by levels, whose
 # group products keep the same bounds (diag_levels.py). 35: -20 per step keeps 4-token groups (e^30).
 DIAG_LIMIT = 35.0
+# F1 for HDLA from six base Grams of q and k (chunk_intra_kernel's HDLA_GRAM; kernels/README.md §8, HDLA's Grams as
+# one product): ``$HDLA_VISION_F1_GRAM=1``. Off by default until a device times it against the rank-stack Grams
+# (``python -m benchmarks.launch_configs --variants base f1_gram``): exact under the interpreter, not yet run on a GPU.
+F1_HDLA_GRAM = False
+
+
+def f1_hdla_gram() -> bool:
+    """Whether F1 takes HDLA's Grams as one product: ``$HDLA_VISION_F1_GRAM`` ("1" / "0"), else :data:`F1_HDLA_GRAM`."""
+    flag = os.environ.get("HDLA_VISION_F1_GRAM")
+    if flag not in (None, "", "0", "1"):
+        raise ValueError(f"HDLA_VISION_F1_GRAM must be 0 or 1, got {flag!r}")
+    return F1_HDLA_GRAM if not flag else flag == "1"
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -489,6 +502,167 @@ def _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sq
 
 
 @triton.jit
+def _hdla_terms(k_ptr, skb, skt, skh, g_ptr, sgb, sgt, sgh, beta_ptr, sbeb, sbet, sbeh, i_b, i_h, c, tok, T, cols,
+                cmask, C: tl.constexpr, REVERSE, DIRS: tl.constexpr, WITH_C: tl.constexpr):
+    """HDLA's inputs at chunk tokens ``tok`` [16] for its Grams as one product (kernels/README.md §8): k
+    [16, BK] fp32, beta [16] and, WITH_C, c = beta^2 s [16] with s = k . (e^g k) (else 0), as :func:`_ab_tile`
+    forms them."""
+    t, valid = _tokens(c, tok, T, C, REVERSE, DIRS)
+    kk = _gather(k_ptr, skb, skt, skh, 0, i_b, i_h, t[:, None], valid[:, None], tok[:, None] * 0, cols[None, :],
+                 cmask[None, :], 1)
+    beta = tl.load(beta_ptr + i_b.to(tl.int64) * sbeb + t.to(tl.int64) * sbet + i_h * sbeh, mask=valid,
+                   other=0.0).to(tl.float32)
+    if WITH_C:
+        g = tl.maximum(_gather(g_ptr, sgb, sgt, sgh, 0, i_b, i_h, t[:, None], valid[:, None], tok[:, None] * 0,
+                               cols[None, :], cmask[None, :], 1), LOG_ZERO)
+        u = tl.exp(g) * kk
+        return kk, beta, beta * beta * tl.sum(u * kk, 1)
+    return kk, beta, beta * 0.0
+
+
+@triton.jit
+def _hdla_columns(kk, gs_ptr, bh, c, NT, tok, cols, ref, C: tl.constexpr, BK: tl.constexpr):
+    """The column stacks of HDLA's base Grams at chunk tokens ``tok`` through the reference ref [1, BK]:
+    (k e^{ref - G}, k e^{ref - G'}), each [16, BK]. A's columns are beta_i k e^{-G'} and k e^{-G}, since
+    u_i e^{-G_i} = k_i e^{-G'_i}."""
+    cg = kk * tl.exp(ref - _cum(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, False))
+    cp = kk * tl.exp(ref - _cum_excl(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, False))
+    return cg, cp
+
+
+@triton.jit
+def _rank_rows(base, m, ld, cols, mask, RA: tl.constexpr):
+    """Rank-0 and rank-1 rows of token block m of a token-major rank-2 stack at ``base`` (row stride ld):
+    two [16, len(cols)] tiles."""
+    rows = (2 * tl.arange(0, SUB) + m * RA)[:, None] * ld + cols[None, :]
+    return tl.load(base + rows, mask=mask, other=0.0), tl.load(base + rows + ld, mask=mask, other=0.0)
+
+
+@triton.jit
+def _ranks_merge(x0, x1, D: tl.constexpr):
+    """Rank-0 and rank-1 rows [16, D] interleaved into a token-major stack [32, D] (row 2t + r)."""
+    return tl.reshape(tl.permute(tl.join(x0, x1), (0, 2, 1)), (2 * SUB, D))
+
+
+@triton.jit
+def _hdla_substitution_sums(k_ptr, g_ptr, beta_ptr, gs_ptr, w_base, u_base, skb, skt, skh, sgb, sgt, sgh, sbeb, sbet,
+                            sbeh, i_b, i_h, bh, c, n, T, NT, ref, cols, cmask, C: tl.constexpr, BK: tl.constexpr,
+                            REVERSE, DIRS: tl.constexpr, F32: tl.constexpr):
+    """F1's step (b) for HDLA from base Grams: (L_AB[n, <n] W_<n - Bh_n [32, BK], L_AB[n, <n] U_<n [32, C]),
+    storing L_KB[n, m] into U's row block n (rows (t, 0) pg, (t, 1) beta_t gg - c_t pg). With rows p = k e^{G'-ref},
+    g = k e^{G-ref} of block n and columns k e^{ref-G}, k e^{ref-G'} of each block m < n (every factor <= 1),
+    rank 0 of the sums is pp beta_i W0 + pg W1 and rank 1 is beta_t (gp beta_i W0 + gg W1) - c_t (rank 0), W0, W1
+    the ranks' rows of W_m (U_m alike); Bh = [k e^{G'}, beta k e^{G} - c k e^{G'}] starts both."""
+    RA: tl.constexpr = 2 * SUB
+    tq = tl.arange(0, SUB)
+    tok = tq + n * SUB
+    ucols = tl.arange(0, C)
+    kk, beta, cc = _hdla_terms(k_ptr, skb, skt, skh, g_ptr, sgb, sgt, sgh, beta_ptr, sbeb, sbet, sbeh, i_b, i_h, c,
+                               tok, T, cols, cmask, C, REVERSE, DIRS, True)
+    px = kk * tl.exp(_cum_excl(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, False) - ref)
+    gx = kk * tl.exp(_cum(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, False) - ref)
+    w0 = -px * tl.exp(ref)  # rank 0 of -Bh; rank 1 is beta (-g e^ref) - c (rank 0)
+    wg = -gx * tl.exp(ref)
+    u0 = tl.zeros([SUB, C], dtype=tl.float32)
+    ug = tl.zeros([SUB, C], dtype=tl.float32)
+    bt = beta[:, None]
+    ct = cc[:, None]
+    for m in range(n):
+        tok_m = tq + m * SUB
+        km, beta_m, _ = _hdla_terms(k_ptr, skb, skt, skh, g_ptr, sgb, sgt, sgh, beta_ptr, sbeb, sbet, sbeh, i_b, i_h,
+                                    c, tok_m, T, cols, cmask, C, REVERSE, DIRS, False)
+        cg, cp = _hdla_columns(km, gs_ptr, bh, c, NT, tok_m, cols, ref, C, BK)
+        pg = _mm(px, tl.trans(cg), F32, 0)
+        pp = _mm(px, tl.trans(cp), F32, 0) * beta_m[None, :]
+        gg = _mm(gx, tl.trans(cg), F32, 0)
+        gp = _mm(gx, tl.trans(cp), F32, 0) * beta_m[None, :]
+        kb = u_base + (2 * tq + n * RA)[:, None] * C + tok_m[None, :]
+        tl.store(kb, pg)
+        tl.store(kb + C, bt * gg - ct * pg)
+        w_m0, w_m1 = _rank_rows(w_base, m, BK, cols, cols[None, :] < BK, RA)
+        u_m0, u_m1 = _rank_rows(u_base, m, C, ucols, (ucols < (m + 1) * SUB)[None, :], RA)
+        w0 += _mm(pp, w_m0, F32, 0) + _mm(pg, w_m1, F32, 0)
+        wg += _mm(gp, w_m0, F32, 0) + _mm(gg, w_m1, F32, 0)
+        u0 += _mm(pp, u_m0, F32, 0) + _mm(pg, u_m1, F32, 0)
+        ug += _mm(gp, u_m0, F32, 0) + _mm(gg, u_m1, F32, 0)
+    return _ranks_merge(w0, bt * wg - ct * w0, BK), _ranks_merge(u0, bt * ug - ct * u0, C)
+
+
+@triton.jit
+def _hdla_query_sums(acc_q, acc_mo, xq, k_ptr, g_ptr, beta_ptr, gs_ptr, w_base, u_base, s_qk, skb, skt, skh, sgb, sgt,
+                     sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n, T, NT, ref, cols, cmask, C: tl.constexpr,
+                     BK: tl.constexpr, REVERSE, DIRS: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """F1's step (c) for HDLA from base Grams over the column blocks m < n: M_QK[n, m] = qg into s_qk's row block,
+    and acc_q += M_QA[n, m] W_m = qp beta_i W0 + qg W1, acc_mo += M_QA[n, m] U_m alike (xq = q e^{G-ref} of
+    block n, the columns as in :func:`_hdla_substitution_sums`; M's products in LOWP as the rank-stack path)."""
+    RA: tl.constexpr = 2 * SUB
+    tq = tl.arange(0, SUB)
+    ucols = tl.arange(0, C)
+    for m in range(n):
+        tok_m = tq + m * SUB
+        km, beta_m, _ = _hdla_terms(k_ptr, skb, skt, skh, g_ptr, sgb, sgt, sgh, beta_ptr, sbeb, sbet, sbeh, i_b, i_h,
+                                    c, tok_m, T, cols, cmask, C, REVERSE, DIRS, False)
+        cg, cp = _hdla_columns(km, gs_ptr, bh, c, NT, tok_m, cols, ref, C, BK)
+        qg = _mm(xq, tl.trans(cg), F32, LOWP)
+        qp = _mm(xq, tl.trans(cp), F32, LOWP) * beta_m[None, :]
+        tl.store(s_qk + tq[:, None] * C + tok_m[None, :], qg)
+        w_m0, w_m1 = _rank_rows(w_base, m, BK, cols, cols[None, :] < BK, RA)
+        u_m0, u_m1 = _rank_rows(u_base, m, C, ucols, (ucols < (m + 1) * SUB)[None, :], RA)
+        acc_q += _mm(qp, w_m0, F32, 0) + _mm(qg, w_m1, F32, 0)
+        acc_mo += _mm(qp, u_m0, F32, 0) + _mm(qg, u_m1, F32, 0)
+    return acc_q, acc_mo
+
+
+@triton.jit
+def _hdla_diag_factored(q_ptr, k_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk, u_diag, sqb, sqt, sqh, skb, skt,
+                        skh, sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, ref,
+                        C: tl.constexpr, BK: tl.constexpr, REVERSE, DIRS: tl.constexpr, F32: tl.constexpr,
+                        DIAG_LOWP: tl.constexpr):
+    """:func:`_diag_factored` for HDLA from six base Grams (kernels/README.md §8, HDLA's Grams as one product):
+    the rows q e^{G-R}, k e^{G'-R} (p; 0 at the block's first token, whose L rows are all masked) and k e^{G-R}
+    (g) against the columns k e^{R-G} (g) and k e^{R-G'} (p), R the block's reference; M_QK = qg, M_QA =
+    [qp beta_i, qg], L_AB = [[pp beta_i, pg], [(beta_t gp - c_t pp) beta_i, beta_t gg - c_t pg]], L_KB = [pg,
+    beta_t gg - c_t pg] with c_t = beta_t^2 s_t, stored where :func:`_diag_factored` stores them, in its
+    operand precisions. 6 products of 16 x 16 per block instead of 9."""
+    RA: tl.constexpr = 2 * SUB
+    tq = tl.arange(0, SUB)
+    tok = tq + n0
+    r = ref[None, :]
+    kk, beta, cc = _hdla_terms(k_ptr, skb, skt, skh, g_ptr, sgb, sgt, sgh, beta_ptr, sbeb, sbet, sbeh, i_b, i_h, c,
+                               tok, T, cols, cmask, C, REVERSE, DIRS, True)
+    t_q, v_q = _tokens(c, tok, T, C, REVERSE, DIRS)
+    G = _cum(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, False)
+    Gp = _cum_excl(gs_ptr, bh, c, NT, tok[:, None], cols[None, :], C, BK, False)
+    qx = _gather(q_ptr, sqb, sqt, sqh, 0, i_b, i_h, t_q[:, None], v_q[:, None], tq[:, None] * 0, cols[None, :],
+                 cmask[None, :], 1) * scale * tl.exp(G - r)
+    cg = kk * tl.exp(r - G)
+    cp = kk * tl.exp(r - Gp)
+    live = tq[:, None] >= tq[None, :]
+    strict = tq[:, None] > tq[None, :]
+    bi = beta[None, :]
+    qg = _mm(qx, tl.trans(cg), F32, DIAG_LOWP)
+    qp = _mm(qx, tl.trans(cp), F32, DIAG_LOWP)
+    tl.store(s_qk + tq[:, None] * C + tq[None, :], tl.where(live, qg, 0.0))
+    qa = s_qa + tq[:, None] * RA + 2 * tq[None, :]
+    tl.store(qa, tl.where(live, qp * bi, 0.0))
+    tl.store(qa + 1, tl.where(live, qg, 0.0))
+    px = kk * tl.exp(tl.where((tq > 0)[:, None], Gp - r, float("-inf")))
+    gx = kk * tl.exp(G - r)
+    pg = _mm(px, tl.trans(cg), F32, 0)
+    pp = _mm(px, tl.trans(cp), F32, 0)
+    l1g = beta[:, None] * _mm(gx, tl.trans(cg), F32, 0) - cc[:, None] * pg
+    l1p = beta[:, None] * _mm(gx, tl.trans(cp), F32, 0) - cc[:, None] * pp
+    ab = s_ab + (2 * tq)[:, None] * RA + 2 * tq[None, :]  # row (t, 0), column (i, 0)
+    tl.store(ab, tl.where(strict, pp * bi, 0.0))
+    tl.store(ab + 1, tl.where(strict, pg, 0.0))
+    tl.store(ab + RA, tl.where(strict, l1p * bi, 0.0))
+    tl.store(ab + RA + 1, tl.where(strict, l1g, 0.0))
+    kb = u_diag + (2 * tq)[:, None] * C + tq[None, :]
+    tl.store(kb, tl.where(strict, pg, 0.0))
+    tl.store(kb + C, tl.where(strict, l1g, 0.0))
+
+
+@triton.jit
 def chunk_intra_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, w_ptr, u_ptr, scr_ptr, qe_ptr, mo_ptr, path_ptr,
     sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh, sbeb, sbet, sbeh,
@@ -497,6 +671,7 @@ def chunk_intra_kernel(
     BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
     F32: tl.constexpr, LOWP: tl.constexpr, INV_EXACT: tl.constexpr,
     DIAG_LIMIT: tl.constexpr, DIAG_LOWP: tl.constexpr, RECORD_PATH: tl.constexpr, DIRS: tl.constexpr,
+    HDLA_GRAM: tl.constexpr = False,
 ):
     """F1a+F1b for chunk ``program_id(0)`` of head ``program_id(1)``, one 16-token row block n at a time
     (kernels/README.md §8, module docstring), in three steps per row block:
@@ -519,7 +694,10 @@ def chunk_intra_kernel(
     are runtime loop bounds (rolled loops: fewer registers). Bh_n and Qh_n come from the x sides of
     (b)'s and (c)'s products and start their accumulators (:func:`_undo_reference`), so the row block
     is loaded (HDLA: A, B built) once per step, not again after each loop. DIRS = 2: both directions,
-    each input of direction d at its pointer + d * its direction stride (0: shared)."""
+    each input of direction d at its pointer + d * its direction stride (0: shared). HDLA_GRAM (HDLA, vector
+    decay, DIAG_LIMIT > 0): the Grams of (a)'s factored blocks, (b) and (c) from six base Grams of q and k
+    (kernels/README.md §8, HDLA's Grams as one product; :func:`_hdla_diag_factored`), the products with W_m
+    and U_m per rank; the levels keep the rank stacks."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = bh // H
@@ -573,10 +751,16 @@ def chunk_intra_kernel(
             if DIAG_LIMIT > 0:  # the product where the block's half range of G allows it, else the loop
                 ref_d, lim = _block_reference(_cum(gs_ptr, bh, c, NT, tq[:, None] + n0, cols[None, :], C, BK, SCALAR))
                 if lim < DIAG_LIMIT:
-                    _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
-                                   u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh, sbr,
-                                   sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                   ref_d, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS, F32, DIAG_LOWP)
+                    if HDLA_GRAM:
+                        _hdla_diag_factored(q_ptr, k_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK, u_diag,
+                                            sqb, sqt, sqh, skb, skt, skh, sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h,
+                                            bh, c, n0, T, NT, scale, cols, cmask, ref_d, C, BK, REVERSE, DIRS, F32,
+                                            DIAG_LOWP)
+                    else:
+                        _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
+                                       u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh,
+                                       sbr, sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols,
+                                       cmask, ref_d, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS, F32, DIAG_LOWP)
                     path = n * 0 + 1
                 else:
                     path = _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
@@ -596,29 +780,34 @@ def chunk_intra_kernel(
         ref = _cum_excl(gs_ptr, bh, c, NT, n0, cols[None, :], C, BK, SCALAR)  # [1, BK]
         if RAB > 0:
             # (b) W_n = T_nn (Bh_n - L_AB[n, <n] W_<n), U_n = T_nn (L_KB[n, <=n] - L_AB[n, <n] U_<n)
-            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
-                                            skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
-                                            sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
-            if SCALAR:
-                xb = b_n
+            if HDLA_GRAM:
+                acc_w, acc_u = _hdla_substitution_sums(k_ptr, g_ptr, beta_ptr, gs_ptr, w_base, u_base, skb, skt, skh,
+                                                       sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n, T, NT,
+                                                       ref, cols, cmask, C, BK, REVERSE, DIRS, F32)
             else:
-                xb = b_n * tl.exp(gbp - ref)
-            acc_w = -_undo_reference(xb, gbp, ref, SCALAR)  # L_AB[n, <n] W_<n - Bh_n
-            acc_u = tl.zeros([RA, CK], dtype=tl.float32)
-            for m in range(n):  # earlier column blocks, one at a time
-                yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
-                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
-                tl.store(u_row + (rows_k + m * RK)[None, :], _decayed_mm(xb, gbp, yk, gk_m, SCALAR, F32, 0))
-                ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                                  beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m * SUB,
-                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
-                l_ab = _decayed_mm(xb, gbp, ya, ga_m, SCALAR, F32, 0)
-                w_m = tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :])
-                u_m = tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
-                              mask=(ucols < (m + 1) * RK)[None, :], other=0.0)
-                acc_w += _mm(l_ab, w_m, F32, 0)
-                acc_u += _mm(l_ab, u_m, F32, 0)
+                q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt,
+                                                    sqh, skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb,
+                                                    sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols,
+                                                    cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
+                if SCALAR:
+                    xb = b_n
+                else:
+                    xb = b_n * tl.exp(gbp - ref)
+                acc_w = -_undo_reference(xb, gbp, ref, SCALAR)  # L_AB[n, <n] W_<n - Bh_n
+                acc_u = tl.zeros([RA, CK], dtype=tl.float32)
+                for m in range(n):  # earlier column blocks, one at a time
+                    yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref,
+                                          cols, cmask, RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
+                    tl.store(u_row + (rows_k + m * RK)[None, :], _decayed_mm(xb, gbp, yk, gk_m, SCALAR, F32, 0))
+                    ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                                        beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c,
+                                        m * SUB, T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
+                    l_ab = _decayed_mm(xb, gbp, ya, ga_m, SCALAR, F32, 0)
+                    w_m = tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :])
+                    u_m = tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
+                                  mask=(ucols < (m + 1) * RK)[None, :], other=0.0)
+                    acc_w += _mm(l_ab, w_m, F32, 0)
+                    acc_u += _mm(l_ab, u_m, F32, 0)
             tl.debug_barrier()
             tok_c = rows_a // RAP
             l_d = tl.load(s_ab + rows_a[:, None] * RA + rows_a[None, :],
@@ -636,25 +825,31 @@ def chunk_intra_kernel(
         q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                             skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                             sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                            RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
+                                            0 if HDLA_GRAM else RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
         if SCALAR:
             xq = q_n
         else:
             xq = q_n * tl.exp(gq - ref)
         acc_q = -_undo_reference(xq, gq, ref, SCALAR)  # M_QA[n, <n] W_<n - Qh_n
         acc_mo = tl.zeros([SUB, CK], dtype=tl.float32)
-        for m in range(n):
-            yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols, cmask,
-                                    RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
-            tl.store(s_qk + tq[:, None] * CK + (rows_k + m * RK)[None, :], _decayed_mm(xq, gq, yk, gk_m, SCALAR, F32, LOWP))
-            if RAB > 0:
-                ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
-                                  beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c, m * SUB,
-                                  T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
-                m_qa = _decayed_mm(xq, gq, ya, ga_m, SCALAR, F32, LOWP)
-                acc_q += _mm(m_qa, tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :]), F32, 0)
-                acc_mo += _mm(m_qa, tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
-                                            mask=(ucols < (m + 1) * RK)[None, :], other=0.0), F32, 0)
+        if HDLA_GRAM:  # M_QK[n, m] = qg, M_QA[n, m] = [qp beta_i, qg]
+            acc_q, acc_mo = _hdla_query_sums(acc_q, acc_mo, xq, k_ptr, g_ptr, beta_ptr, gs_ptr, w_base, u_base, s_qk,
+                                             skb, skt, skh, sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n, T, NT,
+                                             ref, cols, cmask, C, BK, REVERSE, DIRS, F32, LOWP)
+        else:
+            for m in range(n):
+                yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols,
+                                      cmask, RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
+                tl.store(s_qk + tq[:, None] * CK + (rows_k + m * RK)[None, :],
+                         _decayed_mm(xq, gq, yk, gk_m, SCALAR, F32, LOWP))
+                if RAB > 0:
+                    ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
+                                        beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c,
+                                        m * SUB, T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
+                    m_qa = _decayed_mm(xq, gq, ya, ga_m, SCALAR, F32, LOWP)
+                    acc_q += _mm(m_qa, tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :]), F32, 0)
+                    acc_mo += _mm(m_qa, tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
+                                                mask=(ucols < (m + 1) * RK)[None, :], other=0.0), F32, 0)
         tl.debug_barrier()
         qh = -acc_q
         mo = tl.load(s_qk + tq[:, None] * CK + ucols[None, :],
@@ -1204,6 +1399,7 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_lim
         *_direction_offsets(direction_strides, "q", "k", "a", "b", "g", "hdla_beta"), **ranks, **tiles,
         INV_EXACT=f32 or rap == 1,
         DIAG_LIMIT=float(diag_limit), DIAG_LOWP=int(q.dtype == torch.bfloat16), RECORD_PATH=record_path,
+        HDLA_GRAM=hdla and diag_limit > 0 and f1_hdla_gram(),
         num_warps=num_warps or launch_warps("F1ab", c, rap, rkp, bk), num_stages=1,
     )
     chunk_nc_kernel[grid](
