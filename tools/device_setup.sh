@@ -5,6 +5,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
+# --no-deps keeps the image's packages: one older than pyproject.toml asks for (the image's timm lacked
+# timm.models._input on 2026-11-28) breaks every import below, so say it once, here, with the fix
+python3 -c "import hdla_vision" 2>/tmp/hdla_import_error.txt || {
+  echo "device_setup: import hdla_vision fails on this machine (carry the missing or newer packages as wheels in .whl,"
+  echo "e.g. pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl timm==1.0.31):"
+  tail -n 3 /tmp/hdla_import_error.txt
+} >&2
 export PYTHONUNBUFFERED=1
 set +e
 # stamp MESSAGE: appends "HH:MM:SS MESSAGE" to $OUT/timeline.txt (the device scripts' record of each stage).
