@@ -67,6 +67,7 @@ VARIANTS = {
     "rank_grams": {"b2:hdla_gram": False},  # HDLA's S2 and S5a over the rank stacks (before 2026-11-25)
     "full_stacks": {"b2:hdla_lean": False},  # HDLA's S1 writes every stack, fp32 At and Bh (before 2026-11-28)
     "f1_gram": {"env:HDLA_VISION_F1_GRAM": "1"},  # F1 for HDLA from six base Grams (fwd.f1_hdla_gram; off by default)
+    "stacks16": {"env:HDLA_VISION_B2_SCRATCH": "lowp_stacks"},  # B2's copies of k, a, b in 16 bits (off by default)
     "bkg64": {"b2:BKG": 64},  # HDLA's S2 on 64 K columns per step (spills 168 bytes on sm_90a)
 }
 

@@ -100,7 +100,7 @@ def diag_gates(shape, reverse, mild, fast_steps=(), fast_channels=(), const=()):
 # B2's 16-bit scratch (bwd_chunk.scratch_dtypes): fp16 problems run with every scratch tensor fp32 and with
 # the operand-only ones in fp16, whose gradients must be bit-identical. Over HDLA, rank 0 (M_QK 16-bit),
 # ranks padded to 2 and 4 rows per token, a decay per head, reverse, T not a multiple of the chunk, and
-# K = 80 (two K tiles in S4's products, the second masked). name -> (kind, problem kwargs, chunk, reverse)
+# K = 80 (two K tiles in S4's products, the second masked). name -> (kind, problem kwargs, chunk, reverse[, gates])
 SCRATCH_CASES = {
     "hdla_c32_rev": ("hdla", dict(batch=1, seq_len=45, heads=1, dk=16, dv=8), 32, True),
     "rab0_rkv2": ("gen", dict(batch=1, seq_len=21, heads=1, dk=8, dv=4, r_kv=2, r_ab=0), 16, False),
@@ -108,6 +108,11 @@ SCRATCH_CASES = {
                                          per_head_g=True), 16, True),
     "rab3_c32": ("gen", dict(batch=1, seq_len=37, heads=1, dk=16, dv=8, r_kv=1, r_ab=3), 32, False),
     "rab2_k80": ("gen", dict(batch=1, seq_len=20, heads=1, dk=80, dv=8, r_kv=1, r_ab=2), 16, False),
+    # fast gates: S2b and S5b read the 16-bit Kf (and rebuild HDLA's A, B rows from it)
+    "hdla_mixed_c32": ("hdla", dict(batch=1, seq_len=40, heads=1, dk=16, dv=8), 32, False,
+                       dict(mild=(-1.0, 0.0), fast_steps=[(16, 32)], fast_channels=[5])),
+    "rab1_mixed_rev_c32": ("gen", dict(batch=1, seq_len=40, heads=1, dk=16, dv=8, r_kv=1, r_ab=1), 32, True,
+                           dict(mild=(-1.0, 0.0), fast_steps=[(16, 32)])),
 }
 
 

@@ -98,27 +98,34 @@ def _run_diag(kind, problem, chunk, reverse, dtype, gates):
     return result
 
 
-def _run_scratch(kind, problem, chunk, reverse):
+def _run_scratch(kind, problem, chunk, reverse, gates=None):
     """One SCRATCH_CASES entry on fp16 inputs, B2 with every scratch tensor fp32 and with the operand-only
-    ones 16-bit ($HDLA_VISION_B2_SCRATCH): per gradient, whether the two are bit-identical, their largest
-    difference and the 16-bit run's error against the float64 loop; and the scratch tensors held in 16 bits."""
+    ones 16-bit ($HDLA_VISION_B2_SCRATCH "lowp"), and with the stacks that copy inputs 16-bit too ("lowp_stacks"):
+    per gradient and 16-bit mode, whether it is bit-identical to the fp32 run, the largest difference, and the
+    16-bit run's error against the float64 loop; and the scratch tensors each mode holds in 16 bits."""
     from hdla_vision.kernels.generalized.bwd_chunk import scratch_dtypes
 
     make = hdla_problem if kind == "hdla" else generalized_problem
-    p = {n: None if x is None else x.half().double() for n, x in make(**problem).items()}  # what the kernels get
+    p = make(**problem)
+    if gates is not None:
+        p["g"] = diag_gates(p["g"].shape, reverse, **gates)
+    p = {n: None if x is None else x.half().double() for n, x in p.items()}  # what the kernels get
     do, dht, ref = _loop_grads(kind, p, reverse, True)
-    runs = {}
-    for mode in ("fp32", "lowp"):
-        os.environ["HDLA_VISION_B2_SCRATCH"] = mode
-        runs[mode] = _kernel_grads(kind, p, chunk, reverse, do, dht, torch.float16)
-    del os.environ["HDLA_VISION_B2_SCRATCH"]
+    runs, result = {}, {}
     grad_names = _names(kind) + ["h0"]
     r_ab = 2 if kind == "hdla" else problem["r_ab"]
-    return {"identical": {n: torch.equal(m, r) for n, m, r in zip(grad_names, runs["lowp"], runs["fp32"])},
-            "max_diff": {n: (m.double() - r.double()).abs().max().item() if m.numel() else 0.0
-                         for n, m, r in zip(grad_names, runs["lowp"], runs["fp32"])},
-            "error": {n: rel_err(m, r) for n, m, r in zip(grad_names, runs["lowp"], ref)},
-            "lowp_scratch": sorted(scratch_dtypes(torch.float16, torch.float16, r_ab))}
+    for mode in ("fp32", "lowp", "lowp_stacks"):
+        os.environ["HDLA_VISION_B2_SCRATCH"] = mode
+        runs[mode] = _kernel_grads(kind, p, chunk, reverse, do, dht, torch.float16)
+        if mode != "fp32":
+            result[mode] = {
+                "identical": {n: torch.equal(m, r) for n, m, r in zip(grad_names, runs[mode], runs["fp32"])},
+                "max_diff": {n: (m.double() - r.double()).abs().max().item() if m.numel() else 0.0
+                             for n, m, r in zip(grad_names, runs[mode], runs["fp32"])},
+                "error": {n: rel_err(m, r) for n, m, r in zip(grad_names, runs[mode], ref)},
+                "scratch": sorted(scratch_dtypes(torch.float16, torch.float16, r_ab, kind == "hdla", True))}
+    del os.environ["HDLA_VISION_B2_SCRATCH"]
+    return result
 
 
 def _run_pool(kind, problem, chunk, reverse, dtype, gates):

@@ -213,15 +213,17 @@ def scratch_results():
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(SCRATCH_CASES))
-def test_lowp_scratch_is_bit_identical(scratch_results, case):
+@pytest.mark.parametrize("mode", ["lowp", "lowp_stacks"])
+def test_lowp_scratch_is_bit_identical(scratch_results, case, mode):
     """fp16 inputs: every gradient with B2's operand-only scratch in fp16 (S4 reading T and At from fp16
-    copies) equals (torch.equal) the one with all scratch fp32 and no copies, and is within the fp16
-    tolerance of the float64 loop."""
+    copies; "lowp_stacks": and the stacks that copy k, a, b in fp16 too) equals (torch.equal) the one with all
+    scratch fp32 and no copies, and is within the fp16 tolerance of the float64 loop."""
     from hdla_vision.kernels.generalized.bwd_chunk import OPERAND_COPIES, OPERAND_ONLY
 
-    result = scratch_results[case]
+    result = scratch_results[case][mode]
     assert len(result["identical"]) >= 6, result
-    assert set(OPERAND_ONLY + OPERAND_COPIES) | {"dvs"} <= set(result["lowp_scratch"]), result["lowp_scratch"]
+    assert set(OPERAND_ONLY + OPERAND_COPIES) | {"dvs"} <= set(result["scratch"]), result["scratch"]
+    assert ("kf" in result["scratch"]) == (mode == "lowp_stacks"), result["scratch"]
     differ = {name: result["max_diff"][name] for name, same in result["identical"].items() if not same}
     assert not differ, f"{case}: 16-bit scratch changed these gradients (largest difference): {differ}"
     bad = {name: err for name, err in result["error"].items() if not err < FP16_TOL}
@@ -241,10 +243,14 @@ def test_scratch_dtypes_rule(monkeypatch):
     assert set(lowp) == set(bwd_chunk.OPERAND_ONLY + bwd_chunk.OPERAND_COPIES) | {"dvs"}
     assert set(lowp.values()) == {bf}
     assert bwd_chunk.scratch_dtypes(fp, fp, 0)["mqk"] == fp
-    assert set(bwd_chunk.scratch_dtypes(bf, bf, 2, lean_hdla=True)) == set(lowp) | {"bh"}  # HDLA's S5 does not read Bh
-    shapes = bwd_chunk.scratch_shapes(32, 64, 64, 1, 2, True, False, bwd_chunk.scratch_dtypes(bf, bf, 2, lean_hdla=True))
+    assert set(bwd_chunk.scratch_dtypes(bf, bf, 2, hdla=True, lean=True)) == set(lowp) | {"bh"}  # S5 does not read Bh
+    shapes = bwd_chunk.scratch_shapes(32, 64, 64, 1, 2, True, False,
+                                      bwd_chunk.scratch_dtypes(bf, bf, 2, hdla=True, lean=True))
     assert shapes["at"][0] == (0,) and shapes["at16"][0] == (64, 64)  # nor At: S4 reads its 16-bit copy
     assert bwd_chunk.scratch_dtypes(bf, torch.float32, 1)["dvs"] == torch.float32
+    monkeypatch.setenv("HDLA_VISION_B2_SCRATCH", "lowp_stacks")  # and the stacks that copy 16-bit inputs
+    assert set(bwd_chunk.scratch_dtypes(bf, bf, 2)) == set(lowp) | {"kf", "af", "bf"}
+    assert set(bwd_chunk.scratch_dtypes(bf, bf, 2, hdla=True)) == set(lowp) | {"kf"}  # HDLA's A, B are built
     monkeypatch.setenv("HDLA_VISION_B2_SCRATCH", "fp32")
     assert bwd_chunk.scratch_dtypes(bf, bf, 2) == {}
     monkeypatch.setenv("HDLA_VISION_B2_SCRATCH", "fp8")

@@ -90,8 +90,8 @@ VJP_DIAG_PRECISIONS = ("tf32x3", "tf32x3", "tf32", "tf32")
 #   xq        S1    S2, S5a stack; S5                              fp32
 #   kf        S1    S2, S5a stack; S5                              fp32
 #   kt        S1    et cin (r_ab > 0; at r_ab = 0 it is et, dvs's operand); S5   fp32
-#   af, bf    S1    S2, S5a stack; S5 (HDLA: S2b, S5b only)        fp32 (HDLA's lean stacks: S2b, S5b write the
-#                   rows of the blocks they take)
+#   af, bf    S1    S2, S5a stack; S5 (HDLA: S2b, S5b only)        fp32 (HDLA's lean stacks: S2b writes the
+#                   rows of the blocks it and S5b take)
 #   at        S1    et, du, dw operand; S5 (its e^{G_last} sum)     fp32, S4 reads its 16-bit copy at16 (HDLA's
 #                   lean stacks: only that copy where there is one; S5 rebuilds At for HDLA)
 #   bh        S1    w operand; S5 (not HDLA's)                     fp32 (HDLA's lean stacks: 16-bit)
@@ -129,8 +129,12 @@ OPERAND_COPIES = ("tm16", "at16")
 # from one pool by plan_scratch, so the transient is the most that is live at once, not the sum.
 # "lowp": the above for 16-bit inputs; "fp32": every scratch tensor fp32 (the benchmarks' comparison, the
 # bit-identity test). ``$HDLA_VISION_B2_SCRATCH`` overrides it, read at every chunk_vjp call.
-SCRATCH_MODES = ("lowp", "fp32")
+# "lowp_stacks": "lowp" and the stacks that copy a 16-bit input (:data:`INPUT_COPIES`: Kf, and Af, Bf but for HDLA,
+# whose A, B are built), in its dtype: the same values, half the bytes; off until a device times it
+# (benchmarks/launch_configs.py variant stacks16).
+SCRATCH_MODES = ("lowp", "fp32", "lowp_stacks")
 SCRATCH = "lowp"
+INPUT_COPIES = ("kf", "af", "bf")
 
 # The Gram VJPs of S5a, in launch order: (cotangent, x stack, x's cumsum, y stack, x's gradient buffer, y's,
 # strictly lower, add to the x buffer, add to the y buffer). The gradient buffers are per stack (gq: q, gk:
@@ -232,8 +236,8 @@ def _hdla_ab_rows(kf_ptr, bt_ptr, s_ptr, g_ptr, af_ptr, bf_ptr, blk, c, n, T, H,
                   DIRS: tl.constexpr):
     """HDLA's A and B rows of token block n of chunk c (batch-head ``program_id(1)``) into af, bf as S1 writes
     them where it writes them (:func:`_stacks_kernel` with HDLA_AB): u = e^g k from the input g (clamped at
-    LOG_ZERO), k, beta and s from S1's kf, bt and s scratch. S2b and S5b call it for the blocks they take, the
-    only rows of the stacks they read, when S1 left the stacks out."""
+    LOG_ZERO), k, beta and s from S1's kf, bt and s scratch. S2b calls it for the blocks it takes, the only rows
+    of the stacks that S2b and S5b read, when S1 left the stacks out."""
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
@@ -288,7 +292,7 @@ def _stacks_kernel(
     [blocks, C, K], Kf, Kt [blocks, C*RKP, K], Af, Bf, At, Bh [blocks, C*RAP, K] (AT16: At also into
     at16, S4's 16-bit copy), Vbar [blocks, C*RKP, V], dO [blocks, C, V]; padded rank rows and steps past
     T are 0. HDLA: Af, Bf only if HDLA_AB and the fp32 At only if HDLA_AT32 (:func:`chunk_vjp` leaves out what
-    no later stage reads: the single-Gram S2 / S5a read neither stack, S2b and S5b rebuild the rows they need
+    no later stage reads: the single-Gram S2 / S5a read neither stack, S2b writes the rows S2b and S5b read
     (:func:`_hdla_ab_rows`), S5 rebuilds A and At, and S4 reads the 16-bit copy of At). DIRS = 2: both
     directions (directions.py), each input of direction d at its pointer + d * its direction stride (0: shared;
     dO is always shared). STATE_INPUTS: also B1's Qh = scale q e^G [blocks, C, K]
@@ -1191,33 +1195,23 @@ def _gram_vjp_fix(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr,
 
 @triton.jit
 def _gram_vjp_levels_kernel(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr,
-                            gq_ptr, gk_ptr, ga_ptr, gb_ptr, defer_ptr, path_ptr, bt_ptr, s_ptr, g_ptr, T, H, K, NT,
-                            NKT, n_items, sgd, C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr,
-                            RAB: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr,
+                            gq_ptr, gk_ptr, ga_ptr, gb_ptr, defer_ptr, path_ptr, K, NT, NKT, n_items,
+                            C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr,
+                            RAP: tl.constexpr, F32: tl.constexpr,
                             DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr,
-                            DIRS: tl.constexpr, HDLA_AB: tl.constexpr = False, REVERSE: tl.constexpr = False,
-                            LOG_ZERO: tl.constexpr = 0.0, NKT_P: tl.constexpr = 1):
+                            DIRS: tl.constexpr):
     """S5b (vector decay), grid (NT, B*H, C/16), after the four S5a launches: token block b's diagonal
     shares that S5a left (``defer [4, blocks, C/16, K/BKS]``, n_items per Gram), for M_QK, M_QA, L_AB,
     L_KB as S5a's launches take them (:func:`_gram_vjp_fix`), added to the stacks' gradient buffers gq, gk,
     ga, gb (:data:`GRAM_VJPS`; a barrier between two Grams that share one); a program with nothing left
     exits after reading its flags. Its own launch keeps S5a's registers as they were without the levels.
-    DIRS = 2: S5a's BIDIR_QK rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower. HDLA_AB:
-    as in :func:`_gram_levels_kernel`, from the flags of M_QA, L_AB and L_KB over the block's NKT K tiles (NKT_P:
-    NKT rounded up to a power of two)."""
+    DIRS = 2: S5a's BIDIR_QK rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower. HDLA's lean
+    stacks: the A, B rows of a block here are those S2b wrote (:func:`_gram_levels_kernel`): S5a leaves a block here
+    only where some channel's bound fails, and S2 then left the same block to S2b (the same per-channel bound over
+    K tiles that split S5a's: :func:`chunk_vjp` leaves the stacks to S1 where they do not)."""
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     b = tl.program_id(2)
     rec = n_items if RECORD else 0
-    if HDLA_AB:
-        kt = tl.arange(0, NKT_P)
-        flags = tl.zeros([NKT_P], dtype=tl.int8)
-        for gid in tl.static_range(1, 4):
-            flags = tl.maximum(flags, tl.load(defer_ptr + gid * n_items + (blk * (C // SUB) + b) * NKT + kt,
-                                              mask=kt < NKT, other=0))
-        if tl.max(flags, 0) != 0:
-            _hdla_ab_rows(kf_ptr, bt_ptr, s_ptr, g_ptr, af_ptr, bf_ptr, blk, tl.program_id(0), b, T, H, K, sgd, C,
-                          BKS, REVERSE, LOG_ZERO, DIRS)
-            tl.debug_barrier()  # the rows are read back by other threads of this program
     if DIRS == 2:  # (as in _gram_kernel: a constexpr STRICT is passed as such)
         _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gq_ptr, gk_ptr, defer_ptr, path_ptr, blk, b, K,
                       NKT, C, 1, RKP, tl.program_id(1) >= tl.num_programs(1) // 2, BKS, F32, DLOWP, DIAG_LIMIT,
@@ -1510,8 +1504,8 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     :func:`_hdla_gram_vjp_kernel`; ``$HDLA_VISION_HDLA_GRAM=0``, the benchmarks' "before": the four Grams and
     their VJPs over the rank stacks as for any rank);
     hdla_lean: HDLA's S1 writes no stack that no later stage reads (``$HDLA_VISION_HDLA_LEAN=0``, the benchmarks'
-    "before": all of them): with the single-Gram S2 / S5a no A, B stacks (S2b and S5b write the rows of the blocks
-    they take, :func:`_hdla_ab_rows`), with 16-bit scratch Bh in 16 bits and At only in S4's 16-bit copy (S5
+    "before": all of them): with the single-Gram S2 / S5a no A, B stacks (S2b writes the rows of the blocks it and
+    S5b take, :func:`_hdla_ab_rows`), with 16-bit scratch Bh in 16 bits and At only in S4's 16-bit copy (S5
     rebuilds At from k, beta and g);
     warps_gemm, warps_stacks: S4's and S1's warps;
     stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
@@ -1556,18 +1550,22 @@ def diag_lowp(lowp: int, name: str = None) -> int:
     return 0 if code == 1 and lowp == 2 else code
 
 
-def scratch_dtypes(q_dtype: torch.dtype, v_dtype: torch.dtype, r_ab: int, lean_hdla: bool = False) -> dict:
+def scratch_dtypes(q_dtype: torch.dtype, v_dtype: torch.dtype, r_ab: int, hdla: bool = False,
+                   lean: bool = False) -> dict:
     """{scratch name: dtype} for B2's scratch tensors not kept in fp32 (the table above): for 16-bit q
     and :data:`SCRATCH` (or ``$HDLA_VISION_B2_SCRATCH``) "lowp", :data:`OPERAND_ONLY` (and M_QK at
-    r_ab = 0, where it is M_o; HDLA's Bh with ``lean_hdla``, b2_config's hdla_lean: its S5 does not read Bh) and
-    :data:`OPERAND_COPIES` in q's dtype, the dtype _dot casts S4's operands to, and dV's stack in v's dtype; empty
-    for fp32 q or "fp32" (no copies then)."""
+    r_ab = 0, where it is M_o; HDLA's Bh with ``lean``, b2_config's hdla_lean: its S5 does not read Bh) and
+    :data:`OPERAND_COPIES` in q's dtype, the dtype _dot casts S4's operands to, and dV's stack in v's dtype;
+    "lowp_stacks" also :data:`INPUT_COPIES` (k, a, b have q's dtype; HDLA's A, B are built, not copied); empty for
+    fp32 q or "fp32" (no copies then)."""
     mode = os.environ.get("HDLA_VISION_B2_SCRATCH") or SCRATCH
     if mode not in SCRATCH_MODES:
         raise ValueError(f"HDLA_VISION_B2_SCRATCH must be one of {list(SCRATCH_MODES)}, got {mode!r}")
     if mode == "fp32" or q_dtype not in (torch.bfloat16, torch.float16):
         return {}
-    names = OPERAND_ONLY + OPERAND_COPIES + (() if r_ab else ("mqk",)) + (("bh",) if lean_hdla else ())
+    names = OPERAND_ONLY + OPERAND_COPIES + (() if r_ab else ("mqk",)) + (("bh",) if hdla and lean else ())
+    if mode == "lowp_stacks":
+        names += INPUT_COPIES[:1 if hdla or not r_ab else 3]
     return dict({name: q_dtype for name in names}, dvs=v_dtype)
 
 
@@ -1696,7 +1694,7 @@ def scratch_bytes_per_block(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla
     """Bytes of B2's scratch per block (:func:`scratch_shapes`, laid out as :func:`allocate_scratch` lays it
     out), the reduction buffer of dg / dbeta included."""
     lean = hdla and b2_config(dk, dv, c, r_kv, r_ab)["hdla_lean"]
-    shapes = scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, scratch_dtypes(q_dtype, v_dtype, r_ab, lean))
+    shapes = scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, scratch_dtypes(q_dtype, v_dtype, r_ab, hdla, lean))
     total = scratch_layout(shapes, r_ab, pool)[2]
     reduction = triton.cdiv(dk, b2_config(dk, dv, c, r_kv, r_ab)["BKV"]) * 2 * c * 4 if hdla or scalar else 0
     return total + reduction
@@ -1739,7 +1737,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     lowp = 0 if f32 else (1 if q.dtype == torch.bfloat16 else 2)
     cfg = b2_config(dk, dv, c, r_kv, r_ab, lowp_scratch=bool(scratch_dtypes(q.dtype, v.dtype, r_ab)))
     lean = hdla and cfg["hdla_lean"]
-    dtypes = scratch_dtypes(q.dtype, v.dtype, r_ab, lean)
+    dtypes = scratch_dtypes(q.dtype, v.dtype, r_ab, hdla, lean)
     limit = check_diag_limit(cfg["diag_limit"] if diag_limit is None else diag_limit)
     dev = q.device
     sc = lambda *shape, dtype=torch.float32: torch.empty(blocks, *shape, device=dev, dtype=dtype)  # noqa: E731
@@ -1767,8 +1765,11 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     nb = c // 16
     levels_pass = not scalar and limit > 0  # S2b, S5b: the diagonal blocks S2, S5a leave (diag_levels.py)
     single_gram = hdla and levels_pass and cfg["hdla_gram"]  # S2 as HDLA's six base Grams (_hdla_gram_kernel)
-    lean_ab = single_gram and lean  # S1 leaves HDLA's A, B stacks out (below)
     bks = cfg["BKG"] if single_gram else cfg["BKS"]  # S2's and S2b's K columns per step
+    # S1 leaves HDLA's A, B stacks out: only S2b and S5b read them after the single-Gram S2 and S5a, and only the
+    # blocks they take; S2b writes those rows (_hdla_ab_rows), and S5b takes no block that S2b did not where S2's K
+    # tiles split S5a's (the same per-channel bound); else (a launch_configs override) S1 writes them
+    lean_ab = single_gram and lean and cfg["BKV"] % bks == 0
     defer = dict(gram=torch.empty((blocks, 4, nb) if levels_pass else (0,), device=dev, dtype=torch.int8),
                  gram_vjp=torch.empty((4, blocks, nb, nkt) if levels_pass else (0,), device=dev, dtype=torch.int8))
     paths = dict(gram=empty, gram_vjp=[empty] * 4)
@@ -1779,8 +1780,6 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
         diag_paths.update(paths)
     from ..utils import LOG_ZERO_FP32
 
-    # HDLA's A, B stacks: only S2b and S5b read them after the single-Gram S2 and S5a, and only the blocks they take,
-    # whose rows they write themselves (_hdla_ab_rows); S1 writes them for the rank-stack Grams
     rebuild_ab = dict(HDLA_AB=lean_ab, REVERSE=rev and lean_ab, LOG_ZERO=LOG_ZERO_FP32)
     hdla_ab_inputs = (z["bt"], z["s"], g if lean_ab else empty, seq_len, heads)
 
@@ -1876,9 +1875,9 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
         if levels_pass:
             _gram_vjp_levels_kernel[(nt, bh_all, nb)](
                 z["dmo"], z["dmqa"], z["dlab"], z["dup"], z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], *gv,
-                defer["gram_vjp"], paths["gram_vjp"] if diag_paths is not None else empty, *hdla_ab_inputs, dk, nt,
-                nkt, blocks * nb * nkt, offsets("g", 0), C=c, BKS=cfg["BKV"], RKP=rkp, RAB=r_ab, RAP=rap, F32=f32,
-                **diag, DIRS=dirs, **rebuild_ab, NKT_P=_pow2(nkt), num_warps=cfg["warps_block"])
+                defer["gram_vjp"], paths["gram_vjp"] if diag_paths is not None else empty, dk, nt, nkt,
+                blocks * nb * nkt, C=c, BKS=cfg["BKV"], RKP=rkp, RAB=r_ab, RAP=rap, F32=f32, **diag, DIRS=dirs,
+                num_warps=cfg["warps_block"])
         _vjp_kernel[(nt, bh_all, nkt)](
             k, g, beta if hdla else empty, h, ds, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"],
             z["af"], z["bf"], z["at"], z["bh"], z["dqe"], z["det"], z["dat"], z["dwp"], *gv, dq, dk_,
