@@ -353,8 +353,8 @@ def test_scratch_lifetimes_follow_the_launch_order():
     assert spans["dvs"][1] == bwd_chunk.STAGES.index("S7") and spans["s"][1] == bwd_chunk.STAGES.index("S6")
     for cotangent, *_ in bwd_chunk.GRAM_VJPS:  # S5b reads every Gram's cotangent
         assert spans[cotangent][1] >= bwd_chunk.STAGES.index("S5b")
-    for name in ("bt", "s", "kf"):  # and, for HDLA's lean stacks, what it rebuilds A and B from
-        assert spans[name][1] >= bwd_chunk.STAGES.index("S5b"), name
+    for name in ("bt", "s", "kf"):  # S2b rebuilds HDLA's A, B rows from them (lean stacks)
+        assert spans[name][1] >= bwd_chunk.STAGES.index("S2b"), name
     assert [g[7:] for g in bwd_chunk.GRAM_VJPS] == [(False, False), (True, False), (False, True), (True, True)]
 
 

@@ -86,7 +86,7 @@ VJP_DIAG_PRECISIONS = ("tf32x3", "tf32x3", "tf32", "tf32")
 # the product (S2, S5a); "D": a Gram VJP's cotangent (S5a: the factored diagonal block takes it as a
 # DLOWP = tf32x3 operand, the per-head decay and the token loop elementwise); "S5"/"S6": elementwise reads.
 #   gs, gps   S1    S2, S5a, S5 (exp arguments)                   fp32
-#   s, bt     S1    S2, S5a (HDLA's single Gram); S5, S6 (s); S2b, S5b (HDLA's rebuilt A, B)   fp32
+#   s, bt     S1    S2, S5a (HDLA's single Gram); S5, S6 (s); S2b (HDLA's rebuilt A, B rows)   fp32
 #   xq        S1    S2, S5a stack; S5                              fp32
 #   kf        S1    S2, S5a stack; S5                              fp32
 #   kt        S1    et cin (r_ab > 0; at r_ab = 0 it is et, dvs's operand); S5   fp32
@@ -154,7 +154,7 @@ STAGES = ("S1", "S2", "S2b", "S3", "w", "u", "mo", "et", "qeff", "n", "B1", "dqe
 # products in chunk_vjp. Two tensors may share memory only if one's last reader runs before the other's
 # writer (strictly: a launch that reads one and writes the other would race).
 SCRATCH_LIFETIMES = dict(
-    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S5b"), xq=("S1", "S5"), kf=("S1", "S5"),
+    gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S5a_qk"), xq=("S1", "S5"), kf=("S1", "S5"),
     kt=("S1", "S5"), af=("S1", "S5"), bf=("S1", "S5"), at=("S1", "S5"), at16=("S1", "dw"), bh=("S1", "S5"),
     vf=("S1", "det"), dos=("S1", "dvs"), mqk=("S2", "mo"), mqa=("S2", "dmqa"), lab=("S2", "S3"), lkb=("S2", "u"),
     tm=("S3", "dup"), tm16=("S3", "dup"), w=("w", "dlab"), u=("u", "dlab"), mo=("mo", "dvs"), et=("et", "dvs"),
