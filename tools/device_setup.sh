@@ -16,3 +16,9 @@ export PYTHONUNBUFFERED=1
 set +e
 # stamp MESSAGE: appends "HH:MM:SS MESSAGE" to $OUT/timeline.txt (the device scripts' record of each stage).
 stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
+# pack: at most 8 files come back from $OUT; keep summary.txt and timeline.txt, pack the rest into results.tgz.
+pack() {
+  (cd "$OUT" && tar czf results.tgz --exclude results.tgz --exclude summary.txt --exclude timeline.txt . \
+    && find . -maxdepth 1 -type f ! -name results.tgz ! -name summary.txt ! -name timeline.txt -delete \
+    && find . -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +)
+}
