@@ -69,6 +69,8 @@ VARIANTS = {
     "f1_gram": {"env:HDLA_VISION_F1_GRAM": "1"},  # F1 for HDLA from six base Grams (fwd.f1_hdla_gram; off by default)
     "stacks16": {"env:HDLA_VISION_B2_SCRATCH": "lowp_stacks"},  # B2's copies of k, a, b in 16 bits (off by default)
     "bkg64": {"b2:BKG": 64},  # HDLA's S2 on 64 K columns per step (spills 168 bytes on sm_90a)
+    "groups8": {"env:HDLA_VISION_STATE_GROUPS": "8"},  # F2's and B1's two-level scan on 8 groups of chunks
+    "b1_bv16": {"b1:BV": 16},  # B1 on 16 V columns per program (twice the programs of K = 128's 32)
 }
 
 

@@ -1196,15 +1196,17 @@ def _gram_vjp_fix(d_ptr, x_ptr, xg_ptr, y_ptr, g_ptr, dx_ptr, dy_ptr, defer_ptr,
 @triton.jit
 def _gram_vjp_levels_kernel(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr,
                             gq_ptr, gk_ptr, ga_ptr, gb_ptr, defer_ptr, path_ptr, K, NT, NKT, n_items,
-                            C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr,
-                            RAP: tl.constexpr, F32: tl.constexpr,
+                            C: tl.constexpr, BKS: tl.constexpr, NKTP: tl.constexpr, RKP: tl.constexpr,
+                            RAB: tl.constexpr, RAP: tl.constexpr, F32: tl.constexpr,
                             DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr, RECORD: tl.constexpr,
                             DIRS: tl.constexpr):
     """S5b (vector decay), grid (NT, B*H, C/16), after the four S5a launches: token block b's diagonal
     shares that S5a left (``defer [4, blocks, C/16, K/BKS]``, n_items per Gram), for M_QK, M_QA, L_AB,
     L_KB as S5a's launches take them (:func:`_gram_vjp_fix`), added to the stacks' gradient buffers gq, gk,
-    ga, gb (:data:`GRAM_VJPS`; a barrier between two Grams that share one); a program with nothing left
-    exits after reading its flags. Its own launch keeps S5a's registers as they were without the levels.
+    ga, gb (:data:`GRAM_VJPS`; a barrier between two Grams that share one). A program reads all its flags
+    (4 Grams x NKT tiles, NKTP >= NKT) in one load and, with nothing left, exits: with mild gates every program
+    does, and one dependent flag load per Gram and tile made the launch ~87 us at the LM shape's batch slice
+    on an H200. Its own launch keeps S5a's registers as they were without the levels.
     DIRS = 2: S5a's BIDIR_QK rule, the reversed scan's M_QK (batch-heads [B H, 2 B H)) strictly lower. HDLA's lean
     stacks: the A, B rows of a block here are those S2b wrote (:func:`_gram_levels_kernel`): S5a leaves a block here
     only where some channel's bound fails, and S2 then left the same block to S2b (the same per-channel bound over
@@ -1212,6 +1214,24 @@ def _gram_vjp_levels_kernel(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr
     blk = tl.program_id(1).to(tl.int64) * NT + tl.program_id(0)
     b = tl.program_id(2)
     rec = n_items if RECORD else 0
+    gram = tl.arange(0, 4)
+    tile = tl.arange(0, NKTP)
+    live = (gram[:, None] < (4 if RAB > 0 else 1)) & (tile[None, :] < NKT)
+    flags = tl.load(defer_ptr + gram[:, None] * n_items + (blk * (C // SUB) + b) * NKT + tile[None, :], mask=live,
+                    other=0)
+    if tl.max(tl.max(flags.to(tl.int32), axis=1), axis=0) != 0:
+        _gram_vjp_levels_block(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr,
+                               gq_ptr, gk_ptr, ga_ptr, gb_ptr, defer_ptr, path_ptr, blk, b, rec, K, NKT, n_items, C,
+                               BKS, RKP, RAB, RAP, F32, DLOWP, DIAG_LIMIT, RECORD, DIRS)
+
+
+@triton.jit
+def _gram_vjp_levels_block(dmo_ptr, dmqa_ptr, dlab_ptr, dup_ptr, xq_ptr, kf_ptr, af_ptr, bf_ptr, gs_ptr, gps_ptr,
+                           gq_ptr, gk_ptr, ga_ptr, gb_ptr, defer_ptr, path_ptr, blk, b, rec, K, NKT, n_items,
+                           C: tl.constexpr, BKS: tl.constexpr, RKP: tl.constexpr, RAB: tl.constexpr,
+                           RAP: tl.constexpr, F32: tl.constexpr, DLOWP: tl.constexpr, DIAG_LIMIT: tl.constexpr,
+                           RECORD: tl.constexpr, DIRS: tl.constexpr):
+    """S5b's work for token block b of chunk blk where some flag is set (:func:`_gram_vjp_levels_kernel`)."""
     if DIRS == 2:  # (as in _gram_kernel: a constexpr STRICT is passed as such)
         _gram_vjp_fix(dmo_ptr, xq_ptr, gs_ptr, kf_ptr, gs_ptr, gq_ptr, gk_ptr, defer_ptr, path_ptr, blk, b, K,
                       NKT, C, 1, RKP, tl.program_id(1) >= tl.num_programs(1) // 2, BKS, F32, DLOWP, DIAG_LIMIT,
@@ -1876,8 +1896,8 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             _gram_vjp_levels_kernel[(nt, bh_all, nb)](
                 z["dmo"], z["dmqa"], z["dlab"], z["dup"], z["xq"], z["kf"], z["af"], z["bf"], z["gs"], z["gps"], *gv,
                 defer["gram_vjp"], paths["gram_vjp"] if diag_paths is not None else empty, dk, nt, nkt,
-                blocks * nb * nkt, C=c, BKS=cfg["BKV"], RKP=rkp, RAB=r_ab, RAP=rap, F32=f32, **diag, DIRS=dirs,
-                num_warps=cfg["warps_block"])
+                blocks * nb * nkt, C=c, BKS=cfg["BKV"], NKTP=_pow2(nkt), RKP=rkp, RAB=r_ab, RAP=rap, F32=f32, **diag,
+                DIRS=dirs, num_warps=cfg["warps_block"])
         _vjp_kernel[(nt, bh_all, nkt)](
             k, g, beta if hdla else empty, h, ds, z["gs"], z["gps"], z["s"], z["xq"], z["kf"], z["kt"],
             z["af"], z["bf"], z["at"], z["bh"], z["dqe"], z["det"], z["dat"], z["dwp"], *gv, dq, dk_,
