@@ -17,6 +17,8 @@ data, fwd and fwd+bwd), all in one process so that the ratios compare like with 
   * ``check``: our log-linear HDLA in bf16 against the float64 token loop (``naive_loglinear_hdla``),
     and our Mamba-2 case against fla's ``chunk_log_linear_attn`` and the float64 loop (outputs and
     every gradient), each a relative error ``|a - b| / |b|``.
+  * ``paths``: ``chunk_loglinear_hdla`` through the one PyTorch chunk form (``kernels/loglinear/torch_chunk.py``) and
+    through the per-level calls (``$HDLA_VISION_LOGLINEAR``), each against ``chunk_hdla``, at ``--paths-shapes``.
 The level weights are ``softplus`` of random logits, with ``L = bit_length(T - 1) + 1`` levels (one per
 bucket). fla is an optional baseline, never a dependency: without it the ``fla`` part is skipped.
 """
@@ -83,6 +85,33 @@ def ours_part(dtype, device) -> dict:
         r = result[name]
         print(f"ours {name:7s} {str(shape):22s} linear {r['linear']['fwd_bwd']:8.3f} ms  "
               f"loglinear {r['loglinear']['fwd_bwd']:8.3f} ms  x{r['ratio_fwd_bwd']:.2f}", flush=True)
+    return result
+
+
+def paths_part(dtype, device, shapes) -> dict:
+    """``chunk_loglinear_hdla`` on each of its paths (``$HDLA_VISION_LOGLINEAR``: the one PyTorch chunk form,
+    then the per-level linear-op calls) against ``chunk_hdla``, at the named shapes: fwd / fwd+bwd ms."""
+    from hdla_vision.kernels.loglinear.chunk import PATH_ENV
+    table = dict(SHAPES, **{f"T{t}": (SWEEP_TOKENS // t, t, 4, 64) for t in SWEEP_LENGTHS})
+    saved = os.environ.get(PATH_ENV)
+    result = {}
+    for name in shapes:
+        batch, seq_len, heads, dim = table[name]
+        q, k, v, beta, g = make_inputs(batch, seq_len, heads, dim, dtype, device)
+        inputs = [q, k, v, beta, g, level_scales_like(q, heads)]
+        row = result[name] = dict(bthd=list(table[name]))
+        for label, path, fn in (("chunk_form", "chunk_form", hdla_loglinear), ("linear", None, hdla_linear),
+                                ("levels", "levels", hdla_loglinear)):
+            os.environ[PATH_ENV] = path or "auto"
+            row[label] = dict(zip(("fwd", "fwd_bwd"), time_fwd_bwd(fn, inputs)))
+            print(f"paths {name:7s} {label:10s} fwd {row[label]['fwd']:8.3f} ms  fwd+bwd {row[label]['fwd_bwd']:8.3f} ms",
+                  flush=True)
+        for label in ("chunk_form", "levels"):
+            row[f"{label}_over_linear"] = row[label]["fwd_bwd"] / row["linear"]["fwd_bwd"]
+    if saved is None:
+        os.environ.pop(PATH_ENV, None)
+    else:
+        os.environ[PATH_ENV] = saved
     return result
 
 
@@ -211,14 +240,15 @@ def fla_available() -> bool:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="check,ours,fla", help="comma list of: check, ours, fla")
+    parser.add_argument("--parts", default="check,ours,fla", help="comma list of: check, ours, fla, paths")
+    parser.add_argument("--paths-shapes", default="hires,T4096", help="the paths part's shapes (comma list)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
-    unknown = set(parts) - {"check", "ours", "fla"}
+    unknown = set(parts) - {"check", "ours", "fla", "paths"}
     if unknown:
-        raise ValueError(f"--parts: unknown {sorted(unknown)}; expected check, ours, fla")
+        raise ValueError(f"--parts: unknown {sorted(unknown)}; expected check, ours, fla, paths")
     device, dtype = "cuda", getattr(torch, args.dtype)
     has_fla = fla_available()
     result = {**provenance(torch.cuda.get_device_name()), "torch": torch.__version__, "triton": triton.__version__,
@@ -226,7 +256,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "loglinear.json")
     builders = {"check": lambda: check_part(dtype, device, has_fla), "ours": lambda: ours_part(dtype, device),
-                "fla": lambda: fla_part(dtype, device)}
+                "fla": lambda: fla_part(dtype, device),
+                "paths": lambda: paths_part(dtype, device, args.paths_shapes.split(","))}
     for part in parts:
         if part == "fla" and not has_fla:
             print("fla not installed: the fla part is skipped", flush=True)

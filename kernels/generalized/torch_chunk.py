@@ -16,7 +16,7 @@ where exp is exactly 0, so every decay across the reset is exactly 0 and no ``-i
 appears; the gradient w.r.t. g is 0 there (clamp's). With ``r_ab = 0`` the empty a, b still get
 (empty) gradients.
 """
-from typing import Callable, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -117,13 +117,58 @@ def chunk_form(
         flip = [x.flip(1) for x in (q, k, v, a, b, g)]
         o, s = chunk_form(*flip, scale, initial_state, False, chunk_size, inverse)
         return o.flip(1), s
+    terms = chunk_terms(q, k, v, a, b, g, scale, chunk_size, inverse)
+    batch, heads, dk, dv = q.shape[0], q.shape[2], q.shape[3], v.shape[-1]
+    state_in = terms.q_eff.new_zeros(batch, heads, dk, dv)
+    if initial_state is not None:
+        state_in = state_in + initial_state.to(state_in.dtype)
+
+    states = []
+    state = state_in
+    # unbind: one node per tensor in a traced graph (ONNX export), not a slice per chunk
+    trans = [None] * terms.q_eff.shape[2] if terms.s_trans is None else terms.s_trans.unbind(2)
+    for decay, add, tr in zip(terms.decay.unbind(2), terms.s_add.unbind(2), trans):
+        states.append(state)
+        nxt = decay * state + add
+        if tr is not None:
+            nxt = nxt - tr @ state
+        state = nxt
+    starts = torch.stack(states, dim=2)  # state entering each chunk
+    o = terms.q_eff @ starts + terms.o_local  # [B, H, N, C, V]
+    o = terms.unchunk(o).to(q.dtype)
+    if a.shape[-2] == 0:
+        o, state = _attach_empty((a, b), o, state)
+    return o, state
+
+
+class ChunkTerms(NamedTuple):
+    """What the chunk form needs of each chunk's own inputs (compute dtype; N chunks of C tokens):
+
+    q_eff ``[B, H, N, C, K]``: the reads of the entering state, ``O = q_eff S_0 + o_local``;
+    o_local ``[B, H, N, C, V]``: the chunk's own contribution ``M_o V`` (None with ``mixing``);
+    mixing ``[B, H, N, C, C r_kv]``: ``M_o = M_QK - M_QA (I + L_AB)^{-1} L_KB`` itself (with ``mixing=True``), the
+        chunk's attention matrix over its written values (token-major, rank fastest), ``v_flat`` its right side;
+    v_flat ``[B, H, N, C r_kv, V]``; s_trans ``[B, H, N, K, K]`` (None at r_ab = 0), s_add ``[B, H, N, K, V]`` and
+    decay ``[B, H, N, K, 1]``: the state step ``S_C = decay * S_0 - s_trans S_0 + s_add``;
+    unchunk: ``[B, H, N, C, V]`` -> ``[B, T, H, V]`` (the padding dropped)."""
+    q_eff: torch.Tensor
+    o_local: Optional[torch.Tensor]
+    mixing: Optional[torch.Tensor]
+    v_flat: torch.Tensor
+    s_trans: Optional[torch.Tensor]
+    s_add: torch.Tensor
+    decay: torch.Tensor
+    unchunk: Callable[[torch.Tensor], torch.Tensor]
+
+
+def chunk_terms(q, k, v, a, b, g, scale, chunk_size, inverse=solve_unit_lower, mixing=False) -> ChunkTerms:
+    """Each chunk's terms of the chunk form (:class:`ChunkTerms`), forward order, shapes as :func:`chunk_form`;
+    with ``mixing`` the matrix ``M_o`` instead of its product with V (log-linear attention masks it)."""
     g = per_channel(g, q.shape[-1])
-    out_dtype = q.dtype
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    empty_ab = (a, b) if a.shape[-2] == 0 else None
     g = g.to(compute).clamp(min=log_zero(compute))  # g = -inf: exactly the reset, no NaN (module docstring)
     batch, seq_len, heads, dk = q.shape
-    r_kv, dv, r_ab = v.shape[-2], v.shape[-1], a.shape[-2]
+    r_kv, r_ab = v.shape[-2], a.shape[-2]
     scale = 1.0 if scale is None else scale
     c = chunk_size
     n = -(-seq_len // c)
@@ -133,6 +178,9 @@ def chunk_form(
         x = x.to(compute).transpose(1, 2)
         x = F.pad(x, [0, 0] * (x.dim() - 3) + [0, pad])
         return x.reshape(batch, heads, n, c, *x.shape[3:])
+
+    def unchunk(x):
+        return x.reshape(batch, heads, n * c, x.shape[-1])[:, :, :seq_len].transpose(1, 2)
 
     q, k, v, a, b, g = (prep(x) for x in (q * scale, k, v, a, b, g))
     G = g.cumsum(-2)
@@ -144,11 +192,7 @@ def chunk_form(
     decay_last = (G[..., -1:, :] - G).exp()  # exp(G_C - G_i)
     k_til = _flat(k * decay_last.unsqueeze(-2))
     v_flat = _flat(v)
-    state_in = q_hat.new_zeros(batch, heads, dk, dv)
-    if initial_state is not None:
-        state_in = state_in + initial_state.to(compute)
-    state_in = state_in.unsqueeze(2)  # broadcast over chunks
-
+    m_o = None
     if r_ab > 0:
         e_pre = _pairwise_decay(Gp, G, strict=True)
         l_ab = torch.einsum("...srk,...stk,...tpk->...srtp", b, e_pre, a).reshape(batch, heads, n, c * r_ab, c * r_ab)
@@ -157,33 +201,24 @@ def chunk_form(
         solve = inverse(l_ab, r_ab)
         b_hat = _flat(b * Gp.exp().unsqueeze(-2))
         wx = solve @ b_hat  # X = wx S_0 + u
-        u = solve @ (l_kb @ v_flat)
         a_til = _flat(a * decay_last.unsqueeze(-2))
         q_eff = q_hat - m_qa @ wx
-        o_local = m_qk @ v_flat - m_qa @ u
         s_trans = a_til.transpose(-1, -2) @ wx  # S_C = exp(G_C) S_0 - s_trans S_0 + s_add
-        s_add = k_til.transpose(-1, -2) @ v_flat - a_til.transpose(-1, -2) @ u
+        if mixing:
+            u_mix = solve @ l_kb  # U = u_mix V
+            m_o = m_qk - m_qa @ u_mix
+            s_add = (k_til.transpose(-1, -2) - a_til.transpose(-1, -2) @ u_mix) @ v_flat
+            o_local = None
+        else:
+            u = solve @ (l_kb @ v_flat)
+            o_local = m_qk @ v_flat - m_qa @ u
+            s_add = k_til.transpose(-1, -2) @ v_flat - a_til.transpose(-1, -2) @ u
     else:
-        q_eff, o_local, s_trans = q_hat, m_qk @ v_flat, None
+        q_eff, s_trans = q_hat, None
+        m_o, o_local = (m_qk, None) if mixing else (None, m_qk @ v_flat)
         s_add = k_til.transpose(-1, -2) @ v_flat
-    g_chunk = G[..., -1, :].exp().unsqueeze(-1)  # [B, H, N, K, 1]
-
-    states = []
-    state = state_in[:, :, 0]
-    # unbind: one node per tensor in a traced graph (ONNX export), not a slice per chunk
-    trans = [None] * n if s_trans is None else s_trans.unbind(2)
-    for decay, add, tr in zip(g_chunk.unbind(2), s_add.unbind(2), trans):
-        states.append(state)
-        nxt = decay * state + add
-        if tr is not None:
-            nxt = nxt - tr @ state
-        state = nxt
-    starts = torch.stack(states, dim=2)  # state entering each chunk
-    o = q_eff @ starts + o_local  # [B, H, N, C, V]
-    o = o.reshape(batch, heads, n * c, dv)[:, :, :seq_len].transpose(1, 2).to(out_dtype)
-    if empty_ab is not None:
-        o, state = _attach_empty(empty_ab, o, state)
-    return o, state
+    decay = G[..., -1, :].exp().unsqueeze(-1)  # [B, H, N, K, 1]
+    return ChunkTerms(q_eff, o_local, m_o, v_flat, s_trans, s_add, decay, unchunk)
 
 
 def _attach_empty(empty, *outputs):

@@ -17,15 +17,38 @@ carry the weight of the level ``levels.initial_level`` gives. The existing autog
 ops gives every gradient (``level_scales`` through the scaled queries).
 
 Cost: ``O(log T)`` linear-op calls on at most ``3 T`` tokens each (plus ``L T`` with an initial state).
+A call without a cache or final state takes instead the one chunk form of ``torch_chunk.py`` where the linear ops
+would run their PyTorch chunk form (CPU tensors without the Triton interpreter; :data:`PATH_ENV` to force
+either path), kernels/README.md §7.
 """
+import os
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from ..hdla.naive import hdla_decay_factors
 from ..ops import chunk_generalized, chunk_hdla
-from ..utils import check_generalized_inputs, check_hdla_inputs
+from ..utils import check_generalized_inputs, check_hdla_inputs, use_triton
 from .checks import check_loglinear_inputs
 from .levels import initial_level, max_level
+from .torch_chunk import chunk_form_loglinear
+
+# Which form runs a call without a cache or final state (the others always take the levels):
+#   auto        the one chunk form (torch_chunk.py) where the linear ops would run their PyTorch chunk form (CPU
+#               tensors without the Triton interpreter), the per-level linear-op calls elsewhere;
+#   levels      the per-level calls everywhere;  chunk_form  the one chunk form everywhere (CUDA too).
+PATH_ENV = "HDLA_VISION_LOGLINEAR"
+PATHS = ("auto", "levels", "chunk_form")
+
+
+def one_chunk_form(q: torch.Tensor, offset: int, initial_state, output_final_state: bool) -> bool:
+    """Whether a call runs :func:`.torch_chunk.chunk_form_loglinear` (:data:`PATH_ENV`)."""
+    path = os.environ.get(PATH_ENV, "") or "auto"
+    if path not in PATHS:
+        raise ValueError(f"{PATH_ENV} must be one of {', '.join(PATHS)}, got {path!r}")
+    if initial_state is not None or output_final_state or path == "levels":
+        return False
+    return path == "chunk_form" or not use_triton(q)
 
 # op(tokens, initial_state) -> (o [B', T', H, V], final state [B', H, K, V]); tokens maps names to [B', T', H, ...]
 LinearOp = Callable[[Dict[str, torch.Tensor], Optional[torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]
@@ -199,6 +222,9 @@ def chunk_loglinear_generalized(
                                                output_final_state=output_final_state)
         return o.flip(1), final
 
+    if one_chunk_form(q, offset, initial_state, output_final_state):
+        return chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale, offset), None
+
     def op(t, state):
         return chunk_generalized(t["q"], t["k"], t["v"], t["a"], t["b"], t["g"], scale, state, True)
 
@@ -235,6 +261,10 @@ def chunk_loglinear_hdla(
         o, final = chunk_loglinear_hdla(*(x.flip(1) for x in (q, k, v, beta, g, level_scales)), scale=scale,
                                         output_final_state=output_final_state)
         return o.flip(1), final
+
+    if one_chunk_form(q, offset, initial_state, output_final_state):
+        a, b = hdla_decay_factors(k, beta, g)
+        return chunk_form_loglinear(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, level_scales, scale, offset), None
 
     def op(t, state):
         return chunk_hdla(t["q"], t["k"], t["v"], t["beta"], t["g"], scale, state, True)

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from hdla_vision.kernels import chunk_generalized, chunk_hdla, chunk_loglinear_generalized, chunk_loglinear_hdla
+from hdla_vision.kernels.loglinear import chunk as chunk_module
 from hdla_vision.kernels.loglinear.levels import initial_level, merge_target, token_level
+from hdla_vision.kernels.loglinear.torch_chunk import intra_levels, merge_matrices
 from tests.backends import CUDA_TOL, backend_cases, backends, on_backend
 from tests.oracle import (LOGLINEAR_GENERALIZED_BAD_INPUT, LOGLINEAR_OPS, UNBOUNDED, LoopCase, bad_loglinear_problem,
                           case_name, compare_with_definition, loglinear_problem, loglinear_tokens, rel_err)
@@ -111,6 +113,85 @@ def test_bf16_inputs_return_bf16(backend):
     p["level_scales"] = p["level_scales"].float()  # weights may stay fp32 under bf16, like the gates
     o, s = chunk_loglinear_hdla(**on_backend(p, backend), output_final_state=True, offset=3)
     assert o.dtype == s.dtype == torch.bfloat16 and torch.isfinite(o.float()).all()
+
+
+# ----------------------------------------------------------------------------- the one chunk form (torch_chunk.py)
+CHUNK_FORM_CASES = [  # from token 0, no cache, no final state: the calls the one chunk form takes
+    *(_case("hdla", f"T{t}_unbounded", t, UNBOUNDED, scale=0.5) for t in (1, 15, 16, 17, 33, 64, 65, 129)),
+    _case("hdla", "T64_L3", 64, 3, scale=0.5),
+    _case("hdla", "T40_L6_rev_gates-20", 40, 6, reverse=True, g_min=-20.0, scale=0.5),
+    _case("hdla", "T29_L4_resets", 29, 4, resets=0.2, seed=3),
+    _case("generalized", "T33_unbounded_rab0", 33, UNBOUNDED, r_ab=0),
+    _case("generalized", "T65_L5_rab1_scalar_rev", 65, 5, scalar_decay=True, reverse=True),
+    _case("generalized", "T40_L6_rkv2_rab3", 40, 6, r_kv=2, r_ab=3),
+    _case("generalized", "T29_L4_resets", 29, 4, resets=0.2, seed=3),
+    _case("hdla", "T33_L5_offset11", 33, 5, offset=11, scale=0.5),  # no cache: any offset
+    _case("hdla", "T40_unbounded_offset1000", 40, UNBOUNDED, offset=1000, scale=0.5),
+    _case("generalized", "T37_L6_rkv2_rab3_offset3", 37, 6, r_kv=2, r_ab=3, offset=3),
+    _case("generalized", "T50_unbounded_rab0_offset64", 50, UNBOUNDED, r_ab=0, offset=64),
+]
+
+
+@pytest.fixture
+def only_chunk_form(monkeypatch):
+    """Fail any call that would run the per-level linear-op calls instead of the one chunk form."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the per-level path ran")
+    monkeypatch.setattr(chunk_module, "_chunk_loglinear", refuse)
+    monkeypatch.delenv(chunk_module.PATH_ENV, raising=False)
+
+
+@pytest.mark.parametrize("backend", backends("torch"), indirect=True)
+@pytest.mark.parametrize("case", CHUNK_FORM_CASES, ids=case_name)
+def test_one_chunk_form_matches_definition(backend, case, only_chunk_form):
+    """Output and every gradient (level_scales included) against the float64 loop, fp32."""
+    errors = compare_with_definition(case.problem["kind"], loglinear_problem(**case.problem), final_state=False,
+                                     **case.op)
+    assert max(errors.values()) < case.tol, errors  # NaN fails too
+
+
+@pytest.mark.parametrize("backend", backends("torch"), indirect=True)
+@pytest.mark.parametrize("kind", ["hdla", "generalized"])
+def test_one_chunk_form_equals_the_levels(backend, kind, monkeypatch):
+    """The two paths on the same float64 inputs: outputs and gradients to rounding."""
+    p = loglinear_problem(kind, 70, 5, r_ab=2)
+    p.pop("initial_state")
+    chunk = LOGLINEAR_OPS[kind][0]
+    results = []
+    for path in ("levels", "auto"):
+        monkeypatch.setenv(chunk_module.PATH_ENV, path)
+        leaves = {n: x.clone().requires_grad_() for n, x in p.items()}
+        o, _ = chunk(**leaves)
+        results.append((o, torch.autograd.grad((o * o).sum(), list(leaves.values()))))
+    (o_levels, g_levels), (o_form, g_form) = results
+    assert rel_err(o_form, o_levels) < 1e-12
+    assert all(rel_err(a, b) < 1e-11 for a, b in zip(g_form, g_levels))
+
+
+def test_chunk_form_levels_and_fenwick_merges():
+    """The in-chunk level table is the bucket grid's; replaying the merges on one-hot chunk writes puts chunk m,
+    read at chunk n, on level bit_length(n XOR m)."""
+    assert intra_levels(16).tolist() == [[token_level(max(t, s), min(t, s), UNBOUNDED) for s in range(16)]
+                                         for t in range(16)]
+    n_chunks = 37
+    for first in (0, 3, 64, 100):  # the call's first chunk on the grid
+        n_levels = ((first + n_chunks - 1) ^ first).bit_length()
+        merges = merge_matrices(n_chunks, n_levels, torch.float64, first=first)
+        state = torch.zeros(n_levels + 1, n_chunks, dtype=torch.float64)  # [level, source chunk]
+        for n in range(n_chunks):
+            state = merges[n] @ state
+            for m in range(n_chunks):
+                expected = ((first + n) ^ (first + m)).bit_length() if m < n else None
+                held = [j for j in range(n_levels + 1) if state[j, m] != 0]
+                assert held == ([] if expected is None else [expected]), (first, n, m)
+                assert expected is None or state[expected, m] == 1
+            state[0, n] = 1.0  # chunk n's own write, level 0 after its step
+
+
+def test_loglinear_path_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(chunk_module.PATH_ENV, "fused")
+    with pytest.raises(ValueError, match="HDLA_VISION_LOGLINEAR must be one of auto, levels, chunk_form"):
+        chunk_loglinear_hdla(**bad_loglinear_problem("hdla"))
 
 
 # ----------------------------------------------------------------------------- special cases: the linear op
