@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .utils import cdiv, next_power_of_2
+
 BLOCK_TOKENS = 16
 
 
@@ -77,13 +79,13 @@ def combine_grads_kernel(dy, q, k, v, dq_f, dq_b, dk_f, dk_b, dv_f, dv_b, dq, dk
 
 def _meta(k: Tensor, v: Tensor) -> dict:
     r, dk, dv = k.shape[-2], k.shape[-1], v.shape[-1]
-    return dict(R=r, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=triton.next_power_of_2(dv), BM=BLOCK_TOKENS,
+    return dict(R=r, DK=dk, DV=dv, BK=next_power_of_2(dk), BV=next_power_of_2(dv), BM=BLOCK_TOKENS,
                 num_warps=4)
 
 
 def _grid(q: Tensor):
     batch, seq_len, heads, _ = q.shape
-    return (triton.cdiv(batch * seq_len, BLOCK_TOKENS), heads)
+    return (cdiv(batch * seq_len, BLOCK_TOKENS), heads)
 
 
 def combine_outputs(o_f: Tensor, o_b: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:

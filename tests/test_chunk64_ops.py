@@ -5,10 +5,11 @@ with ``TRITON_INTERPRET=1``, reported per check; the family each call takes (``a
 other family where one cannot run the ranks or dtype); and the selector's refusal of an unknown family."""
 import pytest
 import torch
+import triton
 
 from hdla_vision.kernels import chunk_generalized, chunk_hdla
 from hdla_vision.kernels.custom_ops import FORM, _generalized_path, _hdla_path
-from hdla_vision.kernels.utils import CHUNK64_MIN_TOKENS
+from hdla_vision.kernels.utils import CHUNK64_MIN_TOKENS, cdiv, next_power_of_2
 from tests.interpreted import run_interpreted_checks
 from tests.oracle import generalized_problem, hdla_problem
 
@@ -184,3 +185,12 @@ def test_state_pass_groups_rule(monkeypatch):
     monkeypatch.setenv(two_level.GROUPS_ENV, "two")
     with pytest.raises(ValueError, match=two_level.GROUPS_ENV):
         rule(6, 256, 132)
+
+
+def test_host_int_helpers_equal_tritons():
+    """kernels.utils.cdiv / next_power_of_2 (plain ints: Triton 3.6's are constexpr functions, ~4 us a host call)
+    give triton.cdiv's and triton.next_power_of_2's values."""
+    for n in range(0, 1100):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 2, 3, 16, 32, 64, 100):
+            assert cdiv(n, d) == triton.cdiv(n, d), (n, d)

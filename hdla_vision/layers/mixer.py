@@ -59,7 +59,8 @@ with ``level(t, s) = min(bit_length(t XOR s), num_levels - 1)`` on absolute posi
   its original position in ``log2 P`` bits, and complementing both positions keeps
   ``t XOR s``. The backward level-0 weight is 0, so the token's own write is counted once (by
   the forward scan) and nothing is subtracted: ``y_t = y^fwd_t + y^bwd_t``.
-The log-linear ops run the public linear ops once per level whatever :func:`set_chunk_backend` says.
+The log-linear ops run the public linear ops once per level whatever :func:`set_chunk_backend` says, or, for
+CPU tensors without a cache, their one PyTorch chunk form (kernels/README.md §7).
 
 Recomputed activations (training memory, issue 12 part 4). With grad enabled and
 :func:`set_activation_recompute` on (the default), two stages of the mixer keep only their inputs for the

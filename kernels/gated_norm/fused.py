@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..custom_ops import NAMESPACE, _autograd_inside_op
 from ..ops import exporting_to_onnx
-from ..utils import use_triton
+from ..utils import cdiv, next_power_of_2, use_triton
 from .naive import ACTIVATIONS, naive_gated_rms_norm
 
 BLOCK_ROWS = 32
@@ -82,7 +82,7 @@ def gated_norm_bwd_kernel(dout, y, gate, w, dy, dgate, dw_part, n_rows, n_heads,
 
 
 def _launch_meta(act: str, head_dim_v: int) -> dict:
-    return dict(ACT=ACT_CODES[act], DV=head_dim_v, BV=triton.next_power_of_2(head_dim_v), BM=BLOCK_ROWS, num_warps=4)
+    return dict(ACT=ACT_CODES[act], DV=head_dim_v, BV=next_power_of_2(head_dim_v), BM=BLOCK_ROWS, num_warps=4)
 
 
 def _triton_runs(y: Tensor) -> bool:
@@ -97,7 +97,7 @@ def gated_rms_norm_op(y: Tensor, gate: Tensor, weight: Tensor, eps: float, act: 
     batch, seq_len, heads, head_dim_v = y.shape
     out = torch.empty(gate.shape, dtype=torch.promote_types(y.dtype, gate.dtype), device=y.device)
     n_rows = batch * seq_len
-    gated_norm_fwd_kernel[(triton.cdiv(n_rows, BLOCK_ROWS), heads)](
+    gated_norm_fwd_kernel[(cdiv(n_rows, BLOCK_ROWS), heads)](
         y.contiguous(), gate.contiguous(), weight.contiguous(), out, n_rows, heads, float(eps),
         **_launch_meta(act, head_dim_v))
     return out
@@ -119,7 +119,7 @@ def gated_rms_norm_backward_op(dout: Tensor, y: Tensor, gate: Tensor, weight: Te
             return torch.autograd.grad(out, inputs, dout)
     batch, seq_len, heads, head_dim_v = y.shape
     n_rows = batch * seq_len
-    programs = triton.cdiv(n_rows, BLOCK_ROWS)
+    programs = cdiv(n_rows, BLOCK_ROWS)
     meta = _launch_meta(act, head_dim_v)
     dy, dgate = torch.empty_like(y, memory_format=torch.contiguous_format), torch.empty_like(
         gate, memory_format=torch.contiguous_format)

@@ -34,6 +34,7 @@ import triton.language as tl
 from . import fwd, two_level
 from .bwd_chunk import check_diag_limit, chunk_vjp, scratch_bytes_per_block
 from .directions import scan_time, split_direction
+from ..utils import cdiv, next_power_of_2
 
 SUB = 16  # token sub-block of the exact decays
 # B2's scratch per launch; larger batches run in slices (scratch_batch_slices). On the H100 the fused
@@ -183,8 +184,8 @@ def b1_two_level(state_inputs, do, dht, ds, dh0, reverse, lowp, groups, bv, use_
     batch, heads, n_chunks, dk, dv = ds.shape
     c = state_inputs["chunk"]
     rhs = torch.empty(batch, heads, n_chunks, dk, dv, device=ds.device, dtype=torch.float32)
-    bk = max(16, triton.next_power_of_2(dk))
-    _bwd_rhs_kernel[(n_chunks, triton.cdiv(dv, bv), batch * heads)](
+    bk = max(16, next_power_of_2(dk))
+    _bwd_rhs_kernel[(n_chunks, cdiv(dv, bv), batch * heads)](
         state_inputs["Qeff"].contiguous(), do, rhs, do.shape[1], heads, dk, dv, n_chunks,
         C=c, BK=bk, BV=bv, REVERSE=bool(reverse) and dirs == 1, LOWP=lowp, DIRS=dirs, num_warps=4)
     two_level.two_level_chain(state_inputs["N"].contiguous() if use_n else None, rhs,
@@ -196,17 +197,17 @@ def b1_two_level(state_inputs, do, dht, ds, dh0, reverse, lowp, groups, bv, use_
 def b1_config(dk: int, dv: int) -> dict:
     """B1's tiles per head dim: the state's K rows in one block (K <= 128) or two (K = 256), BV columns
     per program, warps. The one place to tune (or autotune) B1 on a device."""
-    bk = max(16, triton.next_power_of_2(dk))
+    bk = max(16, next_power_of_2(dk))
     two = bk > 128
     bk = bk // 2 if two else bk
-    bv = max(16, min(64 if bk <= 64 else 32, triton.next_power_of_2(dv)))
+    bv = max(16, min(64 if bk <= 64 else 32, next_power_of_2(dv)))
     if two:  # K = 256: pipelining the four N blocks would need 316-458 KB of shared memory (AOT)
         return dict(BK=bk, BV=bv, TWO=two, num_warps=8, num_stages=1)
     return dict(BK=bk, BV=bv, TWO=two, num_warps=4 if bk * bv <= 64 * 64 else 8, num_stages=3)
 
 
 def _pow2(n: int) -> int:
-    return 1 if n <= 1 else triton.next_power_of_2(n)
+    return 1 if n <= 1 else next_power_of_2(n)
 
 
 def forward_chunk(seq_len: int, n_chunks: int, planned: int) -> int:
@@ -214,10 +215,10 @@ def forward_chunk(seq_len: int, n_chunks: int, planned: int) -> int:
     (fwd.planned_chunk) when it gives that count, else the size in fwd.CHUNKS that does (the forward
     fell back to a smaller chunk). Two sizes of CHUNKS give the same count >= 2 for no T; at one chunk h
     holds only the initial state, the same for every size >= T."""
-    if triton.cdiv(seq_len, planned) == n_chunks:
+    if cdiv(seq_len, planned) == n_chunks:
         return planned
     for c in sorted(fwd.CHUNKS, reverse=True):
-        if triton.cdiv(seq_len, c) == n_chunks:
+        if cdiv(seq_len, c) == n_chunks:
             return c
     return planned  # no size fits: the caller's check names the mismatch
 
@@ -278,7 +279,7 @@ def scratch_batch_slices(batch: int, bytes_per_batch: int, programs_per_element:
     # the count whose even slices (cdiv(batch, parts) elements each) fit, not cdiv(batch * bytes, budget): its
     # slices, rounded up, could exceed the budget, and each slice's own backward then sliced itself again
     # (16 elements of 180 MiB under 1 GiB: 6 + 6 + 4, then 3 + 3 twice, five launches of B2 instead of four)
-    parts = 1 if budget == 0 else triton.cdiv(batch, max(1, budget // max(1, bytes_per_batch)))
+    parts = 1 if budget == 0 else cdiv(batch, max(1, budget // max(1, bytes_per_batch)))
     return slices_keeping_waves(batch, parts, programs_per_element, resident_programs)
 
 
@@ -293,18 +294,18 @@ def slices_keeping_waves(batch: int, parts: int, programs_per_element: int = 0, 
 
 
 def _even_slices(batch: int, parts: int) -> tuple:
-    per = triton.cdiv(batch, parts)
+    per = cdiv(batch, parts)
     return tuple(slice(start, min(start + per, batch)) for start in range(0, batch, per))
 
 
 def _waves(batch: int, parts: int, programs_per_element: int, resident_programs: int) -> int:
     """Waves of ``resident_programs`` the slices of :func:`_even_slices` take, one launch after another
     (all of ``per`` elements but the last)."""
-    per = triton.cdiv(batch, parts)
-    count = triton.cdiv(batch, per)
+    per = cdiv(batch, parts)
+    count = cdiv(batch, per)
     last = batch - per * (count - 1)
-    return ((count - 1) * triton.cdiv(per * programs_per_element, resident_programs)
-            + triton.cdiv(last * programs_per_element, resident_programs))
+    return ((count - 1) * cdiv(per * programs_per_element, resident_programs)
+            + cdiv(last * programs_per_element, resident_programs))
 
 
 def _batch_part(x, part: slice, batch: int, dirs: int):
@@ -387,7 +388,7 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     r_ab = 2 if hdla else a.shape[3]
     r_kv = 1 if hdla else k.shape[3]
     c = forward_chunk(seq_len, h.shape[2], fwd.planned_chunk(r_ab, r_kv, dk, dv, g.dim() == 3, hdla, q.dtype))
-    nt = triton.cdiv(seq_len, c)
+    nt = cdiv(seq_len, c)
     if h.shape[2] != nt:
         raise ValueError(f"h has {h.shape[2]} chunks; the chunk size {c} gives {nt}")
     parts = scratch_batch_slices(batch, dirs * heads * nt * scratch_bytes_per_block(
@@ -404,7 +405,7 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
     ds = torch.empty(dirs * batch, heads, nt, dk, dv, device=dev, dtype=q.dtype if lowp else torch.float32)
     dh0 = torch.empty(dirs * batch, heads, dk, dv, device=dev, dtype=torch.float32)
     cfg1 = b1_config(dk, dv)
-    programs = dirs * batch * heads * triton.cdiv(dv, cfg1["BV"])
+    programs = dirs * batch * heads * cdiv(dv, cfg1["BV"])
     groups = two_level.state_pass_groups(programs, nt, two_level.device_sm_count(dev), dk, groups)
     if stages is not None:
         stages["b1_groups"] = groups
@@ -415,7 +416,7 @@ def generalized_backward(do, dht, q, k, v, a, b, g, scale, initial_state, h, rev
                          dirs=dirs)
             return
         n_mat = state_inputs["N"].contiguous() if r_ab else state_inputs["gamma"]  # rank 0: no N (any pointer)
-        _bwd_state_kernel[(triton.cdiv(dv, cfg1["BV"]), dirs * batch * heads)](
+        _bwd_state_kernel[(cdiv(dv, cfg1["BV"]), dirs * batch * heads)](
             n_mat, state_inputs["Qeff"].contiguous(), state_inputs["gamma"].contiguous(), do,
             dht.contiguous() if dht is not None else ds, ds, dh0, seq_len, heads, dk, dv, nt,
             C=c, REVERSE=bool(reverse) and dirs == 1, HAS_DHT=dht is not None, LOWP=lowp, USE_N=r_ab > 0,

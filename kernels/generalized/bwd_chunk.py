@@ -54,6 +54,7 @@ import triton.language as tl
 
 from . import diag_levels as levels
 from .directions import earlier, later, scan_time, split_direction
+from ..utils import cdiv, next_power_of_2
 
 SUB = tl.constexpr(16)  # tokens per block of the exact decays and of the inverse's diagonal blocks
 # The diagonal token blocks' factored product runs where both factors are <= e^DIAG_LIMIT (kernels/README.md
@@ -1495,11 +1496,11 @@ def _unstack_kernel(x_ptr, o_ptr, T, H, D, NT, sod, C: tl.constexpr, RP: tl.cons
 
 # ----------------------------------------------------------------------------- host
 def _pow2(n: int) -> int:
-    return 1 if n <= 1 else triton.next_power_of_2(n)
+    return 1 if n <= 1 else next_power_of_2(n)
 
 
 def _tile(n: int, cap: int = 64) -> int:
-    return max(16, min(cap, triton.next_power_of_2(n)))
+    return max(16, min(cap, next_power_of_2(n)))
 
 
 def _v(t, rows, cols, trans=False):
@@ -1716,7 +1717,7 @@ def scratch_bytes_per_block(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla
     lean = hdla and b2_config(dk, dv, c, r_kv, r_ab)["hdla_lean"]
     shapes = scratch_shapes(c, dk, dv, r_kv, r_ab, hdla, scalar, scratch_dtypes(q_dtype, v_dtype, r_ab, hdla, lean))
     total = scratch_layout(shapes, r_ab, pool)[2]
-    reduction = triton.cdiv(dk, b2_config(dk, dv, c, r_kv, r_ab)["BKV"]) * 2 * c * 4 if hdla or scalar else 0
+    reduction = cdiv(dk, b2_config(dk, dv, c, r_kv, r_ab)["BKV"]) * 2 * c * 4 if hdla or scalar else 0
     return total + reduction
 
 
@@ -1746,7 +1747,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     bh_all = dirs * batch * heads
     dv = v.shape[-1]
     c = chunk
-    nt = triton.cdiv(seq_len, c)
+    nt = cdiv(seq_len, c)
     blocks = bh_all * nt
     r_kv = 1 if hdla else k.shape[3]
     r_ab = 2 if hdla else a.shape[3]
@@ -1772,7 +1773,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     offsets = (direction_strides or {}).get
     step = (lambda x: 0) if dirs == 1 else (lambda x: 0 if x is None else x.numel())  # noqa: E731  partials' stride
     rev = bool(reverse) and dirs == 1
-    nkt = triton.cdiv(dk, cfg["BKV"])
+    nkt = cdiv(dk, cfg["BKV"])
     red = sc(nkt, 2, c) if hdla or scalar else sc(0)
     empty = z["s"]
     ranks = dict(RKV=r_kv, RKP=rkp, RAB=r_ab, RAP=rap)
@@ -1795,7 +1796,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     paths = dict(gram=empty, gram_vjp=[empty] * 4)
     if diag_paths is not None:
         unset = dict(device=dev, dtype=torch.int32)
-        paths = dict(gram=torch.full((blocks, 4, nb, triton.cdiv(dk, bks)), -1, **unset),
+        paths = dict(gram=torch.full((blocks, 4, nb, cdiv(dk, bks)), -1, **unset),
                      gram_vjp=torch.full((4, blocks, nb, nkt), -1, **unset))
         diag_paths.update(paths)
     from ..utils import LOG_ZERO_FP32
@@ -1807,7 +1808,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
         (a1, sa1b, sa1r, sa1c), (b1, sb1b, sb1r, sb1c), k1, al1 = terms[0]
         (a2, sa2b, sa2r, sa2c), (b2, sb2b, sb2r, sb2c), k2, al2 = terms[1] if len(terms) > 1 else terms[0]
         bm, bn = _tile(m), _tile(n)
-        _gemm_kernel[(blocks, triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        _gemm_kernel[(blocks, cdiv(m, bm), cdiv(n, bn))](
             out, a1, b1, a2, b2, cin if cin is not None else out, sa1b, sa1r, sa1c, sb1b, sb1r, sb1c,
             sa2b, sa2r, sa2c, sb2b, sb2r, sb2c, m, n, k1, k2, float(al1), float(al2), BM=bm, BN=bn,
             BK1=_tile(k1), BK2=_tile(k2), HAS2=len(terms) > 1, HAS_C=cin is not None, MASK=1 if mask else 0,

@@ -23,15 +23,14 @@ The kernels clamp g at ``LOG_ZERO_FP32`` (-110, where exp is 0 in fp32) as they 
 from typing import Optional
 
 import torch
-import triton
 from triton.runtime.errors import OutOfResources
 
-from ..utils import LOG_ZERO_FP32
+from ..utils import LOG_ZERO_FP32, cdiv, next_power_of_2
 from .scan import BT, LOG2_BT, THRESH, chunk_kread_kernel, chunk_local_kernel, chunk_scan_kernel
 
 
 def _pow2(n: int) -> int:
-    return 1 if n <= 1 else triton.next_power_of_2(n)
+    return 1 if n <= 1 else next_power_of_2(n)
 
 
 def _rank(x: Optional[torch.Tensor]) -> int:
@@ -40,9 +39,9 @@ def _rank(x: Optional[torch.Tensor]) -> int:
 
 def _launch_config(dk: int, dv: int, programs: int):
     """(BK, BV, num_warps) for the sequential kernel: BV small enough to give ~2 programs per SM."""
-    bk = max(16, triton.next_power_of_2(dk))
-    bv = max(16, min(64 if bk <= 128 else 32, triton.next_power_of_2(dv)))
-    while bv > 16 and programs * triton.cdiv(dv, bv) < 256:
+    bk = max(16, next_power_of_2(dk))
+    bv = max(16, min(64 if bk <= 128 else 32, next_power_of_2(dv)))
+    while bv > 16 and programs * cdiv(dv, bv) < 256:
         bv //= 2
     return bk, bv, 4 if bk <= 64 else 8
 
@@ -119,10 +118,10 @@ def chunk_scan(
     r_ab = 2 if hdla is not None else _rank(a)
     nq, nwp, nwq = _rank(q), _rank(w_post), _rank(w_pre)
     assert x_given is None or nq == 0, "V-readouts need the solve; x_given skips it"
-    n_chunks = triton.cdiv(seq_len, BT)
+    n_chunks = cdiv(seq_len, BT)
     bk, bv, num_warps = _launch_config(dk, dv, batch * heads)
     launch = dict(dict(BV=bv, num_warps=num_warps, num_stages=2), **(launch or {}))
-    n_v = triton.cdiv(dv, launch["BV"])
+    n_v = cdiv(dv, launch["BV"])
     dev = k.device
     f32 = dict(device=dev, dtype=torch.float32)
     empty = torch.empty(0, **f32)
@@ -174,7 +173,7 @@ def chunk_scan(
         n_w = w.shape[3]
         chunk_kread_kernel[(n_chunks, batch * heads)](
             w.contiguous(), k, v.contiguous(), ptr(a), ptr(kh), ptr(beta), g, ptr(x_read), acc,
-            seq_len, heads, dk, dv, THRESH, NW=n_w, NWP=_pow2(n_w), BV=max(16, triton.next_power_of_2(dv)),
+            seq_len, heads, dk, dv, THRESH, NW=n_w, NWP=_pow2(n_w), BV=max(16, next_power_of_2(dv)),
             HDLA=hdla is not None, SWAP_AB=swap_ab, SHIFT=int(shift), STRICT=strict,
             num_warps=_kread_warps(bk, dv), **transition,
         )

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import check_generalized_inputs, per_batch_slice
+from ..utils import cdiv, check_generalized_inputs, next_power_of_2, per_batch_slice
 from .naive import _decay as _decay_rows  # exp(g_t) shaped [B, H, K, 1] or [B, H, 1, 1]
 
 
@@ -109,7 +109,7 @@ def _value_block(block_k: int, dv: int) -> int:
     """Columns of the state per program: the ``[BK, BV]`` fp32 tile holds at most 4K elements
     (64 x 64, 128 x 32, 256 x 16), so it stays in registers next to the loaded vectors."""
     budget = 64 if block_k <= 64 else (32 if block_k <= 128 else 16)
-    return min(triton.next_power_of_2(dv), budget)
+    return min(next_power_of_2(dv), budget)
 
 
 def triton_fused_recurrent_generalized(
@@ -132,13 +132,13 @@ def triton_fused_recurrent_generalized(
     o = v.new_empty(batch, seq_len, heads, dv)
     state = torch.empty(batch, heads, dk, dv, device=q.device, dtype=torch.float32)
     s0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else state
-    block_k = triton.next_power_of_2(dk)
+    block_k = next_power_of_2(dk)
     block_v = _value_block(block_k, dv)
-    grid = (triton.cdiv(dv, block_v), batch * heads)
+    grid = (cdiv(dv, block_v), batch * heads)
     _fused_recurrent_generalized_kernel[grid](
         q, k, v, a, b, g, s0, o, state,
         1.0 if scale is None else float(scale),
-        T=seq_len, H=heads, K=dk, V=dv, R_KV=r_kv, R_AB=r_ab, BR=triton.next_power_of_2(max(r_ab, 1)),
+        T=seq_len, H=heads, K=dk, V=dv, R_KV=r_kv, R_AB=r_ab, BR=next_power_of_2(max(r_ab, 1)),
         BK=block_k, BV=block_v, PER_HEAD_G=g.dim() == 3, HAS_S0=initial_state is not None,
     )
     return o, state

@@ -77,7 +77,7 @@ import triton.language as tl
 
 from triton.runtime.errors import OutOfResources
 
-from ..utils import LOG_ZERO_FP32
+from ..utils import LOG_ZERO_FP32, cdiv, next_power_of_2
 from . import diag_levels as levels
 from . import two_level
 from .directions import scan_time, split_direction
@@ -1179,7 +1179,7 @@ def chunk_output_bidir_kernel(qe_ptr, mo_ptr, h_ptr, v_ptr, o_ptr, svb, svt, svh
 
 # ----------------------------------------------------------------------------- launchers
 def _pow2(n: int) -> int:
-    return 1 if n <= 1 else triton.next_power_of_2(n)
+    return 1 if n <= 1 else next_power_of_2(n)
 
 
 def default_chunk(r_ab: int, r_kv: int, dk: int) -> int:
@@ -1356,12 +1356,12 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_lim
     dv = v.shape[-1]
     r_kv = 1 if hdla else k.shape[3]
     r_ab = 2 if hdla else a.shape[3]
-    n_chunks = triton.cdiv(seq_len, c)
+    n_chunks = cdiv(seq_len, c)
     f32 = q.dtype == torch.float32
     store_dtype = torch.float32 if f32 else q.dtype
     scalar = g.dim() == 3
-    bk = max(16, triton.next_power_of_2(dk))
-    bv = max(16, min(64, triton.next_power_of_2(dv)))
+    bk = max(16, next_power_of_2(dk))
+    bv = max(16, min(64, next_power_of_2(dv)))
     dev = q.device
     bhn = batch * heads * n_chunks
     gs = torch.empty(bhn * c * (1 if scalar else bk), device=dev, dtype=torch.float32)
@@ -1423,10 +1423,10 @@ def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stag
     h = torch.empty(batch, heads, n_chunks, dk, dv, device=cc.device,
                     dtype=torch.float32 if f32 else prep["dtype"])
     final = torch.empty(batch, heads, dk, dv, device=cc.device, dtype=torch.float32)
-    bk = max(16, triton.next_power_of_2(dk))
+    bk = max(16, next_power_of_2(dk))
     if bv is None:
-        bv = max(16, min(64 if bk <= 128 else 32, triton.next_power_of_2(dv)))
-        while bv > 16 and batch * heads * triton.cdiv(dv, bv) < 264:
+        bv = max(16, min(64 if bk <= 128 else 32, next_power_of_2(dv)))
+        while bv > 16 and batch * heads * cdiv(dv, bv) < 264:
             bv //= 2
     if num_warps is None:
         num_warps = launch_warps("F2", 0, 1, 1, bk)
@@ -1438,7 +1438,7 @@ def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stag
                              f"got {tuple(initial_state.shape)}")
         initial_state = initial_state.contiguous()
     n_mat = prep["N"]
-    programs = batch * heads * triton.cdiv(dv, bv)
+    programs = batch * heads * cdiv(dv, bv)
     groups = two_level.state_pass_groups(programs, n_chunks, two_level.device_sm_count(cc.device), dk, groups)
     prep["f2_groups"] = groups  # what ran, for the stage benchmarks
     if groups > 1:
@@ -1446,7 +1446,7 @@ def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stag
         two_level.two_level_chain(n_mat, cc, prep["gamma"], initial_state, h, final, groups, bv,
                                   trans=False, reverse=False, lowp=lowp, num_warps=num_warps)
         return h, final
-    chunk_state_kernel[(triton.cdiv(dv, bv), batch * heads)](
+    chunk_state_kernel[(cdiv(dv, bv), batch * heads)](
         n_mat if n_mat is not None else cc, cc, prep["gamma"],
         initial_state if initial_state is not None else cc, h, final, n_chunks, dk, dv,
         BK=bk, BV=bv, USE_N=n_mat is not None, HAS_H0=initial_state is not None, F32=f32,
@@ -1462,14 +1462,14 @@ def chunk_output(prep, h, v, reverse, bv=None, num_warps=None):
     c, r_kv, seq_len = prep["chunk"], prep["r_kv"], prep["seq_len"]
     v = _last_contiguous(v)
     o = torch.empty(batch, seq_len, heads, dv, device=qe.device, dtype=prep["dtype"])
-    bk = max(16, triton.next_power_of_2(dk))
+    bk = max(16, next_power_of_2(dk))
     if bv is None:
-        bv = max(16, min(64, triton.next_power_of_2(dv)))
+        bv = max(16, min(64, next_power_of_2(dv)))
     if num_warps is None:
         num_warps = 4
     hdla = prep["hdla"]
     v_str = _strides(v, 3) + ((0,) if hdla else (v.stride(3),))
-    chunk_output_kernel[(n_chunks, triton.cdiv(dv, bv), batch * heads)](
+    chunk_output_kernel[(n_chunks, cdiv(dv, bv), batch * heads)](
         qe, prep["Mo"], h, v, o, *v_str, *_strides(o, 3), seq_len, heads, dk, dv, n_chunks,
         RKV=r_kv, RKP=_pow2(r_kv), C=c, BK=bk, BV=bv, HDLA=hdla, REVERSE=bool(reverse),
         F32=prep["dtype"] == torch.float32, num_warps=num_warps,
@@ -1486,11 +1486,11 @@ def chunk_output_bidir(prep, h, v, v_direction_stride=0, bv=None, num_warps=4):
     batch2, heads, n_chunks, dk, dv = h.shape
     c, r_kv, seq_len = prep["chunk"], prep["r_kv"], prep["seq_len"]
     y = torch.empty(batch2 // 2, seq_len, heads, dv, device=qe.device, dtype=prep["dtype"])
-    bk = max(16, triton.next_power_of_2(dk))
-    bv = bv or max(16, min(64, triton.next_power_of_2(dv)))
+    bk = max(16, next_power_of_2(dk))
+    bv = bv or max(16, min(64, next_power_of_2(dv)))
     hdla = prep["hdla"]
     v_str = _strides(v, 3) + ((0,) if hdla else (v.stride(3),))
-    chunk_output_bidir_kernel[(n_chunks, triton.cdiv(dv, bv), batch2 // 2 * heads)](
+    chunk_output_bidir_kernel[(n_chunks, cdiv(dv, bv), batch2 // 2 * heads)](
         qe, prep["Mo"], h, v, y, *v_str, *_strides(y, 3), seq_len, heads, dk, dv, n_chunks, v_direction_stride,
         RKV=r_kv, RKP=_pow2(r_kv), C=c, BK=bk, BV=bv, HDLA=hdla, F32=prep["dtype"] == torch.float32,
         num_warps=num_warps,

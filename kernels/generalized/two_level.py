@@ -40,6 +40,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from ..utils import cdiv, next_power_of_2
 
 GROUPS_ENV = "HDLA_VISION_STATE_GROUPS"
 MAX_TWO_LEVEL_K = 128
@@ -275,7 +276,7 @@ def state_pass_groups(programs: int, n_chunks: int, n_sm: Optional[int], dk: int
     if groups < 2:
         return 1
     groups = 1 << (groups.bit_length() - 1)
-    saved = n_chunks - (2 * triton.cdiv(n_chunks, groups) + groups)
+    saved = n_chunks - (2 * cdiv(n_chunks, groups) + groups)
     return groups if saved >= TWO_LEVEL_MIN_SAVED_STEPS else 1
 
 
@@ -291,13 +292,13 @@ def two_level_chain(n_mat: Optional[torch.Tensor], rhs: torch.Tensor, gamma: tor
     Writes out ``[B, H, NT, K, V]`` (the X entering each chunk, in out's dtype) and final ``[B, H, K, V]``
     fp32 (the X after the last step)."""
     batch, heads, n_chunks, dk, dv = rhs.shape
-    steps = triton.cdiv(n_chunks, groups)
-    n_groups = triton.cdiv(n_chunks, steps)
+    steps = cdiv(n_chunks, groups)
+    n_groups = cdiv(n_chunks, steps)
     bh = batch * heads
-    bk = max(16, triton.next_power_of_2(dk))
-    n_vb = triton.cdiv(dv, bv)
+    bk = max(16, next_power_of_2(dk))
+    n_vb = cdiv(dv, bv)
     use_n = n_mat is not None
-    n_kb = triton.cdiv(dk, bv) if use_n else 0
+    n_kb = cdiv(dk, bv) if use_n else 0
     f32 = dict(device=rhs.device, dtype=torch.float32)
     ng = torch.empty(bh * n_groups * dk * dk * (2 if lowp else 1) if use_n else 1, device=rhs.device,
                      dtype=n_mat.dtype if use_n and lowp else torch.float32)

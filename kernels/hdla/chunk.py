@@ -5,11 +5,11 @@ materialises A and B once (``hdla_decay_factors``) for the readout queries, and 
 epilogue (``backward.py``) turns dq, dK, dA, dB into dk, dbeta and dg.
 """
 import torch
-import triton
 
 from ..generalized.chunk import chunk_scan, generalized_backward, stored_reads_dtype
 from .backward import hdla_backward_epilogue_kernel
 from .naive import hdla_decay_factors
+from ..utils import next_power_of_2
 
 
 def triton_hdla_forward(q, k, v, beta, g, scale, initial_state, reverse):
@@ -51,7 +51,7 @@ def triton_hdla_backward(do, dht, q, k, v, beta, g, h0, x, ht, scale, reverse):
         q.contiguous(), k.contiguous(), beta.contiguous(), g.contiguous(), dq.contiguous(),
         dk_write[:, :, :, 0].contiguous(), da.contiguous(), db.contiguous(), final_term,
         dk, dbeta, dg, seq_len, heads, dim,
-        BT=16, BK=max(16, triton.next_power_of_2(dim)), REVERSE=reverse, HAS_FINAL=dht is not None,
+        BT=16, BK=max(16, next_power_of_2(dim)), REVERSE=reverse, HAS_FINAL=dht is not None,
         num_warps=4 if dim <= 64 else 8,
     )
     return (dq.to(q.dtype), dk.to(k.dtype), dv[:, :, :, 0].to(v.dtype), dbeta.to(beta.dtype), dg.to(g.dtype),

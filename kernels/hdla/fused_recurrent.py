@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..generalized.bwd import scratch_batch_slices
 from ..generalized.two_level import device_sm_count
-from ..utils import check_hdla_inputs, per_batch_slice
+from ..utils import cdiv, check_hdla_inputs, next_power_of_2, per_batch_slice
 
 
 def torch_fused_recurrent_hdla(
@@ -291,8 +291,8 @@ BWD_RESIDENT_WARPS_PER_SM = 8
 
 def _config(dk: int, dv: int) -> Tuple[int, int, int]:
     """(BK, BV, num_warps): the state block [BK, BV] of one program (about 1024 fp32 per warp)."""
-    block_k = triton.next_power_of_2(dk)
-    block_v = min(16, triton.next_power_of_2(dv))
+    block_k = next_power_of_2(dk)
+    block_v = min(16, next_power_of_2(dv))
     return block_k, block_v, max(1, block_k * block_v // 1024)
 
 
@@ -314,7 +314,7 @@ def triton_fused_recurrent_hdla(q, k, v, beta, g, scale: Optional[float] = None,
     state = q.new_empty(batch, heads, dk, dv, dtype=torch.float32)
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else state
     block_k, block_v, warps = _config(dk, dv)
-    _fused_recurrent_hdla_fwd_kernel[(triton.cdiv(dv, block_v), batch * heads, 1)](
+    _fused_recurrent_hdla_fwd_kernel[(cdiv(dv, block_v), batch * heads, 1)](
         q, k, v, beta, g, h0, o, state, 1.0 if scale is None else float(scale), seq_len, heads, dk, dv,
         BK=block_k, BV=block_v, DIRS=1, REVERSE=int(reverse), HAS_H0=initial_state is not None, num_warps=warps)
     return o, state
@@ -333,7 +333,7 @@ def triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale: float,
     states = q.new_empty(2, batch, heads, dk, dv, dtype=torch.float32)
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else states
     block_k, block_v, warps = _config(dk, dv)
-    _fused_recurrent_hdla_fwd_kernel[(triton.cdiv(dv, block_v), batch * heads, 2)](
+    _fused_recurrent_hdla_fwd_kernel[(cdiv(dv, block_v), batch * heads, 2)](
         q, k, v, beta, g, h0, o, states, float(scale), seq_len, heads, dk, dv,
         BK=block_k, BV=block_v, DIRS=2, REVERSE=0, HAS_H0=initial_state is not None, num_warps=warps)
     return (o[0] + o[1]).to(q.dtype), states
@@ -387,7 +387,7 @@ def _backward_occupancy(device: torch.device, heads: int, dk: int, dv: int, dirs
     if sms is None:
         return 0, 0
     _, block_v, warps = _bwd_config(dk, dv)
-    return triton.cdiv(dv, block_v) * heads * dirs, sms * max(1, BWD_RESIDENT_WARPS_PER_SM // warps)
+    return cdiv(dv, block_v) * heads * dirs, sms * max(1, BWD_RESIDENT_WARPS_PER_SM // warps)
 
 
 def transient_bytes_per_batch(seq_len: int, heads: int, dk: int, dv: int, dirs: int) -> int:
@@ -396,8 +396,8 @@ def transient_bytes_per_batch(seq_len: int, heads: int, dk: int, dv: int, dirs: 
     and dbeta, both directions' fp32 dv (``dirs`` = 2) and the one zero state it reads in place of h0 and / or
     dht."""
     block_k, block_v, _ = _bwd_config(dk, dv)
-    n_v = triton.cdiv(dv, block_v)
-    per_head = (n_v * triton.cdiv(seq_len, CHECKPOINT_EVERY) * block_k * block_v + n_v * seq_len * (3 * dk + 1)
+    n_v = cdiv(dv, block_v)
+    per_head = (n_v * cdiv(seq_len, CHECKPOINT_EVERY) * block_k * block_v + n_v * seq_len * (3 * dk + 1)
                 + (seq_len * dv if dirs == 2 else 0) + dk * dv)
     return 4 * dirs * heads * per_head
 
@@ -408,8 +408,8 @@ def _backward_launch(do, dht, q, k, v, beta, g, scale: float, initial_state, rev
     dv = v.shape[-1]
     q, k, v, beta, g, do = (x.contiguous() for x in (q, k, v, beta, g, do))
     block_k, block_v, warps = _bwd_config(dk, dv)
-    n_v = triton.cdiv(dv, block_v)
-    n_ck = triton.cdiv(seq_len, CHECKPOINT_EVERY)
+    n_v = cdiv(dv, block_v)
+    n_ck = cdiv(seq_len, CHECKPOINT_EVERY)
     f32 = dict(device=q.device, dtype=torch.float32)
     lead = (dirs,) if dirs == 2 else ()
     ckpt = torch.empty(dirs * batch * heads * n_v * n_ck * block_k * block_v, **f32)
@@ -460,7 +460,7 @@ def sum_parts(x: torch.Tensor, parts: int, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty(outputs, *x.shape[1:], device=x.device, dtype=dtype)
     n = x[0].numel()
     if n:
-        _sum_parts_kernel[(triton.cdiv(n, SUM_PARTS_BLOCK), outputs)](x, out, n, PARTS=parts, BLOCK=SUM_PARTS_BLOCK,
+        _sum_parts_kernel[(cdiv(n, SUM_PARTS_BLOCK), outputs)](x, out, n, PARTS=parts, BLOCK=SUM_PARTS_BLOCK,
                                                                       num_warps=4)
     return out
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..custom_ops import NAMESPACE, _autograd_inside_op
 from ..ops import exporting_to_onnx
-from ..utils import use_triton
+from ..utils import cdiv, next_power_of_2, use_triton
 from .naive import gate_dtype, naive_mixer_prologue
 
 BLOCK_ROWS = 16  # tokens per program
@@ -141,8 +141,8 @@ def prologue_bwd_kernel(proj, logits, dq, dk, dv, dbeta, dg, dproj, dlogits, n_r
 
 
 def _meta(heads: int, head_dim: int, head_dim_v: int, directions: int, normalize_q: bool) -> dict:
-    return dict(DIRECTIONS=directions, DK=head_dim, DV=head_dim_v, BK=triton.next_power_of_2(head_dim),
-                BV=triton.next_power_of_2(head_dim_v), NORM_Q=normalize_q, BM=BLOCK_ROWS, num_warps=4)
+    return dict(DIRECTIONS=directions, DK=head_dim, DV=head_dim_v, BK=next_power_of_2(head_dim),
+                BV=next_power_of_2(head_dim_v), NORM_Q=normalize_q, BM=BLOCK_ROWS, num_warps=4)
 
 
 def _rows(proj: Tensor) -> Tuple[Tensor, int]:
@@ -178,7 +178,7 @@ def mixer_prologue_op(proj: Tensor, decay_logits: Tensor, heads: int, head_dim: 
     q, k, v, beta, g = _outputs(proj, decay_logits, heads, head_dim, head_dim_v)
     flat, row_stride = _rows(proj)
     n_rows = flat.shape[0]
-    grid = (triton.cdiv(n_rows, BLOCK_ROWS), heads)
+    grid = (cdiv(n_rows, BLOCK_ROWS), heads)
     prologue_fwd_kernel[grid](flat, decay_logits.contiguous(), q, k, v, beta, g, n_rows, row_stride, heads,
                               float(beta_range), float(inv_tau), float(eps),
                               **_meta(heads, head_dim, head_dim_v, decay_logits.shape[0], normalize_q))
@@ -207,7 +207,7 @@ def mixer_prologue_backward_op(dq: Tensor, dk: Tensor, dv: Tensor, dbeta: Tensor
     dproj = torch.zeros_like(flat) if flat.shape[1] > _used_columns(heads, head_dim, head_dim_v, dbeta.shape[0]) \
         else torch.empty_like(flat)
     dlogits = torch.empty_like(decay_logits, memory_format=torch.contiguous_format)
-    grid = (triton.cdiv(n_rows, BLOCK_ROWS), heads)
+    grid = (cdiv(n_rows, BLOCK_ROWS), heads)
     prologue_bwd_kernel[grid](flat, decay_logits.contiguous(), dq.contiguous(), dk.contiguous(), dv.contiguous(),
                               dbeta.contiguous(), dg.contiguous(), dproj, dlogits, n_rows, row_stride, heads,
                               float(beta_range), float(inv_tau), float(eps),
