@@ -25,13 +25,14 @@ bucket). fla is an optional baseline, never a dependency: without it the ``fla``
 import argparse
 import json
 import os
+import platform
 
 import torch
 import torch.nn.functional as F
 import triton
 
 from benchmarks.kernels import SHAPES, make_inputs, rel_err
-from benchmarks.timing import time_fwd_bwd
+from benchmarks.timing import cpu_fwd_bwd, time_fwd_bwd
 from hdla_vision.kernels import (chunk_generalized, chunk_hdla, chunk_loglinear_generalized, chunk_loglinear_hdla,
                                  naive_loglinear_generalized, naive_loglinear_hdla)
 from tools.provenance import provenance
@@ -90,20 +91,22 @@ def ours_part(dtype, device) -> dict:
 
 def paths_part(dtype, device, shapes) -> dict:
     """``chunk_loglinear_hdla`` on each of its paths (``$HDLA_VISION_LOGLINEAR``: the one PyTorch chunk form,
-    then the per-level linear-op calls) against ``chunk_hdla``, at the named shapes: fwd / fwd+bwd ms."""
+    then the per-level linear-op calls) against ``chunk_hdla``, at the named shapes (or ``BxTxHxD``): fwd /
+    fwd+bwd ms (CPU: wall-clock medians, :func:`benchmarks.timing.cpu_fwd_bwd`)."""
     from hdla_vision.kernels.loglinear.chunk import PATH_ENV
     table = dict(SHAPES, **{f"T{t}": (SWEEP_TOKENS // t, t, 4, 64) for t in SWEEP_LENGTHS})
+    timer = cpu_fwd_bwd if device == "cpu" else time_fwd_bwd
     saved = os.environ.get(PATH_ENV)
     result = {}
     for name in shapes:
-        batch, seq_len, heads, dim = table[name]
+        batch, seq_len, heads, dim = table[name] if name in table else (int(x) for x in name.split("x"))
         q, k, v, beta, g = make_inputs(batch, seq_len, heads, dim, dtype, device)
         inputs = [q, k, v, beta, g, level_scales_like(q, heads)]
-        row = result[name] = dict(bthd=list(table[name]))
+        row = result[name] = dict(bthd=[batch, seq_len, heads, dim])
         for label, path, fn in (("chunk_form", "chunk_form", hdla_loglinear), ("linear", None, hdla_linear),
                                 ("levels", "levels", hdla_loglinear)):
             os.environ[PATH_ENV] = path or "auto"
-            row[label] = dict(zip(("fwd", "fwd_bwd"), time_fwd_bwd(fn, inputs)))
+            row[label] = dict(zip(("fwd", "fwd_bwd"), timer(fn, inputs)))
             print(f"paths {name:7s} {label:10s} fwd {row[label]['fwd']:8.3f} ms  fwd+bwd {row[label]['fwd_bwd']:8.3f} ms",
                   flush=True)
         for label in ("chunk_form", "levels"):
@@ -238,20 +241,33 @@ def fla_available() -> bool:
     return True
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="check,ours,fla", help="comma list of: check, ours, fla, paths")
     parser.add_argument("--paths-shapes", default="hires,T4096", help="the paths part's shapes (comma list)")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the paths part only")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
     unknown = set(parts) - {"check", "ours", "fla", "paths"}
     if unknown:
         raise ValueError(f"--parts: unknown {sorted(unknown)}; expected check, ours, fla, paths")
-    device, dtype = "cuda", getattr(torch, args.dtype)
-    has_fla = fla_available()
-    result = {**provenance(torch.cuda.get_device_name()), "torch": torch.__version__, "triton": triton.__version__,
+    device, dtype = args.device, getattr(torch, args.dtype)
+    if device == "cpu" and parts != ["paths"]:
+        raise ValueError("--device cpu runs the paths part only (--parts paths)")
+    has_fla = fla_available() and device == "cuda"
+    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({cpu_model()}, {torch.get_num_threads()} threads)"
+    result = {**provenance(name), "torch": torch.__version__, "triton": triton.__version__,
               "dtype": args.dtype, "fla": has_fla}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "loglinear.json")

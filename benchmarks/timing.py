@@ -24,6 +24,31 @@ def time_fwd_bwd(fn, inputs):
     return median_ms(fwd), median_ms(fwd_bwd)
 
 
+def cpu_fwd_bwd(fn, inputs, reps: int = 5):
+    """:func:`time_fwd_bwd` for CPU tensors (no CUDA events): medians of ``reps`` wall-clock calls after one
+    warm-up call, in ms."""
+    import statistics
+    import time
+
+    grad = torch.randn_like(fn(*inputs))
+    wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+
+    def median(step):
+        step()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    def fwd():
+        with torch.no_grad():
+            fn(*inputs)
+
+    return median(fwd), median(lambda: torch.autograd.grad(fn(*inputs), wrt, grad, allow_unused=True))
+
+
 def profile_steps(step, steps: int, cpu: bool = False, record_shapes: bool = False):
     """torch.profiler over ``steps`` calls of ``step()`` after one warm-up call (the profiler object;
     CUDA activity, and the host's with ``cpu``). Divide its totals by ``steps`` for per-step figures."""

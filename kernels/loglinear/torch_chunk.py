@@ -96,13 +96,13 @@ def _across_chunks(terms, lam: torch.Tensor, num_levels: int, log_chunk: int, fi
     weights = lam[..., weight_of]  # [B, H, N, C, J]: token t's weight of chunk level j
     state = terms.q_eff.new_zeros(batch, heads, n_levels + 1, dk, dv)
     trans = [None] * n_chunks if terms.s_trans is None else terms.s_trans.unbind(2)
-    reads = []
-    for n, (q_eff, weight, decay, add, tr) in enumerate(zip(terms.q_eff.unbind(2), weights.unbind(2),
-                                                             terms.decay.unbind(2), terms.s_add.unbind(2), trans)):
+    entering = []  # the levels 1 .. J entering each chunk; read after the loop, in one product
+    for n, (decay, add, tr) in enumerate(zip(terms.decay.unbind(2), terms.s_add.unbind(2), trans)):
         state = torch.einsum("ij,bhjkv->bhikv", merges[n], state)
-        reads.append(torch.einsum("bhck,bhjkv,bhcj->bhcv", q_eff, state[:, :, 1:], weight))
+        entering.append(state[:, :, 1:])
         nxt = decay.unsqueeze(2) * state
         if tr is not None:
             nxt = nxt - tr.unsqueeze(2) @ state
         state = torch.cat([add.unsqueeze(2), nxt[:, :, 1:]], dim=2)  # level 0 is empty after the merge
-    return torch.stack(reads, dim=2)
+    levels = torch.stack(entering, dim=2)  # [B, H, N, J, K, V]
+    return torch.einsum("bhnck,bhnjkv,bhncj->bhncv", terms.q_eff, levels, weights)
