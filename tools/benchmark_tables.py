@@ -153,7 +153,14 @@ def render_loglinear(name: str) -> str:
                                          for op in ops] for seq, row in paper.items()])
     checks = markdown(["check", "largest relative error (output, gradients)"],
                       [[case, f"{max(errs.values()):.1e}"] for case, errs in result.get("check", {}).items()])
-    return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{ours}\n\n{fla}\n\n{checks}\n"
+    paths = markdown(["shape", "B, T, H, D", "linear f+b ms", "chunk form f+b ms", "levels f+b ms", "chunk form / linear",
+                      "levels / linear"],
+                     [[shape, ", ".join(map(str, r["bthd"])), ms(r["linear"]["fwd_bwd"]), ms(r["chunk_form"]["fwd_bwd"]),
+                       ms(r["levels"]["fwd_bwd"]), f"{r['chunk_form_over_linear']:.2f}", f"{r['levels_over_linear']:.2f}"]
+                      for shape, r in result.get("paths", {}).items()])
+    parts = [table for part, table in (("ours", ours), ("fla_paper", fla), ("check", checks), ("paths", paths))
+             if result.get(part)]
+    return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n" + "\n\n".join(parts) + "\n"
 
 
 def render_kernel_stages_aot(name: str) -> str:
