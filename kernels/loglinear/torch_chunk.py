@@ -8,18 +8,17 @@ on the chunk form of kernels/README.md §3):
 - within the chunk, the linear op's attention matrix over the chunk's written values, ``M_o``
   (:func:`~hdla_vision.kernels.generalized.torch_chunk.chunk_terms`), times the hierarchical mask
   ``Lambda[t, s] = lambda_t^(level(t, s))``: ``O_local = (M_o * Lambda) V``;
-- across chunks, a Fenwick tree over the chunks' own writes ``C_m = s_add``: entering chunk ``n`` of the grid
-  (after the call's first) the levels ``0 .. z`` merge into ``z + 1`` (``z`` the lowest set bit of ``n``), so
-  that level ``j >= 1`` holds the chunks ``m`` with ``bit_length(n XOR m) = j`` carried to the chunk's start
-  (the decoding form of kernels/README.md §7 on chunk indices); each token reads level
-  ``j`` through the chunk's own transitions, ``q_eff S^(j)``, with the weight ``lambda_t^(c + j)``; then
-  every level takes the chunk's transition ``S <- decay * S - s_trans S`` (the same for all: a carry
-  only sums states) and level 0 becomes ``C_n``.
+- across chunks, the levels of the decoding form of kernels/README.md §7 on chunk indices: level ``j >= 1``
+  entering chunk ``n`` holds the chunks ``m`` with ``bit_length(n XOR m) = j`` (the earlier half of the aligned
+  block of ``2^j`` chunks whose later half holds ``n``), carried to the chunk's start; each token reads level ``j``
+  through the chunk's own transitions, ``q_eff S^(j)``, with the weight ``lambda_t^(c + j)``. Every level takes
+  the same chunk maps, so the earlier half's state and the maps across the later half double over aligned
+  segments of chunks (:func:`_across_chunks`).
 
-Levels ``>= L - 1`` read with the last weight, as in :mod:`.chunk`. ``O(T C + T/C log(T/C))`` state
-products instead of :mod:`.chunk`'s ``O(log T)`` linear-op calls. Without a cache, at any offset (a call that
-does not start on the grid's chunk boundary starts early with identity tokens); the final Fenwick state is not
-formed (the callers keep the per-level path for it and for a cache).
+Levels ``>= L - 1`` read with the last weight, as in :mod:`.chunk`. The chunk-local work of one linear op and
+``log2(T / C)`` steps of batched products, instead of :mod:`.chunk`'s ``O(log T)`` linear-op calls. Without a
+cache, at any offset (a call that does not start on the grid's chunk boundary starts early with identity tokens);
+the final Fenwick state is not formed (the callers keep the per-level path for it and for a cache).
 """
 import torch
 
@@ -31,21 +30,6 @@ def intra_levels(chunk: int, device=None) -> torch.Tensor:
     """``level(t, s) = bit_length(t XOR s)`` within a chunk aligned to its size: ``[C, C]`` int64 (every pair,
     the causal mask is the callers')."""
     return torch.tensor([[(t ^ s).bit_length() for s in range(chunk)] for t in range(chunk)], device=device)
-
-
-def merge_matrices(n_chunks: int, n_levels: int, dtype, device=None, first: int = 0) -> torch.Tensor:
-    """``[N, J + 1, J + 1]``: row ``n`` maps the levels leaving chunk ``n - 1`` to those entering chunk ``n`` of a
-    call whose first chunk is chunk ``first`` of the grid (levels ``0 .. z`` summed into ``z + 1``, ``z`` the
-    lowest set bit of ``first + n``; identity at ``n = 0``, where every level is still empty)."""
-    eye = torch.eye(n_levels + 1, dtype=dtype, device=device)
-    mats = [eye]
-    for n in range(first + 1, first + n_chunks):
-        z = (n & -n).bit_length() - 1
-        merge = eye.clone()
-        merge[z + 1, : z + 1] = 1.0
-        merge[: z + 1] = 0.0
-        mats.append(merge)
-    return torch.stack(mats)
 
 
 def _lead_padded(x: torch.Tensor, lead: int) -> torch.Tensor:
@@ -86,23 +70,41 @@ def chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale=None, offset: int
 
 
 def _across_chunks(terms, lam: torch.Tensor, num_levels: int, log_chunk: int, first: int) -> torch.Tensor:
-    """The reads of earlier chunks' writes, ``[B, H, N, C, V]``, by the Fenwick tree over chunks ``first ..
-    first + N - 1`` of the grid."""
+    """The reads of earlier chunks' writes, ``[B, H, N, C, V]``, level by level through aligned segments of chunks
+    (``first`` the call's first chunk on the grid). With ``P_n = diag(decay_n) - s_trans_n`` chunk ``n``'s map and
+    ``C_n = s_add_n`` its write, level ``j`` entering a chunk ``n`` of the later half of its aligned block of ``2^j``
+    chunks is ``Pre(n) X``: ``X`` the earlier half's state from zero (its segment state), ``Pre(n)`` the product of
+    the maps from the later half's start to ``n`` (exclusive). Both double from one chunk (segments of ``L`` to
+    ``2L``): ``Seg' = Map_2 Seg_1 + Seg_2``, ``Map' = Map_2 Map_1``, and for the later half ``Pre' = Pre Map_1``,
+    carried on the query side (``q_eff Pre``) so that no per-chunk ``K x K`` product is kept. ``log2`` of the
+    chunks' span steps of batched products, no loop over chunks."""
     batch, heads, n_chunks, c, dk = terms.q_eff.shape
-    dv = terms.s_add.shape[-1]
     n_levels = ((first + n_chunks - 1) ^ first).bit_length()  # chunk levels 1 .. J met within the call
-    merges = merge_matrices(n_chunks, n_levels, lam.dtype, lam.device, first)
+    span = 1 << n_levels
+    front = first % span  # identity chunks before the first, so that the call sits on the grid's blocks of 2^J
+    total = -(-(front + n_chunks) // span) * span
+    pad = [0, 0] * 2 + [front, total - front - n_chunks]  # the chunk axis of [B, H, N, X, Y]
+    eye = torch.eye(dk, dtype=terms.q_eff.dtype, device=terms.q_eff.device)
+    maps = terms.decay * eye  # diag(decay): [B, H, N, K, K]
+    if terms.s_trans is not None:
+        maps = maps - terms.s_trans
+    maps = torch.nn.functional.pad(maps - eye, pad) + eye  # padding chunks: the identity map
+    segs = torch.nn.functional.pad(terms.s_add, pad)
+    queries = torch.nn.functional.pad(terms.q_eff, pad)  # q_eff Pre, Pre = I within one chunk
     weight_of = (log_chunk + torch.arange(1, n_levels + 1, device=lam.device)).clamp(max=num_levels - 1)
-    weights = lam[..., weight_of]  # [B, H, N, C, J]: token t's weight of chunk level j
-    state = terms.q_eff.new_zeros(batch, heads, n_levels + 1, dk, dv)
-    trans = [None] * n_chunks if terms.s_trans is None else terms.s_trans.unbind(2)
-    entering = []  # the levels 1 .. J entering each chunk; read after the loop, in one product
-    for n, (decay, add, tr) in enumerate(zip(terms.decay.unbind(2), terms.s_add.unbind(2), trans)):
-        state = torch.einsum("ij,bhjkv->bhikv", merges[n], state)
-        entering.append(state[:, :, 1:])
-        nxt = decay.unsqueeze(2) * state
-        if tr is not None:
-            nxt = nxt - tr.unsqueeze(2) @ state
-        state = torch.cat([add.unsqueeze(2), nxt[:, :, 1:]], dim=2)  # level 0 is empty after the merge
-    levels = torch.stack(entering, dim=2)  # [B, H, N, J, K, V]
-    return torch.einsum("bhnck,bhnjkv,bhncj->bhncv", terms.q_eff, levels, weights)
+    weights = torch.nn.functional.pad(lam[..., weight_of], pad)  # [B, H, N', C, J]: token t's weight of level j
+    out = queries.new_zeros(batch, heads, total, c, terms.s_add.shape[-1])
+    for level in range(1, n_levels + 1):
+        half = 1 << (level - 1)  # segments of `half` chunks, paired into blocks of 2 half
+        pairs = total // (2 * half)
+        segs2 = segs.reshape(batch, heads, pairs, 2, *segs.shape[-2:])
+        maps2 = maps.reshape(batch, heads, pairs, 2, dk, dk)
+        queries2 = queries.reshape(batch, heads, pairs, 2, half, c, dk)
+        reads = queries2[:, :, :, 1] @ segs2[:, :, :, :1]  # the later half reads the earlier half's state
+        reads = reads * weights.reshape(batch, heads, pairs, 2, half, c, n_levels)[:, :, :, 1, ..., level - 1:level]
+        out = out + torch.stack([torch.zeros_like(reads), reads], dim=3).reshape(out.shape)
+        later = queries2[:, :, :, 1] @ maps2[:, :, :, :1]  # Pre' = Pre Map_1 on the later half
+        queries = torch.stack([queries2[:, :, :, 0], later], dim=3).reshape(queries.shape)
+        segs = maps2[:, :, :, 1] @ segs2[:, :, :, 0] + segs2[:, :, :, 1]
+        maps = maps2[:, :, :, 1] @ maps2[:, :, :, 0]
+    return out[:, :, front:front + n_chunks]

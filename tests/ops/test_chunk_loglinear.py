@@ -12,7 +12,8 @@ import torch
 from hdla_vision.kernels import chunk_generalized, chunk_hdla, chunk_loglinear_generalized, chunk_loglinear_hdla
 from hdla_vision.kernels.loglinear import chunk as chunk_module
 from hdla_vision.kernels.loglinear.levels import initial_level, merge_target, token_level
-from hdla_vision.kernels.loglinear.torch_chunk import intra_levels, merge_matrices
+from hdla_vision.kernels.generalized.torch_chunk import ChunkTerms
+from hdla_vision.kernels.loglinear.torch_chunk import _across_chunks, intra_levels
 from tests.backends import CUDA_TOL, backend_cases, backends, on_backend
 from tests.oracle import (LOGLINEAR_GENERALIZED_BAD_INPUT, LOGLINEAR_OPS, UNBOUNDED, LoopCase, bad_loglinear_problem,
                           case_name, compare_with_definition, loglinear_problem, loglinear_tokens, rel_err)
@@ -168,24 +169,24 @@ def test_one_chunk_form_equals_the_levels(backend, kind, monkeypatch):
     assert all(rel_err(a, b) < 1e-11 for a, b in zip(g_form, g_levels))
 
 
-def test_chunk_form_levels_and_fenwick_merges():
-    """The in-chunk level table is the bucket grid's; replaying the merges on one-hot chunk writes puts chunk m,
-    read at chunk n, on level bit_length(n XOR m)."""
+def test_chunk_form_levels_within_and_across_chunks():
+    """The in-chunk level table is the bucket grid's; across chunks (identity maps, chunk m writing e_m, queries
+    reading row r, level j weighted j) chunk n reads chunk m < n at level bit_length(n XOR m) on the absolute grid,
+    also from a first chunk off the grid's blocks."""
     assert intra_levels(16).tolist() == [[token_level(max(t, s), min(t, s), UNBOUNDED) for s in range(16)]
                                          for t in range(16)]
     n_chunks = 37
-    for first in (0, 3, 64, 100):  # the call's first chunk on the grid
-        n_levels = ((first + n_chunks - 1) ^ first).bit_length()
-        merges = merge_matrices(n_chunks, n_levels, torch.float64, first=first)
-        state = torch.zeros(n_levels + 1, n_chunks, dtype=torch.float64)  # [level, source chunk]
-        for n in range(n_chunks):
-            state = merges[n] @ state
-            for m in range(n_chunks):
-                expected = ((first + n) ^ (first + m)).bit_length() if m < n else None
-                held = [j for j in range(n_levels + 1) if state[j, m] != 0]
-                assert held == ([] if expected is None else [expected]), (first, n, m)
-                assert expected is None or state[expected, m] == 1
-            state[0, n] = 1.0  # chunk n's own write, level 0 after its step
+    eye = torch.eye(n_chunks, dtype=torch.float64)
+    for first in (0, 3, 64, 100):
+        levels = ((first + n_chunks - 1) ^ first).bit_length()
+        terms = ChunkTerms(q_eff=eye.expand(1, 1, n_chunks, n_chunks, n_chunks), o_local=None, mixing=None,
+                           v_flat=None, s_trans=None, s_add=eye.reshape(1, 1, n_chunks, n_chunks, 1),
+                           decay=torch.ones(1, 1, n_chunks, n_chunks, 1, dtype=torch.float64), unchunk=None)
+        lam = torch.arange(levels + 1, dtype=torch.float64).expand(1, 1, n_chunks, n_chunks, levels + 1)
+        out = _across_chunks(terms, lam, levels + 1, 0, first)[0, 0, :, :, 0]  # [n, m]
+        expected = [[float(((first + n) ^ (first + m)).bit_length()) if m < n else 0.0 for m in range(n_chunks)]
+                    for n in range(n_chunks)]
+        assert out.tolist() == expected, first
 
 
 def test_loglinear_path_setting_is_checked(monkeypatch):
