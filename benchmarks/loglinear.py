@@ -96,10 +96,10 @@ def paths_part(dtype, device, shapes) -> dict:
     from hdla_vision.kernels.loglinear.chunk import PATH_ENV
     table = dict(SHAPES, **{f"T{t}": (SWEEP_TOKENS // t, t, 4, 64) for t in SWEEP_LENGTHS})
     timer = cpu_fwd_bwd if device == "cpu" else time_fwd_bwd
+    specs = {name: table[name] if name in table else _shape_spec(name, table) for name in shapes}  # before any run
     saved = os.environ.get(PATH_ENV)
     result = {}
-    for name in shapes:
-        batch, seq_len, heads, dim = table[name] if name in table else (int(x) for x in name.split("x"))
+    for name, (batch, seq_len, heads, dim) in specs.items():
         q, k, v, beta, g = make_inputs(batch, seq_len, heads, dim, dtype, device)
         inputs = [q, k, v, beta, g, level_scales_like(q, heads)]
         row = result[name] = dict(bthd=[batch, seq_len, heads, dim])
@@ -116,6 +116,14 @@ def paths_part(dtype, device, shapes) -> dict:
     else:
         os.environ[PATH_ENV] = saved
     return result
+
+
+def _shape_spec(name: str, table: dict) -> tuple:
+    """``BxTxHxD`` as four positive ints, else a ValueError naming ``--paths-shapes``."""
+    parts = name.split("x")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--paths-shapes: {name!r} is neither a shape name ({', '.join(table)}) nor BxTxHxD")
+    return tuple(int(p) for p in parts)
 
 
 def mamba2_inputs(batch, seq_len, heads, dk, dv, dtype, device, seed=0):
