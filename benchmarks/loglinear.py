@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.kernels import SHAPES, make_inputs, rel_err
-from benchmarks.timing import cpu_fwd_bwd, time_fwd_bwd
+from benchmarks.timing import cpu_median_ms, median_ms, time_fwd_bwd
 from hdla_vision.kernels import (chunk_generalized, chunk_hdla, chunk_loglinear_generalized, chunk_loglinear_hdla,
                                  naive_loglinear_generalized, naive_loglinear_hdla)
 from tools.provenance import provenance
@@ -92,10 +92,10 @@ def ours_part(dtype, device) -> dict:
 def paths_part(dtype, device, shapes) -> dict:
     """``chunk_loglinear_hdla`` on each of its paths (``$HDLA_VISION_LOGLINEAR``: the one PyTorch chunk form,
     then the per-level linear-op calls) against ``chunk_hdla``, at the named shapes (or ``BxTxHxD``): fwd /
-    fwd+bwd ms (CPU: wall-clock medians, :func:`benchmarks.timing.cpu_fwd_bwd`)."""
+    fwd+bwd ms (CPU: wall-clock medians, :func:`benchmarks.timing.cpu_median_ms`)."""
     from hdla_vision.kernels.loglinear.chunk import PATH_ENV
     table = dict(SHAPES, **{f"T{t}": (SWEEP_TOKENS // t, t, 4, 64) for t in SWEEP_LENGTHS})
-    timer = cpu_fwd_bwd if device == "cpu" else time_fwd_bwd
+    median = cpu_median_ms if device == "cpu" else median_ms
     specs = {name: table[name] if name in table else _shape_spec(name, table) for name in shapes}  # before any run
     saved = os.environ.get(PATH_ENV)
     result = {}
@@ -106,7 +106,7 @@ def paths_part(dtype, device, shapes) -> dict:
         for label, path, fn in (("chunk_form", "chunk_form", hdla_loglinear), ("linear", None, hdla_linear),
                                 ("levels", "levels", hdla_loglinear)):
             os.environ[PATH_ENV] = path or "auto"
-            row[label] = dict(zip(("fwd", "fwd_bwd"), timer(fn, inputs)))
+            row[label] = dict(zip(("fwd", "fwd_bwd"), time_fwd_bwd(fn, inputs, median)))
             print(f"paths {name:7s} {label:10s} fwd {row[label]['fwd']:8.3f} ms  fwd+bwd {row[label]['fwd_bwd']:8.3f} ms",
                   flush=True)
         for label in ("chunk_form", "levels"):

@@ -1,4 +1,7 @@
 """The benchmarks' one timing rule: ``triton.testing.do_bench`` medians after warm-up."""
+import statistics
+import time
+
 import torch
 import triton
 
@@ -8,9 +11,21 @@ def median_ms(fn, warmup: int = 25, rep: int = 100) -> float:
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
-def time_fwd_bwd(fn, inputs):
+def cpu_median_ms(fn, reps: int = 5) -> float:
+    """:func:`median_ms` for CPU work (no CUDA events): the median of ``reps`` wall-clock calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def time_fwd_bwd(fn, inputs, median=median_ms):
     """(fwd ms, fwd+bwd ms) of ``fn(*inputs) -> o``: the forward under no_grad, then forward and the
-    gradients of every input tensor that requires one (unused ones allowed: SDPA ignores beta, g)."""
+    gradients of every input tensor that requires one (unused ones allowed: SDPA ignores beta, g).
+    ``median``: :func:`median_ms`, or :func:`cpu_median_ms` for CPU tensors."""
     grad = torch.randn_like(fn(*inputs))
     wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
 
@@ -21,32 +36,7 @@ def time_fwd_bwd(fn, inputs):
     def fwd_bwd():
         torch.autograd.grad(fn(*inputs), wrt, grad, allow_unused=True)
 
-    return median_ms(fwd), median_ms(fwd_bwd)
-
-
-def cpu_fwd_bwd(fn, inputs, reps: int = 5):
-    """:func:`time_fwd_bwd` for CPU tensors (no CUDA events): medians of ``reps`` wall-clock calls after one
-    warm-up call, in ms."""
-    import statistics
-    import time
-
-    grad = torch.randn_like(fn(*inputs))
-    wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-
-    def median(step):
-        step()
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
-
-    def fwd():
-        with torch.no_grad():
-            fn(*inputs)
-
-    return median(fwd), median(lambda: torch.autograd.grad(fn(*inputs), wrt, grad, allow_unused=True))
+    return median(fwd), median(fwd_bwd)
 
 
 def profile_steps(step, steps: int, cpu: bool = False, record_shapes: bool = False):
