@@ -145,6 +145,7 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--autotune-rep-ms", type=float, default=None, help="time each fla autotune config this long")
     parser.add_argument("--profile", default="", help="shape names: per-kernel breakdown of our fwd+bwd there")
+    parser.add_argument("--profile-fwd", default="", help="shape names: per-kernel breakdown of our forward alone")
     parser.add_argument("--no-check", action="store_true", help="skip the (slow) float64 token-loop checks")
     args = parser.parse_args()
     device = "cuda"
@@ -186,6 +187,11 @@ def main():
         print(f"profile {name} {SHAPES[name]}", flush=True)
         result.setdefault("profile_us_per_call", {})[name] = profile_ours(make_inputs(*SHAPES[name], dtype, device))
         write_json(result, args.out)
+    for name in filter(None, args.profile_fwd.split(",")):
+        print(f"profile forward {name} {SHAPES[name]}", flush=True)
+        result.setdefault("profile_fwd_us_per_call", {})[name] = profile_ours(
+            make_inputs(*SHAPES[name], dtype, device), backward=False)
+        write_json(result, args.out)
     if not args.no_check:
         result["check_bf16"] = check_against_loop(torch.bfloat16, device)
         result["check_fp32"] = check_against_loop(torch.float32, device)
@@ -201,11 +207,12 @@ def write_json(result, out_dir):
         json.dump(result, f, indent=1)
 
 
-def profile_ours(inputs, calls=5):
-    """Per-kernel breakdown of our fwd+bwd: ``{kernel: (µs per call, launches per call)}``; prints
-    the profiler's table of the top kernels."""
+def profile_ours(inputs, calls=5, backward=True):
+    """Per-kernel breakdown of our fwd+bwd (``backward=False``: the forward alone, inputs still requiring
+    grad): ``{kernel: (µs per call, launches per call)}``; prints the profiler's table of the top kernels."""
     grad = torch.randn_like(ours(*inputs))
-    events = profile_steps(lambda: torch.autograd.grad(ours(*inputs), inputs, grad), calls).key_averages()
+    step = (lambda: torch.autograd.grad(ours(*inputs), inputs, grad)) if backward else (lambda: ours(*inputs))
+    events = profile_steps(step, calls).key_averages()
     print(events.table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
     per_call = {}
     for e in events:

@@ -210,7 +210,7 @@ def main():
     if args.bwd_configs:
         result["bwd_configs"] = backward_configs(shapes, dtype, args.bwd_configs.split(","))
     for name in shapes if not (args.bidir_train or args.bwd_configs or args.sum_parts) else ():
-        result["times"][name] = row = timings(ALL_SHAPES[name], dtype, args.baselines.split(","))
+        result["times"][name] = row = timings(ALL_SHAPES[name], dtype, list(filter(None, args.baselines.split(","))))
         print(f"{name} {ALL_SHAPES[name]}: {row}", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -1,26 +1,25 @@
-# Device call (H100, <= 420 s): where the chunk64 family (32-token chunks) overtakes chunk16, by sequence
-# length at the backbone's head layout (H = 3, d = 64) and at the LM shape, the whole chunk_hdla op fwd+bwd,
-# with fla's chunk_kda and SDPA beside them (issue 11; sets utils.CHUNK64_MIN_TOKENS).
-# Usage on the device, repository root (carry .whl):
-#   bash tools/device_crossover.sh
-# Writes under $OUT (packed into results.tgz at the end):
-#   chunk64/kernels.json, chunk16/kernels.json, baselines/kernels.json and their kernels_*.txt
-#                                vision (T = 196), v384 (576), v512 (1024), hires (4096), long (16384), lm;
-#                                chunk64 with a per-kernel profile at the LM and high-res shapes
-#   timeline.txt
+#!/bin/bash
+# Device call (one H100 or H200, < 560 s): where HDLA's token recurrence still beats the chunk kernels, after
+# the chunk kernels' speed-ups of 2026-11-25..28 (utils.RECURRENT_MAX_TOKENS = 4096 and
+# RECURRENT_TRAIN_MAX_TOKENS = 1024 were set from 2026-11-24/25 timings), and the forward's per-kernel time.
+#   1. benchmarks.recurrent: chunk against recurrence, forward (both ops, one and two directions) and fwd+bwd, at
+#      the vision and high-res shapes and hdla_tiny's 224 / 512 / 1024 px batches (m224, m512, m1024)
+#   2. benchmarks.recurrent --bidir-train: one training step's bidirectional op at the 224 / 512 px batches
+#   3. benchmarks.kernels --profile-fwd: the chunk forward per kernel at the high-res and LM shapes
+# Usage on the device, repository root, carrying .whl:  bash tools/device_crossover.sh
+# Writes under $OUT: summary.txt, timeline.txt and results.tgz (recurrent.json, kernels.json and their stdout)
 source tools/device_setup.sh
-shapes=vision,v384,v512,hires,long,lm
 stamp "start"
-HDLA_VISION_KERNELS=chunk64 timeout 150 python3 -m benchmarks.kernels --ops ours --shapes $shapes --fast-gates "" \
-  --no-check --profile lm,hires --out "$OUT/chunk64" > "$OUT/kernels_chunk64.txt" 2>&1
-stamp "chunk64 done (rc $?)"
-HDLA_VISION_KERNELS=chunk16 timeout 120 python3 -m benchmarks.kernels --ops ours --shapes $shapes --fast-gates "" \
-  --no-check --out "$OUT/chunk16" > "$OUT/kernels_chunk16.txt" 2>&1
-stamp "chunk16 done (rc $?)"
-timeout 140 python3 -m benchmarks.kernels --ops sdpa,fla_kda --shapes $shapes --fast-gates "" --no-check \
-  --autotune-rep-ms 5 --out "$OUT/baselines" > "$OUT/kernels_baselines.txt" 2>&1
-stamp "baselines done (rc $?)"
-stamp "end"
-cat "$OUT/timeline.txt"
-grep -h "fwd+bwd" "$OUT"/kernels_*.txt
-cd "$OUT" && tar czf results.tgz --remove-files ./*
+timeout 200 python3 -m benchmarks.recurrent --shapes vision,hires,m224,m512,m1024 --baselines "" --no-parity \
+  --out "$OUT/times" > "$OUT/recurrent.txt" 2>&1
+stamp "recurrent times done (rc $?)"
+timeout 120 python3 -m benchmarks.recurrent --bidir-train b224,b512 --no-parity --out "$OUT/bidir_train" \
+  > "$OUT/bidir_train.txt" 2>&1
+stamp "bidirectional training done (rc $?)"
+timeout 120 python3 -m benchmarks.kernels --ops ours --shapes hires --fast-gates "" --no-check \
+  --profile-fwd hires,lm --out "$OUT" > "$OUT/kernels.txt" 2>&1
+stamp "forward profile done (rc $?)"
+{ cat "$OUT/timeline.txt"; grep -h "^m\|^vision\|^hires\|^bidir" "$OUT/recurrent.txt" "$OUT/bidir_train.txt"
+  grep -h -A14 "^profile forward" "$OUT/kernels.txt" | cut -c1-140; } > "$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
+pack

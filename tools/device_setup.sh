@@ -18,7 +18,7 @@ set +e
 stamp() { echo "$(date +%T) $*" >> "$OUT/timeline.txt"; }
 # pack: at most 8 files come back from $OUT; keep summary.txt and timeline.txt, pack the rest into results.tgz.
 pack() {
-  (cd "$OUT" && tar czf results.tgz --exclude results.tgz --exclude summary.txt --exclude timeline.txt . \
+  (cd "$OUT" && tar czf /tmp/results.tgz --exclude summary.txt --exclude timeline.txt . && mv /tmp/results.tgz . \
     && find . -maxdepth 1 -type f ! -name results.tgz ! -name summary.txt ! -name timeline.txt -delete \
     && find . -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +)
 }
