@@ -200,7 +200,7 @@ def chunk_hdla_bidirectional(
         y = parts[0][0] + parts[1][0] - own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), _scale(scale)).to(q.dtype)
         return y, _final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
 
-    recurrent = use_recurrence(q, k, v, beta, g, initial_state)  # the token recurrence (README §11)
+    recurrent = use_recurrence(q, k, v, beta, g, initial_state, directions=2)  # the token recurrence (README §11)
 
     def op(q, k, v, beta, g, initial_state):
         if recurrent:

@@ -43,22 +43,31 @@ CHUNK64_MIN_TOKENS = 576
 # about 0.8 µs each: at 16384 tokens (2048 px, batch 2: 48 programs) that walk alone would take ~13 ms, more
 # than the chunk kernels' ~3 ms for a whole block there (an estimate: not measured).
 RECURRENT_MAX_TOKENS = 4096
-# ... and in training (a gradient to compute) up to this many: both directions' fwd+bwd of one block 7.82 /
-# 13.19 ms on the recurrence against 8.17 / 15.37 ms on the chunk kernels at (B, T, H) = (256, 196, 3) /
-# (64, 1024, 3) (H100, bf16, d = 64, 2026-11-25, benchmarks/results/recurrent_h100/train); at 4096 tokens the
-# chunk kernels' backward is the faster (one direction, (32, 4096, 3): 15.3 against 20.8 ms).
-RECURRENT_TRAIN_MAX_TOKENS = 1024
+# ... and in training (a gradient to compute) up to this many. Both directions' fwd+bwd of one block on an H200
+# (bf16, d = 64, 2026-11-28, benchmarks/results/crossover_h200, after the chunk backward's speed-ups of
+# 2026-11-25..28): 6.45 ms on the recurrence against 7.67 ms on the chunk kernels at (B, T, H) = (256, 196, 3),
+# 10.63 against 8.47 at (64, 1024, 3); the ratio crosses 1 near 520 tokens (linear between the two). Before
+# (H100, 2026-11-25): 7.82 / 8.17 and 13.19 / 15.37 ms, when the limit was 1024.
+RECURRENT_TRAIN_MAX_TOKENS = 512
+# ... and only for at least this many sequences walked at once (batch x heads x directions). A program walks
+# all T tokens (~0.55 µs each on an H200), so the recurrence takes about T x 0.55 µs however many sequences run
+# side by side, where the chunk kernels' time grows with the tokens, ~6 ns per token and sequence: the two meet
+# near 92 sequences. H200, forward, bf16, d = 64, 2026-11-28 (crossover_h200): one direction at (32, 4096, 3)
+# (96 sequences) 2.25 ms each; at (8, 4096, 3) (24) 2.21 ms recurrence against 0.70 ms chunk kernels; both
+# directions at (8, 4096, 3) (48) 2.26 against 1.23 ms, at (32, 4096, 3) (192) 2.69 against 4.35 ms.
+RECURRENT_MIN_SEQUENCES = 96
 RECURRENT_MAX_HEAD_DIM = 64  # measured at d = 64 only; wider heads (the LM's 128) keep the chunk kernels
 
 
-def use_recurrence(q: torch.Tensor, *tensors: Optional[torch.Tensor]) -> bool:
+def use_recurrence(q: torch.Tensor, *tensors: Optional[torch.Tensor], directions: int = 1) -> bool:
     """Whether an HDLA chunk op's call runs the token recurrence instead of the chunk kernels: the auto
     setting, a Triton device, fp32 / bf16 / fp16 inputs, at most ``RECURRENT_MAX_HEAD_DIM`` channels per
-    head and at most ``RECURRENT_MAX_TOKENS`` tokens, or ``RECURRENT_TRAIN_MAX_TOKENS`` where an input needs
-    a gradient (the recurrence's backward against the chunk kernels': kernels/README.md §11)."""
+    head, at least ``RECURRENT_MIN_SEQUENCES`` sequences (``q [B, T, H, K]``: B x H x ``directions``) and
+    at most ``RECURRENT_MAX_TOKENS`` tokens, or ``RECURRENT_TRAIN_MAX_TOKENS`` where an input needs a
+    gradient (the recurrence's backward against the chunk kernels': kernels/README.md §11)."""
     if kernel_family() != "auto" or not use_triton(q) or q.dtype == torch.float64:
         return False
-    if q.shape[-1] > RECURRENT_MAX_HEAD_DIM:
+    if q.shape[-1] > RECURRENT_MAX_HEAD_DIM or q.shape[0] * q.shape[2] * directions < RECURRENT_MIN_SEQUENCES:
         return False
     training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors))
     return q.shape[1] <= (RECURRENT_TRAIN_MAX_TOKENS if training else RECURRENT_MAX_TOKENS)

@@ -34,9 +34,11 @@ from .levels import initial_level, max_level
 from .torch_chunk import chunk_form_loglinear
 
 # Which form runs a call without a cache or final state (the others always take the levels):
-#   auto        the one chunk form (torch_chunk.py) where the linear ops would run their PyTorch chunk form (CPU
-#               tensors without the Triton interpreter), the per-level linear-op calls elsewhere;
-#   levels      the per-level calls everywhere;  chunk_form  the one chunk form everywhere (CUDA too).
+#   auto        the one chunk form (torch_chunk.py), except under the Triton interpreter (there the levels run the
+#               Triton kernels, which is what the interpreter tests are for); on an H200 (bf16, fwd+bwd,
+#               2026-11-28, benchmarks/results/loglinear_paths_h200) it took 38.0 / 47.9 / 185.4 ms against the
+#               levels' 54.8 / 52.0 / 470.8 ms at (8, 4096, 3, 64), (8, 4096, 4, 64) and the LM shape (4, 4096, 16, 128);
+#   levels      the per-level calls everywhere;  chunk_form  the one chunk form everywhere (the interpreter too).
 PATH_ENV = "HDLA_VISION_LOGLINEAR"
 PATHS = ("auto", "levels", "chunk_form")
 
@@ -48,7 +50,7 @@ def one_chunk_form(q: torch.Tensor, offset: int, initial_state, output_final_sta
         raise ValueError(f"{PATH_ENV} must be one of {', '.join(PATHS)}, got {path!r}")
     if initial_state is not None or output_final_state or path == "levels":
         return False
-    return path == "chunk_form" or not use_triton(q)
+    return path == "chunk_form" or not (use_triton(q) and q.device.type == "cpu")
 
 # op(tokens, initial_state) -> (o [B', T', H, V], final state [B', H, K, V]); tokens maps names to [B', T', H, ...]
 LinearOp = Callable[[Dict[str, torch.Tensor], Optional[torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]

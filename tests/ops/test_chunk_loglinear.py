@@ -151,6 +151,19 @@ def test_one_chunk_form_matches_definition(backend, case, only_chunk_form):
     assert max(errors.values()) < case.tol, errors  # NaN fails too
 
 
+@pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
+@pytest.mark.parametrize("kind,dtype", [("hdla", torch.bfloat16), ("hdla", torch.float32),
+                                        ("generalized", torch.bfloat16)])
+def test_one_chunk_form_on_cuda(backend, kind, dtype, only_chunk_form):
+    """The default form on CUDA (auto: the one chunk form) against the float64 loop at a realistic size:
+    three chunks and a tail, head dims 64, gates to -20, output and every gradient."""
+    p = loglinear_problem(kind, 3 * 64 + 17, UNBOUNDED, batch=2, heads=3, dk=64, dv=64, r_ab=2, g_min=-20.0)
+    p.pop("initial_state")
+    errors = compare_with_definition(kind, on_backend({**p, "initial_state": None}, backend), dtype=dtype,
+                                     final_state=False)
+    assert max(errors.values()) < CUDA_TOL, errors
+
+
 @pytest.mark.parametrize("backend", backends("torch"), indirect=True)
 @pytest.mark.parametrize("kind", ["hdla", "generalized"])
 def test_one_chunk_form_equals_the_levels(backend, kind, monkeypatch):

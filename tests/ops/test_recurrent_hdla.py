@@ -20,6 +20,13 @@ from tests.oracle import LoopCase, case_name, compare_with_loop, hdla_problem, h
 F32, BF16 = torch.float32, torch.bfloat16
 
 
+@pytest.fixture(autouse=True)
+def recurrence_at_test_sizes(monkeypatch):
+    """The small problems here walk a handful of sequences, fewer than RECURRENT_MIN_SEQUENCES: let the
+    recurrence run them (test_which_op_chunk_hdla_runs checks the limit itself)."""
+    monkeypatch.setattr(utils, "RECURRENT_MIN_SEQUENCES", 1)
+
+
 def _beta_ends(problem: dict) -> dict:
     """beta exactly 0 on every third token and 2 on the next (the ends of its range)."""
     beta = problem["beta"].clone()
@@ -73,8 +80,8 @@ def _calls(fn, **kw):
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
 def test_which_op_chunk_hdla_runs(backend, monkeypatch):
     """Under the auto setting the recurrence runs up to RECURRENT_MAX_TOKENS tokens without gradients and up
-    to RECURRENT_TRAIN_MAX_TOKENS with them; a longer sequence, a wider head or a named kernel family run the
-    chunk op."""
+    to RECURRENT_TRAIN_MAX_TOKENS with them, for at least RECURRENT_MIN_SEQUENCES sequences (batch x heads x
+    directions); a longer sequence, fewer sequences, a wider head or a named kernel family run the chunk op."""
     monkeypatch.delenv(utils.KERNEL_FAMILY_ENV, raising=False)
     p = _grad_inputs(backend)
     seq_len = p["q"].shape[1]
@@ -99,10 +106,22 @@ def test_which_op_chunk_hdla_runs(backend, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(utils, "RECURRENT_MAX_TOKENS", seq_len - 1)  # the inference limit: not with grad
         assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}
+    sequences = p["q"].shape[0] * p["q"].shape[2]  # too few sequences walked at once: the chunk kernels
+    with monkeypatch.context() as patch:
+        patch.setattr(utils, "RECURRENT_MIN_SEQUENCES", sequences + 1)
+        assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
+        with torch.no_grad():
+            assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
     both = {n: x.requires_grad_() for n, x in _bidirectional_inputs(backend).items()}
     assert _calls(chunk_hdla_bidirectional, **both) == {"fused_recurrent_hdla_bidirectional"}
     with monkeypatch.context() as patch:
         patch.setattr(utils, "RECURRENT_TRAIN_MAX_TOKENS", both["q"].shape[1] - 1)
+        assert _calls(chunk_hdla_bidirectional, **both) == {"chunk_hdla_bidirectional"}
+    both_sequences = 2 * both["q"].shape[0] * both["q"].shape[2]  # both directions count
+    with monkeypatch.context() as patch:
+        patch.setattr(utils, "RECURRENT_MIN_SEQUENCES", both_sequences)
+        assert _calls(chunk_hdla_bidirectional, **both) == {"fused_recurrent_hdla_bidirectional"}
+        patch.setattr(utils, "RECURRENT_MIN_SEQUENCES", both_sequences + 1)
         assert _calls(chunk_hdla_bidirectional, **both) == {"chunk_hdla_bidirectional"}
 
 
