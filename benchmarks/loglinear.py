@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from benchmarks.kernels import SHAPES, make_inputs, rel_err
+from benchmarks.kernels import SHAPES, make_inputs, peak_memory_mib, rel_err
 from benchmarks.timing import cpu_median_ms, median_ms, time_fwd_bwd
 from hdla_vision.kernels import (chunk_generalized, chunk_hdla, chunk_loglinear_generalized, chunk_loglinear_hdla,
                                  naive_loglinear_generalized, naive_loglinear_hdla)
@@ -92,7 +92,8 @@ def ours_part(dtype, device) -> dict:
 def paths_part(dtype, device, shapes) -> dict:
     """``chunk_loglinear_hdla`` on each of its paths (``$HDLA_VISION_LOGLINEAR``: the one PyTorch chunk form,
     then the per-level linear-op calls) against ``chunk_hdla``, at the named shapes (or ``BxTxHxD``): fwd /
-    fwd+bwd ms (CPU: wall-clock medians, :func:`benchmarks.timing.cpu_median_ms`)."""
+    fwd+bwd ms (CPU: wall-clock medians, :func:`benchmarks.timing.cpu_median_ms`) and, on CUDA, the fwd+bwd's peak
+    memory above the inputs (MiB)."""
     from hdla_vision.kernels.loglinear.chunk import PATH_ENV
     table = dict(SHAPES, **{f"T{t}": (SWEEP_TOKENS // t, t, 4, 64) for t in SWEEP_LENGTHS})
     median = cpu_median_ms if device == "cpu" else median_ms
@@ -107,6 +108,8 @@ def paths_part(dtype, device, shapes) -> dict:
                                 ("levels", "levels", hdla_loglinear)):
             os.environ[PATH_ENV] = path or "auto"
             row[label] = dict(zip(("fwd", "fwd_bwd"), time_fwd_bwd(fn, inputs, median)))
+            if device != "cpu":
+                row[label]["peak_mib"] = peak_memory_mib(fn, inputs)
             print(f"paths {name:7s} {label:10s} fwd {row[label]['fwd']:8.3f} ms  fwd+bwd {row[label]['fwd_bwd']:8.3f} ms",
                   flush=True)
         for label in ("chunk_form", "levels"):
