@@ -26,6 +26,7 @@ import triton
 from benchmarks.kernel_stages_bwd import _rel as rel
 from benchmarks.kernel_stages_bwd import profile_launches
 from hdla_vision.kernels import chunk_generalized, chunk_generalized_bidirectional, chunk_hdla, chunk_hdla_bidirectional
+from hdla_vision.kernels import utils
 from hdla_vision.kernels.generalized import bwd, bwd_chunk, fwd
 from tools.provenance import provenance
 
@@ -35,9 +36,10 @@ SHAPES = {"b1024": (16, 4096, 3, 64, True), "b2048": (2, 16384, 3, 64, True), "h
 # with r_kv = 1 as the seed mixers call them: GLA (rank 0), KDA (rank 1, vector decay), GDN (rank 1, decay per head)
 KINDS = {"hdla": (2, False), "gla": (0, False), "kda": (1, False), "gdn": (1, True)}
 
-# variant -> overrides: "fwd:<stage>" a forward stage's warps (F1ab, F1c, F2), "b1:<key>" and "b2:<key>" an
-# entry of b1_config / b2_config, "env:<name>" an environment variable (B2's scratch budget), "slices:old" the
-# chunk backward's batch slices by the rule before 0c1e469 (:func:`old_slices`)
+# variant -> overrides: "fwd:<stage>" a forward stage's warps (F1ab, F1c, F2), "f2:BV" F2's state columns per
+# program, "b1:<key>" and "b2:<key>" an entry of b1_config / b2_config, "env:<name>" an environment variable (B2's
+# scratch budget), "utils:<name>" a routing limit of kernels.utils, "slices:old" the chunk backward's batch slices
+# by the rule before 0c1e469 (:func:`old_slices`)
 VARIANTS = {
     "base": {},
     "old_defaults": {"fwd:F1ab": 8, "b2:BKV": 32},  # the tables before this benchmark (HDLA at d <= 64)
@@ -71,6 +73,13 @@ VARIANTS = {
     "bkg64": {"b2:BKG": 64},  # HDLA's S2 on 64 K columns per step (spills 168 bytes on sm_90a)
     "groups8": {"env:HDLA_VISION_STATE_GROUPS": "8"},  # F2's and B1's two-level scan on 8 groups of chunks
     "b1_bv16": {"b1:BV": 16},  # B1 on 16 V columns per program (twice the programs of K = 128's 32)
+    "b1_bv64": {"b1:BV": 64},
+    # F2 on 32 / 64 / 128 state columns per program (fwd.f2_block_v: 16 at the LM and high-res shapes): fewer
+    # programs, each re-reading N [K, K] per chunk for fewer columns
+    "f2_bv32": {"f2:BV": 32}, "f2_bv64": {"f2:BV": 64}, "f2_bv128": {"f2:BV": 128},
+    # HDLA's token recurrence as routed before 2026-11-28 (kernels.utils): training up to 1024 tokens, any batch
+    "recurrence_train_1024": {"utils:RECURRENT_TRAIN_MAX_TOKENS": 1024},
+    "recurrence_any_batch": {"utils:RECURRENT_MIN_SEQUENCES": 1},
 }
 
 
@@ -85,7 +94,7 @@ def old_slices(batch: int, bytes_per_batch: int, programs_per_element: int = 0, 
 @contextmanager
 def launch_settings(overrides: dict):
     """The launch tables with ``overrides`` applied (module attributes patched, restored on exit)."""
-    real = (fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config)
+    real = (fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config, fwd.f2_block_v)
 
     def launch_warps(stage, *args):
         return overrides.get(f"fwd:{stage}") or real[0](stage, *args)
@@ -98,15 +107,23 @@ def launch_settings(overrides: dict):
 
     env = {k[4:]: v for k, v in overrides.items() if k.startswith("env:")}
     saved = {name: os.environ.get(name) for name in env}
+    routing = {k[6:]: v for k, v in overrides.items() if k.startswith("utils:")}
+    saved_routing = {name: getattr(utils, name) for name in routing}
+    for name, value in routing.items():
+        setattr(utils, name, value)
     slices = bwd.scratch_batch_slices
     fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config = launch_warps, b1_config, b2_config
+    if "f2:BV" in overrides:
+        fwd.f2_block_v = lambda heads_total, dv, bk: min(overrides["f2:BV"], max(16, triton.next_power_of_2(dv)))
     if overrides.get("slices:old"):
         bwd.scratch_batch_slices = old_slices
     os.environ.update(env)
     try:
         yield
     finally:
-        fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config = real
+        fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config, fwd.f2_block_v = real
+        for name, value in saved_routing.items():
+            setattr(utils, name, value)
         bwd.scratch_batch_slices = slices
         for name, value in saved.items():
             if value is None:

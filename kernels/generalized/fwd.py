@@ -1413,6 +1413,15 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_lim
                 seq_len=seq_len, dtype=q.dtype, diag_path=path, dirs=dirs)
 
 
+def f2_block_v(heads_total: int, dv: int, bk: int) -> int:
+    """F2's state columns per program: the widest of 64 (32 at K > 128) that still gives ``heads_total``
+    (B x H) x V / BV >= 264 programs (two per SM of an H100), at least 16."""
+    bv = max(16, min(64 if bk <= 128 else 32, next_power_of_2(dv)))
+    while bv > 16 and heads_total * cdiv(dv, bv) < 264:
+        bv //= 2
+    return bv
+
+
 def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stages=None, groups=None):
     """F2. Returns (h [B, H, NT, K, V] the state entering each chunk, in q's dtype (fp32 for fp32 q),
     final [B, H, K, V] fp32). ``groups``: chunk groups of the two-level scan (two_level.py; None: its
@@ -1425,9 +1434,7 @@ def chunk_state_pass(prep, initial_state=None, bv=None, num_warps=None, num_stag
     final = torch.empty(batch, heads, dk, dv, device=cc.device, dtype=torch.float32)
     bk = max(16, next_power_of_2(dk))
     if bv is None:
-        bv = max(16, min(64 if bk <= 128 else 32, next_power_of_2(dv)))
-        while bv > 16 and batch * heads * cdiv(dv, bv) < 264:
-            bv //= 2
+        bv = f2_block_v(batch * heads, dv, bk)
     if num_warps is None:
         num_warps = launch_warps("F2", 0, 1, 1, bk)
     if num_stages is None:
