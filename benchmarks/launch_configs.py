@@ -47,7 +47,7 @@ VARIANTS = {
     "old_bkv": {"b2:BKV": 32},
     "f1ab_w4": {"fwd:F1ab": 4}, "f1ab_w8": {"fwd:F1ab": 8}, "f1ab_w2": {"fwd:F1ab": 2},
     "f1c_w4": {"fwd:F1c": 4}, "f1c_w8": {"fwd:F1c": 8},
-    "f2_w8": {"fwd:F2": 8}, "f2_w2": {"fwd:F2": 2},
+    "f2_w8": {"fwd:F2": 8}, "f2_w2": {"fwd:F2": 2}, "f2_w4": {"fwd:F2": 4},
     "b1_w8": {"b1:num_warps": 8}, "b1_w2": {"b1:num_warps": 2},
     "b2_block_w4": {"b2:warps_block": 4}, "b2_block_w8": {"b2:warps_block": 8},
     "b2_vjp_w4": {"b2:warps_vjp": 4}, "b2_vjp_w8": {"b2:warps_vjp": 8}, "b2_vjp_s2": {"b2:stages_vjp": 2},
