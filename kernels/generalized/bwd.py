@@ -200,7 +200,10 @@ def b1_config(dk: int, dv: int) -> dict:
     bk = max(16, next_power_of_2(dk))
     two = bk > 128
     bk = bk // 2 if two else bk
-    bv = max(16, min(64 if bk <= 64 else 32, next_power_of_2(dv)))
+    # 16 columns at K = 128: B1 runs per batch slice (64 programs a slice at the LM shape), and 16 took it 807 -> 720
+    # us there on an H200 (launch_configs b1_bv16, results/launch_configs_h200/occupancy.json); at K = 64 it lost
+    # (the 1024 px batch 269 -> 355 us)
+    bv = 16 if bk == 128 and not two else max(16, min(64 if bk <= 64 else 32, next_power_of_2(dv)))
     if two:  # K = 256: pipelining the four N blocks would need 316-458 KB of shared memory (AOT)
         return dict(BK=bk, BV=bv, TWO=two, num_warps=8, num_stages=1)
     return dict(BK=bk, BV=bv, TWO=two, num_warps=4 if bk * bv <= 64 * 64 else 8, num_stages=3)

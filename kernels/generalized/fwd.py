@@ -1214,7 +1214,10 @@ def launch_warps(stage: str, c: int, rap: int, rkp: int, bk: int) -> int:
         # H100); both spill ~80 bytes on sm_90a
         return 4 if 16 * rap * width < 32 * 64 or (rap == 2 and width <= 64) else 8
     if stage == "F1c":
-        return 4 if rows * bk <= 64 * 64 else 8
+        # 4 warps up to 64 x 128 tiles: at the LM shape (K = 128, rank 2, C = 32) 8 warps of 142 registers held one
+        # block per SM (Nsight Compute, benchmarks/results/ncu_h200); 4 took chunk_nc_kernel 791 -> 567 us on an H200
+        # (launch_configs f1c_w4, results/launch_configs_h200/occupancy.json), outputs bit-equal
+        return 4 if rows * bk <= 64 * 128 else 8
     if stage == "F2":
         return 4 if bk <= 64 else 8
     raise ValueError(f"unknown stage {stage!r}")
