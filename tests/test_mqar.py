@@ -308,3 +308,25 @@ def test_carry_prefers_runs_that_left_chance(tmp_path):
     unfinished("at_chance_short", 391, None, 1000)
     (tmp_path / "learning_short" / "DONE").write_text("early_stop\n")
     assert mqar_device.pick_carried(tmp_path, 1500) == [("at_chance_long", 10)]
+
+
+@pytest.mark.parametrize("mixer", ["hdla", "gated_deltanet"])
+def test_training_query_logits_need_no_sync_and_match_the_boolean_index(mixer):
+    """The training step's query rows by a static-shape gather (no host sync) give the same loss and the same
+    (logit row, target) pairs as the boolean index, also where an example holds fewer queries than the count
+    (its extra rows carry -100 and cross-entropy ignores them)."""
+    args = mqar_runner.parse_args(TINY)
+    mqar_runner.apply_preset(args)
+    model = mqar_runner.build_model(mqar_runner.model_config(args, mixer, 16), 0, "cpu").eval()
+    inputs, labels = multiquery_ar(args.vocab_size, 3, 32, 4, seed=5, random_non_queries=False)
+    labels[1, (labels[1] != -100).nonzero()[0, 0]] = -100  # example 1: three queries, not four
+    with torch.no_grad():
+        ref_logits, ref_targets = mqar_runner.query_logits(model, inputs, labels, 0.0)
+        logits, targets = mqar_runner.query_logits(model, inputs, labels, 0.0, queries=4)
+    assert logits.shape[0] == 12 and int((targets == -100).sum()) == 1
+    kept = targets != -100
+    assert torch.equal(targets[kept], ref_targets)
+    assert torch.allclose(logits[kept], ref_logits, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(torch.nn.functional.cross_entropy(logits, targets),
+                          torch.nn.functional.cross_entropy(ref_logits, ref_targets), atol=1e-6)
+    assert mqar_runner.query_positions(labels, 4)[1, :3].tolist() == (labels[1] != -100).nonzero().flatten().tolist()

@@ -72,6 +72,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -497,9 +498,14 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def query_logits(model, inputs: torch.Tensor, labels: torch.Tensor, dropout: float):
+def query_logits(model, inputs: torch.Tensor, labels: torch.Tensor, dropout: float, queries: Optional[int] = None):
     """Logits at the query positions only (the LM head over every position would dominate memory);
-    the embeddings go through dropout (Zoology's embedding dropout) in training mode."""
+    the embeddings go through dropout (Zoology's embedding dropout) in training mode.
+
+    ``queries=None``: every labelled position, example by example (``[Q, vocab]``, ``[Q]``; the boolean
+    index waits for the device). ``queries`` (training): each example's first ``queries`` labelled
+    positions (:func:`query_positions`, ``[B * queries, vocab]``; targets -100 past an example's own
+    count, which cross-entropy ignores), with no host synchronisation in the step."""
     if isinstance(model, ZoologyLM):
         hidden = model.hidden_states(inputs, dropout)
     else:
@@ -507,12 +513,32 @@ def query_logits(model, inputs: torch.Tensor, labels: torch.Tensor, dropout: flo
         if dropout > 0:
             embeds = F.dropout(embeds, dropout, model.training)
         hidden = model.model(inputs_embeds=embeds).last_hidden_state
-    asked = labels != -100
-    return model.lm_head(hidden[asked]).float(), labels[asked]
+    if queries is None:
+        asked = labels != -100
+        return model.lm_head(hidden[asked]).float(), labels[asked]
+    positions = query_positions(labels, queries)
+    rows = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return model.lm_head(rows.flatten(0, 1)).float(), labels.gather(1, positions).flatten()
 
 
-def train_segment(model, opt, batches, proto: dict, device: str) -> dict:
-    """Train on ``batches`` (``(lr, inputs, labels)``); mean loss, the first lr and ms/step (synchronised)."""
+def query_positions(labels: torch.Tensor, queries: int) -> torch.Tensor:
+    """``labels [B, T]`` -> ``[B, queries]``: the positions of each example's labelled tokens in order, then
+    (where an example holds fewer) unlabelled ones, by a stable sort on "is -100" (a static shape, no sync)."""
+    return torch.argsort((labels == -100).to(torch.int8), dim=1, stable=True)[:, :queries]
+
+
+def max_queries(proto: dict, train) -> int:
+    """The most labelled positions of any training example (one device sync per epoch): MQAR asks every
+    key once, so this is the largest number of key-value pairs among the training sets."""
+    if proto["data"] == "stream":
+        return proto["num_kv_pairs"]
+    parts = train if proto["data"] == "mixture" else [train]
+    return max(int((labels != -100).sum(1).max()) for _, labels in parts)
+
+
+def train_segment(model, opt, batches, proto: dict, device: str, queries: Optional[int] = None) -> dict:
+    """Train on ``batches`` (``(lr, inputs, labels)``); mean loss, the first lr and ms/step (synchronised).
+    ``queries``: :func:`query_logits`' count per example (no host sync per step), None: the boolean index."""
     model.train()
     total, steps, first_lr = torch.zeros((), device=device), 0, None
     synchronize(device)
@@ -522,8 +548,8 @@ def train_segment(model, opt, batches, proto: dict, device: str) -> dict:
             group["lr"] = lr
         first_lr = lr if first_lr is None else first_lr
         with autocast(device):
-            logits, targets = query_logits(model, inputs, labels, proto["embedding_dropout"])
-        loss = F.cross_entropy(logits, targets)
+            logits, targets = query_logits(model, inputs, labels, proto["embedding_dropout"], queries)
+        loss = F.cross_entropy(logits, targets)  # mean over the labelled rows (-100 ignored)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -733,7 +759,7 @@ def one_segment(args, model, opt, data, proto, curve) -> dict:
     train, test = data
     segment = len(curve)
     point = dict(epoch=segment + 1, **train_segment(model, opt, segment_batches(proto, train, segment, args.device),
-                                                    proto, args.device))
+                                                    proto, args.device, max_queries(proto, train)))
     point["step"] = (curve[-1]["step"] if curve else 0) + point["steps"]
     start = time.time()
     score = evaluate_segments if proto["data"] == "mixture" else evaluate
