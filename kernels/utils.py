@@ -56,21 +56,30 @@ RECURRENT_TRAIN_MAX_TOKENS = 512
 # (96 sequences) 2.25 ms each; at (8, 4096, 3) (24) 2.21 ms recurrence against 0.70 ms chunk kernels; both
 # directions at (8, 4096, 3) (48) 2.26 against 1.23 ms, at (32, 4096, 3) (192) 2.69 against 4.35 ms.
 RECURRENT_MIN_SEQUENCES = 96
+# ... except up to this many tokens, where the walk costs at most ~0.3 ms (512 x 0.55 us) whatever the batch: about
+# what the chunk path's own launches cost on the host (five or more, 36-55 us each; benchmarks/results/NOTES.md,
+# 2026-11-24/25), so a short sequence (a 224 px image, a prompt) keeps the recurrence at any batch (an estimate from
+# those two measurements; batches below 96 sequences were not timed at these lengths).
+RECURRENT_SHORT_TOKENS = 512
 RECURRENT_MAX_HEAD_DIM = 64  # measured at d = 64 only; wider heads (the LM's 128) keep the chunk kernels
 
 
 def use_recurrence(q: torch.Tensor, *tensors: Optional[torch.Tensor], directions: int = 1) -> bool:
     """Whether an HDLA chunk op's call runs the token recurrence instead of the chunk kernels: the auto
     setting, a Triton device, fp32 / bf16 / fp16 inputs, at most ``RECURRENT_MAX_HEAD_DIM`` channels per
-    head, at least ``RECURRENT_MIN_SEQUENCES`` sequences (``q [B, T, H, K]``: B x H x ``directions``) and
-    at most ``RECURRENT_MAX_TOKENS`` tokens, or ``RECURRENT_TRAIN_MAX_TOKENS`` where an input needs a
-    gradient (the recurrence's backward against the chunk kernels': kernels/README.md §11)."""
+    head, at most ``RECURRENT_MAX_TOKENS`` tokens, or ``RECURRENT_TRAIN_MAX_TOKENS`` where an input needs a
+    gradient (the recurrence's backward against the chunk kernels': kernels/README.md §11), and above
+    ``RECURRENT_SHORT_TOKENS`` tokens at least ``RECURRENT_MIN_SEQUENCES`` sequences (``q [B, T, H, K]``:
+    B x H x ``directions``)."""
     if kernel_family() != "auto" or not use_triton(q) or q.dtype == torch.float64:
         return False
-    if q.shape[-1] > RECURRENT_MAX_HEAD_DIM or q.shape[0] * q.shape[2] * directions < RECURRENT_MIN_SEQUENCES:
+    if q.shape[-1] > RECURRENT_MAX_HEAD_DIM:
         return False
     training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors))
-    return q.shape[1] <= (RECURRENT_TRAIN_MAX_TOKENS if training else RECURRENT_MAX_TOKENS)
+    seq_len = q.shape[1]
+    if seq_len > (RECURRENT_TRAIN_MAX_TOKENS if training else RECURRENT_MAX_TOKENS):
+        return False
+    return seq_len <= RECURRENT_SHORT_TOKENS or q.shape[0] * q.shape[2] * directions >= RECURRENT_MIN_SEQUENCES
 
 
 def kernel_family() -> str:

@@ -372,26 +372,15 @@ config = lm.HDLAConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_h
                        short_conv_size=4, initializer_range=0.3, mixer=mixer)
 model = lm.HDLAForCausalLM(config).eval()
 prompt = torch.randint(0, 64, (1, 20))
-
-
-def generate_and_check():
-    launches.clear()
-    out = model.generate(prompt, max_new_tokens=3, do_sample=False)
-    generate_launches = list(launches)  # the reference below runs the same ops
-    seq = prompt
-    for _ in range(3):
-        seq = torch.cat([seq, model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(out, seq), (out, seq)
-    return generate_launches
-
-
-# one decoding launch per new token after the first; the prefill of 1 x 2 heads = 2 sequences runs the chunk
-# kernels (fewer than utils.RECURRENT_MIN_SEQUENCES walked at once)
-assert generate_and_check() == [1, 1]
-if mixer == "hdla":  # with enough sequences HDLA's prefill (inference, 20 tokens) runs the recurrence (README §11)
-    from hdla_vision.kernels import utils
-    utils.RECURRENT_MIN_SEQUENCES = 1
-    assert generate_and_check() == [20, 1, 1]
+out = model.generate(prompt, max_new_tokens=3, do_sample=False)
+generate_launches = list(launches)  # the reference below runs the same ops (the recurrence for HDLA)
+seq = prompt
+for _ in range(3):
+    seq = torch.cat([seq, model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
+assert torch.equal(out, seq), (out, seq)
+# one decoding launch per new token after the first; HDLA's prefill (inference, 20 tokens) runs the same
+# recurrence (kernels/README.md §11), the generalized mixers' prefill the chunk kernels
+assert generate_launches == ([20, 1, 1] if mixer == "hdla" else [1, 1]), generate_launches
 print("LM-INTERPRET-OK")
 """
 

@@ -80,8 +80,9 @@ def _calls(fn, **kw):
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
 def test_which_op_chunk_hdla_runs(backend, monkeypatch):
     """Under the auto setting the recurrence runs up to RECURRENT_MAX_TOKENS tokens without gradients and up
-    to RECURRENT_TRAIN_MAX_TOKENS with them, for at least RECURRENT_MIN_SEQUENCES sequences (batch x heads x
-    directions); a longer sequence, fewer sequences, a wider head or a named kernel family run the chunk op."""
+    to RECURRENT_TRAIN_MAX_TOKENS with them, above RECURRENT_SHORT_TOKENS tokens only for at least
+    RECURRENT_MIN_SEQUENCES sequences (batch x heads x directions); a longer sequence, fewer sequences past the
+    short length, a wider head or a named kernel family run the chunk op."""
     monkeypatch.delenv(utils.KERNEL_FAMILY_ENV, raising=False)
     p = _grad_inputs(backend)
     seq_len = p["q"].shape[1]
@@ -106,9 +107,11 @@ def test_which_op_chunk_hdla_runs(backend, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(utils, "RECURRENT_MAX_TOKENS", seq_len - 1)  # the inference limit: not with grad
         assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}
-    sequences = p["q"].shape[0] * p["q"].shape[2]  # too few sequences walked at once: the chunk kernels
+    sequences = p["q"].shape[0] * p["q"].shape[2]
     with monkeypatch.context() as patch:
         patch.setattr(utils, "RECURRENT_MIN_SEQUENCES", sequences + 1)
+        assert _calls(chunk_hdla, **p) == {"fused_recurrent_hdla"}  # a short sequence: the walk at any batch
+        patch.setattr(utils, "RECURRENT_SHORT_TOKENS", seq_len - 1)  # longer: too few sequences walked at once
         assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
         with torch.no_grad():
             assert _calls(chunk_hdla, **p) == {"chunk_hdla"}
@@ -119,6 +122,7 @@ def test_which_op_chunk_hdla_runs(backend, monkeypatch):
         assert _calls(chunk_hdla_bidirectional, **both) == {"chunk_hdla_bidirectional"}
     both_sequences = 2 * both["q"].shape[0] * both["q"].shape[2]  # both directions count
     with monkeypatch.context() as patch:
+        patch.setattr(utils, "RECURRENT_SHORT_TOKENS", both["q"].shape[1] - 1)
         patch.setattr(utils, "RECURRENT_MIN_SEQUENCES", both_sequences)
         assert _calls(chunk_hdla_bidirectional, **both) == {"fused_recurrent_hdla_bidirectional"}
         patch.setattr(utils, "RECURRENT_MIN_SEQUENCES", both_sequences + 1)
