@@ -37,9 +37,9 @@ SHAPES = {"b1024": (16, 4096, 3, 64, True), "b2048": (2, 16384, 3, 64, True), "h
 KINDS = {"hdla": (2, False), "gla": (0, False), "kda": (1, False), "gdn": (1, True)}
 
 # variant -> overrides: "fwd:<stage>" a forward stage's warps (F1ab, F1c, F2), "f2:BV" F2's state columns per
-# program, "b1:<key>" and "b2:<key>" an entry of b1_config / b2_config, "env:<name>" an environment variable (B2's
-# scratch budget), "utils:<name>" a routing limit of kernels.utils, "slices:old" the chunk backward's batch slices
-# by the rule before 0c1e469 (:func:`old_slices`)
+# program, "maxnreg:<stage>" a forward stage's register cap, "b1:<key>" and "b2:<key>" an entry of b1_config /
+# b2_config, "env:<name>" an environment variable (B2's scratch budget), "utils:<name>" a routing limit of
+# kernels.utils, "slices:old" the chunk backward's batch slices by the rule before 0c1e469 (:func:`old_slices`)
 VARIANTS = {
     "base": {},
     "old_defaults": {"fwd:F1ab": 8, "b2:BKV": 32},  # the tables before this benchmark (HDLA at d <= 64)
@@ -80,6 +80,9 @@ VARIANTS = {
     # HDLA's token recurrence as routed before 2026-11-28 (kernels.utils): training up to 1024 tokens, any batch
     "recurrence_train_1024": {"utils:RECURRENT_TRAIN_MAX_TOKENS": 1024},
     "recurrence_any_batch": {"utils:RECURRENT_MIN_SEQUENCES": 1},
+    # F1ab's registers capped (ptxas .maxnreg; fwd.launch_register_cap): 128 at 8 warps allows two blocks per SM, 168 at
+    # 4 warps three, at the cost of spills
+    "f1ab_reg128": {"maxnreg:F1ab": 128}, "f1ab_reg168_w4": {"maxnreg:F1ab": 168, "fwd:F1ab": 4},
 }
 
 
@@ -94,7 +97,7 @@ def old_slices(batch: int, bytes_per_batch: int, programs_per_element: int = 0, 
 @contextmanager
 def launch_settings(overrides: dict):
     """The launch tables with ``overrides`` applied (module attributes patched, restored on exit)."""
-    real = (fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config, fwd.f2_block_v)
+    real = (fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config, fwd.f2_block_v, fwd.launch_register_cap)
 
     def launch_warps(stage, *args):
         return overrides.get(f"fwd:{stage}") or real[0](stage, *args)
@@ -113,6 +116,9 @@ def launch_settings(overrides: dict):
         setattr(utils, name, value)
     slices = bwd.scratch_batch_slices
     fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config = launch_warps, b1_config, b2_config
+    caps = {k[8:]: v for k, v in overrides.items() if k.startswith("maxnreg:")}
+    if caps:
+        fwd.launch_register_cap = lambda stage: {"maxnreg": caps[stage]} if stage in caps else {}
     if "f2:BV" in overrides:
         fwd.f2_block_v = lambda heads_total, dv, bk: min(overrides["f2:BV"], max(16, triton.next_power_of_2(dv)))
     if overrides.get("slices:old"):
@@ -121,7 +127,7 @@ def launch_settings(overrides: dict):
     try:
         yield
     finally:
-        fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config, fwd.f2_block_v = real
+        fwd.launch_warps, bwd.b1_config, bwd_chunk.b2_config, fwd.f2_block_v, fwd.launch_register_cap = real
         for name, value in saved_routing.items():
             setattr(utils, name, value)
         bwd.scratch_batch_slices = slices

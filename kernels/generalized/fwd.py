@@ -1223,6 +1223,13 @@ def launch_warps(stage: str, c: int, rap: int, rkp: int, bk: int) -> int:
     raise ValueError(f"unknown stage {stage!r}")
 
 
+def launch_register_cap(stage: str) -> dict:
+    """Extra launch options of a forward stage: ``{"maxnreg": n}`` to cap its registers per thread, or none (the
+    default: ptxas takes up to 255). A hook for ``benchmarks.launch_configs`` (F1ab holds 255 registers at every head
+    dim, one block per SM at 8 warps; benchmarks/results/NOTES.md, 2026-11-28)."""
+    return {}
+
+
 _TOO_BIG = set()  # F1 configurations whose shared memory exceeds the GPU's: the next smaller chunk is used
 
 
@@ -1403,7 +1410,7 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_lim
         INV_EXACT=f32 or rap == 1,
         DIAG_LIMIT=float(diag_limit), DIAG_LOWP=int(q.dtype == torch.bfloat16), RECORD_PATH=record_path,
         HDLA_GRAM=hdla and diag_limit > 0 and f1_hdla_gram(),
-        num_warps=num_warps or launch_warps("F1ab", c, rap, rkp, bk), num_stages=1,
+        num_warps=num_warps or launch_warps("F1ab", c, rap, rkp, bk), num_stages=1, **launch_register_cap("F1ab"),
     )
     chunk_nc_kernel[grid](
         k, v, a_in, b_in, g, beta_in, gs, w_mat, u_mat, n_mat if r_ab else dummy, cc,
