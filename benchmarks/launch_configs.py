@@ -267,6 +267,28 @@ def models_ab(models, resolutions, variants, rounds, compile_mode, rep_ms, save)
     return rows
 
 
+def summary_lines(path: str, kernels=()) -> list:
+    """One line per row of a JSON this benchmark wrote (``--out``): a model step (``--models-ab``: variant, round,
+    resolution, ms, images/s, peak MiB) or an op's fwd+bwd (shape, variant, ms, ``max_rel_vs_base``, peak MiB, the sum
+    of its kernels and the µs of each of ``kernels`` present); a row that failed as its error. A missing file: one
+    line saying so."""
+    if not os.path.exists(path):
+        return [f"missing {path}"]
+    lines = []
+    for r in json.load(open(path))["rows"]:
+        if "error" in r:
+            lines.append(str(r))
+        elif "step_ms" in r:
+            lines.append(f"{r['variant']} {r['round']} {r['resolution']} {r['step_ms']:.2f} ms "
+                         f"{r['images_per_s']:.1f} img/s {r['peak_mem_mib']:.0f} MiB")
+        else:
+            per_kernel = r["kernels_us"]
+            picked = {name: round(per_kernel[name][0], 1) for name in kernels if name in per_kernel}
+            lines.append(f"{r['shape']} {r['variant']} {r['fwd_bwd_ms']:.3f} ms rel {r['max_rel_vs_base']:.1e} "
+                         f"{r['peak_mib']} MiB kernel sum {sum(v[0] for v in per_kernel.values()):.1f} us {picked}")
+    return lines
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["b1024"], choices=[f"{s}:{k}" if k != "hdla" else s
@@ -282,10 +304,19 @@ def main(argv=None) -> None:
     parser.add_argument("--resolutions", type=int, nargs="+", default=[1024, 2048], help="with --models-ab")
     parser.add_argument("--rounds", type=int, default=2, help="with --models-ab: A B rounds")
     parser.add_argument("--compile", default="eager", help="with --models-ab: benchmarks.models' compile mode")
+    parser.add_argument("--summarize", nargs="+", default=None, metavar="JSON",
+                        help="print a line per row of these result JSONs (no GPU needed) and exit")
+    parser.add_argument("--summary-kernels", default="",
+                        help="with --summarize: comma list of kernels whose µs each line shows")
     args = parser.parse_args(argv)
     if args.list:
         for name, overrides in VARIANTS.items():
             print(name, overrides)
+        return
+    if args.summarize:
+        kernels = [k for k in args.summary_kernels.split(",") if k]
+        for path in args.summarize:
+            print("\n".join(summary_lines(path, kernels)))
         return
     variants = ["base"] + [v for v in args.variants if v != "base"]
     head = provenance(torch.cuda.get_device_name())

@@ -240,3 +240,21 @@ def test_models_profile_sorts_kernels_into_block_parts():
     parts = models.profile_parts(events, blocks=2, steps=3)
     assert parts == {"gemm": {"ms": 1.0, "launches": 2.0}, "glue": {"ms": 0.5, "launches": 4.0}}
     assert "total" in models.format_parts(parts)
+
+
+def test_launch_configs_summary_lines(tmp_path):
+    """``python -m benchmarks.launch_configs --summarize`` (the device scripts' summary): one line per row of
+    either kind, a failed row as its error, a missing file named."""
+    from benchmarks.launch_configs import summary_lines
+
+    rows = [dict(shape="lm", variant="base", fwd_bwd_ms=12.8246, max_rel_vs_base=0.0, peak_mib=1998,
+                 kernels_us={"chunk_nc_kernel": [567.04, 1.0], "chunk_intra_kernel": [2900.5, 1.0]}),
+            dict(shape="lm", variant="f1ab_reg128", error="OutOfResources: shared memory"),
+            dict(variant="base", round=1, resolution=512, step_ms=177.418, images_per_s=360.72, peak_mem_mib=7862.7)]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(dict(device="H200", rows=rows)))
+    lines = summary_lines(str(path), ["chunk_nc_kernel", "absent_kernel"])
+    assert lines[0] == "lm base 12.825 ms rel 0.0e+00 1998 MiB kernel sum 3467.5 us {'chunk_nc_kernel': 567.0}"
+    assert "OutOfResources" in lines[1]
+    assert lines[2] == "base 1 512 177.42 ms 360.7 img/s 7863 MiB"
+    assert summary_lines(str(tmp_path / "none.json")) == [f"missing {tmp_path / 'none.json'}"]

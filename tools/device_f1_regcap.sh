@@ -5,21 +5,6 @@
 # benchmarks/results/ncu_h200/), at the LM, high-res and 1024 px shapes. Outputs must match the defaults to bf16
 # rounding (max_rel_vs_base).
 # Usage on the device, repository root, carrying .whl:  COMMIT=<sha> bash tools/device_f1_regcap.sh
-source tools/device_setup.sh
-stamp "start ${COMMIT:-?}"
-timeout 250 python3 -m benchmarks.launch_configs --shapes lm hires b1024 --variants base f1ab_reg128 f1ab_reg168_w4 \
-  --rep-ms 100 --out "$OUT/f1_regcap.json" > "$OUT/f1_regcap.txt" 2>&1
-stamp "variants done (rc $?)"
-{ cat "$OUT/timeline.txt"; python3 - "$OUT/f1_regcap.json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    if "error" in r:
-        print(r)
-        continue
-    f1 = r["kernels_us"].get("chunk_intra_kernel", [float("nan")])[0]
-    print(r["shape"], r["variant"], round(r["fwd_bwd_ms"], 3), "ms", "rel %.1e" % r["max_rel_vs_base"],
-          "chunk_intra_kernel %.1f us" % f1)
-PY
-} > "$OUT/summary.txt" 2>&1
-cat "$OUT/summary.txt"
-pack
+# Writes under $OUT: summary.txt, timeline.txt and results.tgz (f1_regcap.json, f1_regcap.txt)
+NAME=f1_regcap KERNELS=chunk_intra_kernel LIMIT_S=250 \
+  exec bash tools/device_launch_variants.sh f1ab_reg128 f1ab_reg168_w4

@@ -13,24 +13,9 @@ stamp "models A/B done (rc $?)"
 timeout 250 python3 -m benchmarks.launch_configs --shapes lm hires b1024 --variants base f2_bv32 f2_bv64 f2_bv128 \
   --rep-ms 100 --out "$OUT/f2_bv.json" > "$OUT/f2_bv.txt" 2>&1
 stamp "F2 variants done (rc $?)"
-{ cat "$OUT/timeline.txt"; python3 - "$OUT/models_ab.json" "$OUT/f2_bv.json" <<'PY'
-import json, os, sys
-for path in sys.argv[1:]:
-    if not os.path.exists(path):
-        print("missing", path)
-        continue
-    for r in json.load(open(path))["rows"]:
-        if "error" in r:
-            print(r)
-        elif "step_ms" in r:
-            print(r["variant"], r["round"], r["resolution"], round(r["step_ms"], 2), "ms", round(r["images_per_s"], 1),
-                  "img/s", round(r["peak_mem_mib"]), "MiB")
-        else:
-            state = {k: round(v[0] if isinstance(v, list) else v, 1) for k, v in r["kernels_us"].items()
-                     if "state" in k or "group" in k}
-            print(r["shape"], r["variant"], round(r["fwd_bwd_ms"], 3), "ms", "rel %.1e" % r["max_rel_vs_base"],
-                  r["peak_mib"], "MiB", state)
-PY
+{ cat "$OUT/timeline.txt"
+  python3 -m benchmarks.launch_configs --summarize "$OUT/models_ab.json" "$OUT/f2_bv.json" \
+    --summary-kernels chunk_state_kernel,group_compose_kernel,group_walk_kernel,group_expand_kernel,_bwd_state_kernel
 } > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 pack
