@@ -17,9 +17,8 @@ carry the weight of the level ``levels.initial_level`` gives. The existing autog
 ops gives every gradient (``level_scales`` through the scaled queries).
 
 Cost: ``O(log T)`` linear-op calls on at most ``3 T`` tokens each (plus ``L T`` with an initial state).
-A call without a cache or final state takes instead the one chunk form of ``torch_chunk.py`` where the linear ops
-would run their PyTorch chunk form (CPU tensors without the Triton interpreter; :data:`PATH_ENV` to force
-either path), kernels/README.md §7.
+A call without a cache or final state takes instead the one chunk form of ``torch_chunk.py`` (everywhere but under
+the Triton interpreter; :data:`PATH_ENV` to force either path), kernels/README.md §7.
 """
 import os
 from typing import Callable, Dict, Optional, Tuple

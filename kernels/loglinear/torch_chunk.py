@@ -1,4 +1,5 @@
-"""Log-linear attention in one chunk form (PyTorch, autograd backward): the path for CPU tensors.
+"""Log-linear attention in one chunk form (PyTorch, autograd backward): the path of calls without a cache (CPU and
+CUDA; kernels/loglinear/chunk.py's ``PATH_ENV``).
 
 With chunks of ``C = 2^c`` tokens that start at multiples of C (absolute positions), every pair ``s <= t`` of one
 chunk has ``level(t, s) = bit_length(t XOR s) <= c`` and every pair across chunks ``n > m`` has
@@ -28,8 +29,12 @@ from ..utils import check_log_decay
 
 def intra_levels(chunk: int, device=None) -> torch.Tensor:
     """``level(t, s) = bit_length(t XOR s)`` within a chunk aligned to its size: ``[C, C]`` int64 (every pair,
-    the causal mask is the callers')."""
-    return torch.tensor([[(t ^ s).bit_length() for s in range(chunk)] for t in range(chunk)], device=device)
+    the causal mask is the callers'), on ``device`` by tensor ops (no per-call Python table): ``bit_length(x)``
+    counts the powers of two ``<= x``."""
+    tok = torch.arange(chunk, device=device)
+    pairs = tok[:, None] ^ tok[None, :]
+    powers = 1 << torch.arange(max(chunk - 1, 1).bit_length(), device=device)
+    return (pairs[..., None] >= powers).sum(-1)
 
 
 def _lead_padded(x: torch.Tensor, lead: int) -> torch.Tensor:
