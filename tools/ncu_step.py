@@ -3,22 +3,17 @@
 
     ncu --profile-from-start off --clock-control none -k regex:chunk_intra_kernel python3 -m tools.ncu_step lm
 
-Shapes: benchmarks.kernels.SHAPES (bf16 inputs, benchmarks.kernels.make_inputs).
+Shapes: benchmarks.kernels.SHAPES (the step is :func:`benchmarks.host_profile.op_steps`' fwd+bwd).
 """
 import sys
 
 import torch
 
-from benchmarks.kernels import SHAPES, make_inputs, ours
+from benchmarks.host_profile import op_steps
 
 
 def main(shape_name: str) -> None:
-    inputs = make_inputs(*SHAPES[shape_name], torch.bfloat16, torch.device("cuda"))
-    grad = torch.randn_like(ours(*inputs))
-
-    def step():
-        torch.autograd.grad(ours(*inputs), inputs, grad)
-
+    step = op_steps(shape_name)[0]
     step()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
