@@ -183,15 +183,12 @@ def main():
             result.setdefault("tflops", {})[name] = {"fwd": flops / t["fwd"] / 1e9,
                                                      "fwd_bwd": 3 * flops / t["fwd_bwd"] / 1e9}
         write_json(result, args.out)
-    for name in filter(None, args.profile.split(",")):
-        print(f"profile {name} {SHAPES[name]}", flush=True)
-        result.setdefault("profile_us_per_call", {})[name] = profile_ours(make_inputs(*SHAPES[name], dtype, device))
-        write_json(result, args.out)
-    for name in filter(None, args.profile_fwd.split(",")):
-        print(f"profile forward {name} {SHAPES[name]}", flush=True)
-        result.setdefault("profile_fwd_us_per_call", {})[name] = profile_ours(
-            make_inputs(*SHAPES[name], dtype, device), backward=False)
-        write_json(result, args.out)
+    for names, key, label, backward in ((args.profile, "profile_us_per_call", "profile", True),
+                                        (args.profile_fwd, "profile_fwd_us_per_call", "profile forward", False)):
+        for name in filter(None, names.split(",")):
+            print(f"{label} {name} {SHAPES[name]}", flush=True)
+            result.setdefault(key, {})[name] = profile_ours(make_inputs(*SHAPES[name], dtype, device), backward=backward)
+            write_json(result, args.out)
     if not args.no_check:
         result["check_bf16"] = check_against_loop(torch.bfloat16, device)
         result["check_fp32"] = check_against_loop(torch.float32, device)
