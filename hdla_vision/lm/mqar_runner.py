@@ -82,6 +82,7 @@ from hdla_vision.lm import HDLAConfig, HDLAForCausalLM
 from hdla_vision.layers import CHUNK_BACKENDS, set_chunk_backend
 from hdla_vision.lm import mqar_loglinear as table2
 from hdla_vision.lm.mqar import check_mqar_args, mqar_split, multiquery_ar
+from hdla_vision.lm.mqar_step import autocast, cross_entropy_loss, make_optimizer, make_step, restore_lr_tensors, set_lr
 from hdla_vision.lm.zoology_lm import ZoologyLM, ZoologyLMConfig
 
 LENGTHS = [256, 512, 1024, 2048]
@@ -207,6 +208,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cpu-threads", type=int, default=2, help="torch CPU threads (several runs share a machine)")
     p.add_argument("--chunk-backend", default="auto", choices=CHUNK_BACKENDS)
+    p.add_argument("--cuda-graph", default="auto", choices=("auto", "on", "off"),
+                   help="replay the training step as one CUDA graph (hdla_vision.lm.mqar_step; auto: on CUDA)")
     p.add_argument("--write-queue", default=None, metavar="FILE",
                    help="no training: write the planned runs to FILE, one '<run id> <arguments>' line each")
     p.add_argument("--tiny", action="store_true", help="CPU smoke sizes for the settings not given")
@@ -260,6 +263,8 @@ def apply_preset(args) -> None:
 def check_args(args) -> None:
     """Models of the preset; per-length lists with one value per length; lengths without the
     preset's values need them; positive sizes."""
+    if args.cuda_graph == "on" and not args.device.startswith("cuda"):
+        raise ValueError(f"--cuda-graph on needs a CUDA --device, got {args.device}")
     unknown = [m for m in args.mixers if m not in MODELS[args.preset]]
     if unknown:
         raise ValueError(f"--mixers {unknown} are not models of --preset {args.preset}: {list(MODELS[args.preset])}")
@@ -487,10 +492,11 @@ def num_segments(proto: dict) -> int:
 
 
 # -- training -----------------------------------------------------------------------------------
-def autocast(device: str):
-    if device.startswith("cuda"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+def use_cuda_graph(args) -> bool:
+    """``--cuda-graph``: on, off, or auto (on where the run trains on CUDA)."""
+    if args.cuda_graph == "auto":
+        return args.device.startswith("cuda")
+    return args.cuda_graph == "on"
 
 
 def synchronize(device: str) -> None:
@@ -536,29 +542,22 @@ def max_queries(proto: dict, train) -> int:
     return max(int((labels != -100).sum(1).max()) for _, labels in parts)
 
 
-def train_segment(model, opt, batches, proto: dict, device: str, queries: Optional[int] = None) -> dict:
-    """Train on ``batches`` (``(lr, inputs, labels)``); mean loss, the first lr and ms/step (synchronised).
-    ``queries``: :func:`query_logits`' count per example (no host sync per step), None: the boolean index."""
+def train_segment(model, step, opt, batches, device: str) -> dict:
+    """Train on ``batches`` (``(lr, inputs, labels)``) with ``step`` (:mod:`hdla_vision.lm.mqar_step`: eager or
+    one CUDA graph); mean loss, the first lr and ms/step (synchronised)."""
     model.train()
     total, steps, first_lr = torch.zeros((), device=device), 0, None
     synchronize(device)
     start = time.time()
     for lr, inputs, labels in batches:
-        for group in opt.param_groups:
-            group["lr"] = lr
+        set_lr(opt, lr)
         first_lr = lr if first_lr is None else first_lr
-        with autocast(device):
-            logits, targets = query_logits(model, inputs, labels, proto["embedding_dropout"], queries)
-        loss = F.cross_entropy(logits, targets)  # mean over the labelled rows (-100 ignored)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        total += loss.detach()
+        total += step(inputs, labels)
         steps += 1
     synchronize(device)
     seconds = time.time() - start
     return dict(lr=first_lr, train_loss=total.item() / steps, steps=steps, ms_per_step=round(1000 * seconds / steps, 3),
-                train_seconds=round(seconds, 2))
+                train_seconds=round(seconds, 2), step_mode=step.mode if not getattr(step, "failed", False) else "eager")
 
 
 @torch.no_grad()
@@ -692,6 +691,7 @@ def load_checkpoint(path: Path, proto: dict, model, opt, device: str) -> list:
                          f"remove it or use another --state-dir")
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["optimizer"])
+    restore_lr_tensors(opt)
     set_rng_state(ckpt["rng"], device)
     return ckpt["curve"]
 
@@ -734,12 +734,15 @@ def train_run(args, proto: dict, deadline=None, stop_after=None) -> dict:
     train, test = load_data(args, proto, device)
     model = build_model(model_config(args, proto["mixer"], proto["model_config"].get("intermediate_size"),
                                      proto.get("d_model")), proto["seed"], device)
-    opt = torch.optim.AdamW(model.parameters(), lr=proto["lr"], weight_decay=proto["weight_decay"])
+    graphed = use_cuda_graph(args)
+    opt = make_optimizer(model, proto["lr"], proto["weight_decay"], graphed)
     ckpt = folder / "ckpt.pt"
     curve = load_checkpoint(ckpt, proto, model, opt, device) if ckpt.exists() else []
+    loss_fn = cross_entropy_loss(query_logits, model, proto["embedding_dropout"], max_queries(proto, train))
+    step = make_step(loss_fn, opt, device, graphed)
     done_here, reason = 0, stop_reason(curve, proto)
     while reason is None and time_left_for_epoch(curve, deadline) and (stop_after is None or done_here < stop_after):
-        curve.append(one_segment(args, model, opt, (train, test), proto, curve))
+        curve.append(one_segment(args, model, step, opt, (train, test), proto, curve))
         save_atomic(dict(protocol=proto, model=model.state_dict(), optimizer=opt.state_dict(), rng=rng_state(device),
                          curve=curve), ckpt)
         reason, done_here = stop_reason(curve, proto), done_here + 1
@@ -754,12 +757,12 @@ def train_run(args, proto: dict, deadline=None, stop_after=None) -> dict:
     return record
 
 
-def one_segment(args, model, opt, data, proto, curve) -> dict:
+def one_segment(args, model, step, opt, data, proto, curve) -> dict:
     """Train one epoch (legacy: one block of steps), then test: the next point of the learning curve."""
     train, test = data
     segment = len(curve)
-    point = dict(epoch=segment + 1, **train_segment(model, opt, segment_batches(proto, train, segment, args.device),
-                                                    proto, args.device, max_queries(proto, train)))
+    point = dict(epoch=segment + 1, **train_segment(model, step, opt, segment_batches(proto, train, segment, args.device),
+                                                    args.device))
     point["step"] = (curve[-1]["step"] if curve else 0) + point["steps"]
     start = time.time()
     score = evaluate_segments if proto["data"] == "mixture" else evaluate
