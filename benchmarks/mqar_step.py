@@ -10,7 +10,7 @@ compute the same function), eager and graphed, each on a fresh model and optimiz
 ms/step (synchronised wall time over the steps after ``--warmup``, the graph's capture among the warm-up),
 peak memory, the loss of every step in both modes and their largest relative difference (bf16 autocast:
 the two differ by rounding only), and the GPU kernel time of one eager step from the profiler, which
-says how much of the eager step the host's launches take.
+says how much of the eager step the host's launches take (``--top N``: its N slowest kernels).
 """
 import argparse
 import json
@@ -56,16 +56,21 @@ def train_steps(args, proto: dict, data, warmup: int, graphed: bool) -> dict:
                 peak_mib=round(torch.cuda.max_memory_allocated() / 2 ** 20, 1), model=model, step=step, data=data)
 
 
-def kernel_ms(run: dict) -> float:
-    """GPU kernel time (ms) of one eager step, from the profiler's CUDA events."""
+def kernel_profile(run: dict, top: int) -> dict:
+    """GPU kernel time (ms) of one eager step from the profiler's CUDA events, and its ``top`` kernels
+    by time (name, calls, ms)."""
     x, y = run["data"][0]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
         run["step"](x, y)
         torch.cuda.synchronize()
-    return round(sum(e.device_time_total for e in prof.key_averages()) / 1000, 3)
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: e.device_time_total, reverse=True)
+    return dict(kernel_ms=round(sum(e.device_time_total for e in events) / 1000, 3),
+                top=[dict(name=e.key[:120], calls=e.count, ms=round(e.device_time_total / 1000, 3))
+                     for e in events[:top]])
 
 
-def cell(args, proto: dict, steps: int, warmup: int) -> dict:
+def cell(args, proto: dict, steps: int, warmup: int, top: int) -> dict:
     data = batches(proto, steps, "cuda")
     eager = train_steps(args, proto, data, warmup, graphed=False)
     graph = train_steps(args, proto, data, warmup, graphed=True)
@@ -76,10 +81,12 @@ def cell(args, proto: dict, steps: int, warmup: int) -> dict:
                speedup=round(eager["ms_per_step"] / graph["ms_per_step"], 2), graph_mode=graph["mode"],
                capture_failed=graph["capture_failed"], eager_peak_mib=eager["peak_mib"], graph_peak_mib=graph["peak_mib"],
                loss_max_rel_diff=diff, eager_losses=eager["losses"], graph_losses=graph["losses"],
-               eager_kernel_ms=kernel_ms(eager))
+               **{f"eager_{k}": v for k, v in kernel_profile(eager, top).items()})
     print(f"{row['mixer']:>22} L={row['length']:<5} eager {row['eager_ms']:8.2f} ms (kernels {row['eager_kernel_ms']:.2f})"
           f"  graph {row['graph_ms']:8.2f} ms  x{row['speedup']:.2f}  loss diff {diff:.1e}"
           f"{'  CAPTURE FAILED' if row['capture_failed'] else ''}", flush=True)
+    for kernel in row["eager_top"]:
+        print(f"      {kernel['ms']:8.3f} ms {kernel['calls']:4d}x  {kernel['name']}", flush=True)
     return row
 
 
@@ -87,6 +94,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--top", type=int, default=0, help="also list the eager step's TOP kernels by GPU time")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "mqar_step.json"))
     args, rest = p.parse_known_args(argv)
     if args.steps <= args.warmup:
@@ -94,7 +102,7 @@ def main(argv=None):
     mqar = parse_args(rest + ["--seeds", "0", "--lrs", "1e-3"])
     mqar.device = "cuda"
     set_chunk_backend(mqar.chunk_backend)
-    rows = [cell(mqar, proto, args.steps, args.warmup) for proto in planned_protocols(mqar)]
+    rows = [cell(mqar, proto, args.steps, args.warmup, args.top) for proto in planned_protocols(mqar)]
     result = dict(**provenance(torch.cuda.get_device_name()), benchmark="mqar_step", steps=args.steps,
                   warmup=args.warmup, torch=torch.__version__, rows=rows)
     with open(args.out, "w") as f:

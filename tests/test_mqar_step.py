@@ -73,9 +73,9 @@ def test_graphed_step_needs_cuda_and_a_capturable_optimizer():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mixer", ["hdla", "gated_deltanet"])
 def test_graphed_step_matches_the_eager_step(mixer):
-    """Same initialisation and batches (one short, which runs eagerly): the graphed run's losses and final
-    weights match the eager run's to bf16 rounding, and the first loss is the eager one exactly (the warm-up
-    steps before the capture leave the model, the optimizer and the RNG as they were)."""
+    """Same initialisation and batches (one short: a second graph, captured mid-run): the graphed run's losses
+    and final weights match the eager run's to bf16 rounding, and the first loss is the eager one exactly (the
+    warm-up steps before a capture leave the model, the optimizer and the RNG as they were)."""
     runs = []
     for graphed in (False, True):
         model, proto = tiny_model("cuda", mixer)
@@ -87,7 +87,7 @@ def test_graphed_step_matches_the_eager_step(mixer):
         for i, (x, y) in enumerate(data):
             set_lr(opt, 3e-3 / (i + 1))
             losses.append(float(step(x, y)))
-        assert not getattr(step, "failed", False)
+        assert not getattr(step, "failed", False) and len(getattr(step, "graphs", "ab")) == 2
         runs.append((losses, torch.cat([p.detach().flatten().float() for p in model.parameters()])))
     (eager_losses, eager_w), (graph_losses, graph_w) = runs
     assert graph_losses[0] == eager_losses[0]

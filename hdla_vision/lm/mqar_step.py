@@ -13,13 +13,13 @@ What the capture needs, and how it keeps the run's training unchanged:
   optimizer's state) run on the first batch; the parameters, the optimizer's state and the CUDA RNG are
   put back afterwards, so the run continues as if they had not happened.
 * Autocast without its weight cache (the cached casts would be taken from outside the graph).
-* Fixed shapes: a batch of another shape (an epoch's short last batch) runs eagerly on the same model
-  and optimizer.
+* Fixed shapes: one graph per batch shape (an epoch's short last batch, the segments of a mixture),
+  captured when the shape first comes, all on the same parameters and optimizer state.
 
 A capture that fails (an op that synchronises with the host, say) warns and leaves the run eager.
 """
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -81,59 +81,59 @@ class EagerStep:
 
 
 class GraphedStep(EagerStep):
-    """:class:`EagerStep` captured as one CUDA graph on the first batch of the shape ``batch_shape`` and
-    replayed for every later batch of that shape; other shapes run eagerly. The returned loss lives in
-    the graph's static output: read (or add) it before the next call."""
+    """:class:`EagerStep` captured as one CUDA graph per batch shape (the first batch of each shape is
+    captured, every later one replays it; past ``max_graphs`` shapes the step runs eagerly). The returned
+    loss lives in the graph's static output: read (or add) it before the next call of that shape."""
 
     mode = "cuda_graph"
 
-    def __init__(self, loss_fn: Callable, opt: torch.optim.Optimizer, device: torch.device, warmup: int = 3):
+    def __init__(self, loss_fn: Callable, opt: torch.optim.Optimizer, device: torch.device, warmup: int = 3,
+                 max_graphs: int = 16):
         super().__init__(loss_fn, opt, device)
         if not opt.defaults.get("capturable"):
             raise ValueError("GraphedStep needs a capturable optimizer (make_optimizer(..., graphed=True))")
-        self.warmup = warmup
-        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.warmup, self.max_graphs = warmup, max_graphs
+        self.graphs: Dict[tuple, Tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.failed = False
-        self.static_inputs = self.static_labels = self.static_loss = None
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.failed or (self.graph is not None and inputs.shape != self.static_inputs.shape):
+        key = (tuple(inputs.shape), tuple(labels.shape))
+        if key not in self.graphs and not self.failed and len(self.graphs) < self.max_graphs:
+            self.capture(key, inputs, labels)
+        if key not in self.graphs:
             return super().__call__(inputs, labels)
-        if self.graph is None:
-            self.capture(inputs, labels)
-            if self.failed:
-                return super().__call__(inputs, labels)
-        self.static_inputs.copy_(inputs)
-        self.static_labels.copy_(labels)
-        self.graph.replay()
-        return self.static_loss
+        graph, static_inputs, static_labels, static_loss = self.graphs[key]
+        static_inputs.copy_(inputs)
+        static_labels.copy_(labels)
+        graph.replay()
+        return static_loss
 
-    def capture(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
+    def capture(self, key: tuple, inputs: torch.Tensor, labels: torch.Tensor) -> None:
         """Warm up on ``inputs`` (side stream), put the model, optimizer and RNG back, capture the step."""
-        self.static_inputs, self.static_labels = inputs.clone(), labels.clone()
+        static_inputs, static_labels = inputs.clone(), labels.clone()
         saved = self.snapshot()
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
-                    super().__call__(self.static_inputs, self.static_labels)
+                    super().__call__(static_inputs, static_labels)
             torch.cuda.current_stream(self.device).wait_stream(side)
             self.restore(saved)
             self.opt.zero_grad(set_to_none=True)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 with autocast(self.device, cache=False):
-                    loss = self.loss_fn(self.static_inputs, self.static_labels)
+                    loss = self.loss_fn(static_inputs, static_labels)
                 loss.backward()
                 self.opt.step()
-            self.static_loss, self.graph = loss.detach(), graph
+            self.graphs[key] = (graph, static_inputs, static_labels, loss.detach())
         except Exception as err:  # noqa: BLE001 - any op that cannot be captured: stay eager
             warnings.warn(f"CUDA graph capture of the MQAR step failed ({type(err).__name__}: {err}); "
                           "training eagerly", RuntimeWarning)
             torch.cuda.synchronize(self.device)
             self.restore(saved)
-            self.failed, self.graph = True, None
+            self.failed = True
 
     def snapshot(self) -> dict:
         """Copies of the parameters, the optimizer's state and the CUDA RNG state."""
