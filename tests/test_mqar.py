@@ -116,7 +116,8 @@ def test_zoology_preset_is_the_issue_s_protocol():
         assert p["steps"] is None
     _, models = protocols([])
     configs = {p["mixer"]: p["model_config"] for p in models}
-    assert set(configs) == {"hdla", "hdla_authors", "gated_deltanet", "gated_deltaproduct_2"}
+    assert set(configs) == {"hdla", "hdla_authors", "hdla_authors_conv", "gated_deltanet", "gated_deltaproduct_2"}
+    assert configs["hdla_authors_conv"]["short_conv_size"] == 4 and configs["hdla_authors"]["short_conv_size"] == 0
     assert configs["gated_deltanet"]["head_dim_v"] == 2 * configs["gated_deltanet"]["head_dim"] == 128
     assert configs["gated_deltanet"]["mixer_kwargs"] == {"beta_range": 1.0}
     assert configs["gated_deltaproduct_2"]["head_dim_v"] == 128
@@ -203,22 +204,30 @@ def test_presets_smoke_run_and_report(tmp_path):
         assert all(0 <= c["test_accuracy"] <= 1 and math.isfinite(c["test_loss"]) for c in r["curve"])
     queue = tmp_path / "queue.txt"
     mqar_runner.main(TINY + ["--seeds", "0", "1", "--write-queue", str(queue)])
-    assert len(queue.read_text().splitlines()) == 8
+    models = len(mqar_runner.MODELS["zoology"])
+    assert len(queue.read_text().splitlines()) == 2 * models
     rows = mqar_report.main([str(tmp_path / "runs"), "--out-dir", str(tmp_path / "report"), "--queue", str(queue)])
     assert set(rows) == {("zoology", "zero", 16, m) for m in mqar_runner.MODELS["zoology"]} | {
         ("legacy", "random", 16, m) for m in mqar_runner.MODELS["legacy"]}
     table = (tmp_path / "report" / "mqar_results.md").read_text()
     assert "| zoology | zero | 16 | 4 | hdla_authors | 0.003 | " in table
-    assert table.count("| not run |") == 4 and "Planned cells: 8; finished: 4; unfinished: 0; not run: 4." in table
+    assert table.count("| not run |") == models
+    assert f"Planned cells: {2 * models}; finished: {models}; unfinished: 0; not run: {models}." in table
     assert "| legacy | random | 16 | 4 | hdla (outside the plan) |" in table and "weight_decay: 0.01, 0.1" in table
     assert (tmp_path / "report" / "mqar_accuracy.png").stat().st_size > 0
     merged = json.loads((tmp_path / "report" / "mqar_runs.json").read_text())["runs"]
     assert sorted(r["run_id"] for r in merged) == sorted(r["run_id"] for r in records)
 
 
+def cell_key(cell: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in cell.items()))
+
+
 def test_report_default_plan_is_the_zoology_table():
     cells = mqar_report.expected_cells()
-    assert len(cells) == 4 * 4 * 4 * 2
+    assert len(cells) == 4 * len(mqar_runner.MODELS["zoology"]) * 4 * 2
+    queued = mqar_report.queue_cells(["tools/mqar_queue.txt"])
+    assert sorted(map(cell_key, queued)) == sorted(map(cell_key, cells)), "tools/mqar_queue.txt is the default plan"
     assert {(c["length"], c["num_kv_pairs"]) for c in cells} == {(256, 16), (512, 64), (1024, 128), (2048, 256)}
     assert {c["seed"] for c in cells} == {0, 1} and {c["filler"] for c in cells} == {"zero"}
 

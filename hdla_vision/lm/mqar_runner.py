@@ -23,8 +23,12 @@
   * models (``MODELS["zoology"]``): two layers, d_model 128, 2 heads of key dim 64, tied embeddings,
     SwiGLU whose width balances each model near the paper's 1.65M parameters (printed and recorded);
     ``hdla`` (today's layer: short conv 4, decay bias), ``hdla_authors`` (the authors' layer: no short
-    conv, bias-free rank-16 decay, rank-16 sigmoid gate before one RMSNorm over all heads), and the
-    baselines as fla and Zoology build them: ``gated_deltanet`` with value width twice the key width
+    conv, bias-free rank-16 decay, rank-16 sigmoid gate before one RMSNorm over all heads; with no token
+    shift anywhere in this model it is not expected to learn MQAR: a reference point, not a competitor),
+    ``hdla_authors_conv`` (the same layer with the short conv 4 that every other model here has: Zoology
+    gives its recurrent models a token shift too, ``Hybrid([BaseConv, mixer])`` plus fla's short conv in
+    ``zoology/experiments/models_repo.py``), and the baselines as fla and Zoology build them:
+    ``gated_deltanet`` with value width twice the key width
     (fla's expand_v = 2), ``gated_deltaproduct_2`` (n_h = 2) with expand_v = 2 and beta in (0, 2)
     (fla's allow_neg_eigval default for DeltaProduct).
 
@@ -104,6 +108,10 @@ MODELS = {
         # rank-16 sigmoid gate before one RMSNorm over all heads
         "hdla_authors": dict(mixer="hdla_authors", short_conv_size=0, gate_act="sigmoid", value_expand=1,
                              mixer_kwargs={"decay_rank": 16, "gate_rank": 16}),
+        # the authors' layer with the token shift the other models get from their short conv (MQAR needs one:
+        # without it the layer at best recalls the bag of values in context, not the key's value)
+        "hdla_authors_conv": dict(mixer="hdla_authors", short_conv_size=4, gate_act="sigmoid", value_expand=1,
+                                  mixer_kwargs={"decay_rank": 16, "gate_rank": 16}),
         # fla's / Zoology's Gated DeltaNet: expand_v = 2, beta in (0, 1)
         "gated_deltanet": dict(mixer="gated_deltanet", short_conv_size=4, gate_act="silu", value_expand=2,
                                mixer_kwargs={"beta_range": 1.0}),
