@@ -10,7 +10,8 @@ compute the same function), eager and graphed, each on a fresh model and optimiz
 ms/step (synchronised wall time over the steps after ``--warmup``, the graph's capture among the warm-up),
 peak memory, the loss of every step in both modes and their largest relative difference (bf16 autocast:
 the two differ by rounding only), and the GPU kernel time of one eager step from the profiler, which
-says how much of the eager step the host's launches take (``--top N``: its N slowest kernels).
+says how much of the eager step the host's launches take (``--top N``: its N slowest kernels);
+``--compile-step``: also the graphed step with the loss through ``torch.compile`` (the runner's ``--compile``).
 """
 import argparse
 import json
@@ -36,12 +37,12 @@ def batches(proto: dict, steps: int, device: str):
     return out
 
 
-def train_steps(args, proto: dict, data, warmup: int, graphed: bool) -> dict:
+def train_steps(args, proto: dict, data, warmup: int, graphed: bool, compile: bool = False) -> dict:
     """Losses and timing of ``len(data)`` steps from a fresh model (seed 0) in one mode."""
     config = model_config(args, proto["mixer"], proto["model_config"].get("intermediate_size"))
     model = build_model(config, 0, "cuda").train()
     opt = make_optimizer(model, proto["lr"], proto["weight_decay"], graphed)
-    step = make_step(cross_entropy_loss(query_logits, model, 0.0, proto["num_kv_pairs"]), opt, "cuda", graphed)
+    step = make_step(cross_entropy_loss(query_logits, model, 0.0, proto["num_kv_pairs"], compile), opt, "cuda", graphed)
     torch.cuda.reset_peak_memory_stats()
     losses, start = [], None
     for i, (x, y) in enumerate(data):
@@ -70,10 +71,11 @@ def kernel_profile(run: dict, top: int) -> dict:
                      for e in events[:top]])
 
 
-def cell(args, proto: dict, steps: int, warmup: int, top: int) -> dict:
+def cell(args, proto: dict, steps: int, warmup: int, top: int, compile: bool) -> dict:
     data = batches(proto, steps, "cuda")
     eager = train_steps(args, proto, data, warmup, graphed=False)
     graph = train_steps(args, proto, data, warmup, graphed=True)
+    compiled = train_steps(args, proto, data, warmup, graphed=True, compile=True) if compile else None
     diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(graph["losses"], eager["losses"]))
     row = dict(mixer=proto["mixer"], length=proto["length"], batch_size=proto["batch_size"],
                num_kv_pairs=proto["num_kv_pairs"], params=proto["params"],
@@ -82,6 +84,13 @@ def cell(args, proto: dict, steps: int, warmup: int, top: int) -> dict:
                capture_failed=graph["capture_failed"], eager_peak_mib=eager["peak_mib"], graph_peak_mib=graph["peak_mib"],
                loss_max_rel_diff=diff, eager_losses=eager["losses"], graph_losses=graph["losses"],
                **{f"eager_{k}": v for k, v in kernel_profile(eager, top).items()})
+    if compiled is not None:
+        row.update(compiled_graph_ms=compiled["ms_per_step"], compiled_mode=compiled["mode"],
+                   compiled_peak_mib=compiled["peak_mib"], compiled_losses=compiled["losses"],
+                   compiled_loss_max_rel_diff=max(abs(a - b) / max(abs(b), 1e-12)
+                                                  for a, b in zip(compiled["losses"], eager["losses"])))
+        print(f"{'':>22} compiled + graph {row['compiled_graph_ms']:8.2f} ms  ({row['compiled_mode']}, "
+              f"loss diff {row['compiled_loss_max_rel_diff']:.1e})", flush=True)
     print(f"{row['mixer']:>22} L={row['length']:<5} eager {row['eager_ms']:8.2f} ms (kernels {row['eager_kernel_ms']:.2f})"
           f"  graph {row['graph_ms']:8.2f} ms  x{row['speedup']:.2f}  loss diff {diff:.1e}"
           f"{'  CAPTURE FAILED' if row['capture_failed'] else ''}", flush=True)
@@ -95,6 +104,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--top", type=int, default=0, help="also list the eager step's TOP kernels by GPU time")
+    p.add_argument("--compile-step", action="store_true",
+                   help="also the graphed step with the loss through torch.compile (the runner's --compile)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "mqar_step.json"))
     args, rest = p.parse_known_args(argv)
     if args.steps <= args.warmup:
@@ -102,7 +113,7 @@ def main(argv=None):
     mqar = parse_args(rest + ["--seeds", "0", "--lrs", "1e-3"])
     mqar.device = "cuda"
     set_chunk_backend(mqar.chunk_backend)
-    rows = [cell(mqar, proto, args.steps, args.warmup, args.top) for proto in planned_protocols(mqar)]
+    rows = [cell(mqar, proto, args.steps, args.warmup, args.top, args.compile_step) for proto in planned_protocols(mqar)]
     result = dict(**provenance(torch.cuda.get_device_name()), benchmark="mqar_step", steps=args.steps,
                   warmup=args.warmup, torch=torch.__version__, rows=rows)
     with open(args.out, "w") as f:

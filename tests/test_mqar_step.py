@@ -71,18 +71,19 @@ def test_graphed_step_needs_cuda_and_a_capturable_optimizer():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("mixer", ["hdla", "gated_deltanet"])
-def test_graphed_step_matches_the_eager_step(mixer):
+@pytest.mark.parametrize("mixer,compile", [("hdla", False), ("gated_deltanet", False), ("hdla", True)])
+def test_graphed_step_matches_the_eager_step(mixer, compile):
     """Same initialisation and batches (one short: a second graph, captured mid-run): the graphed run's losses
     and final weights match the eager run's to bf16 rounding, and the first loss is the eager one exactly (the
-    warm-up steps before a capture leave the model, the optimizer and the RNG as they were)."""
+    warm-up steps before a capture leave the model, the optimizer and the RNG as they were). ``compile``: the
+    graphed run's loss through torch.compile (its first loss then matches to rounding only)."""
     runs = []
     for graphed in (False, True):
         model, proto = tiny_model("cuda", mixer)
         data = tiny_batches(proto, [16, 16, 16, 5, 16, 16], "cuda")
         opt = make_optimizer(model, 3e-3, 0.1, graphed)
-        step = make_step(cross_entropy_loss(mqar_runner.query_logits, model, 0.0, proto["num_kv_pairs"]), opt, "cuda",
-                         graphed)
+        step = make_step(cross_entropy_loss(mqar_runner.query_logits, model, 0.0, proto["num_kv_pairs"],
+                                            compile and graphed), opt, "cuda", graphed)
         losses = []
         for i, (x, y) in enumerate(data):
             set_lr(opt, 3e-3 / (i + 1))
@@ -90,6 +91,6 @@ def test_graphed_step_matches_the_eager_step(mixer):
         assert not getattr(step, "failed", False) and len(getattr(step, "graphs", "ab")) == 2
         runs.append((losses, torch.cat([p.detach().flatten().float() for p in model.parameters()])))
     (eager_losses, eager_w), (graph_losses, graph_w) = runs
-    assert graph_losses[0] == eager_losses[0]
+    assert graph_losses[0] == eager_losses[0] or (compile and graph_losses[0] == pytest.approx(eager_losses[0], rel=1e-3))
     assert graph_losses == pytest.approx(eager_losses, rel=2e-2)
     assert float((graph_w - eager_w).norm() / eager_w.norm()) < 1e-2

@@ -18,7 +18,8 @@
 #   env: RUNS_PER_GPU (4; 2 once the queue is at L >= 1024, whose runs outlast a session, so that every
 #        unfinished run can be carried), DEADLINE_S (540 s from the start, under the 600 s call limit),
 #        MIN_JOB_S (90), CARRY_MIB (40: checkpoints packed for the next call, about 19 MiB each),
-#        MQAR_STATE (.mqar), MQAR_CARRY (.mqar_carry), MQAR_RESULTS (benchmarks/results/mqar_zoology)
+#        MQAR_STATE (.mqar), MQAR_CARRY (.mqar_carry), MQAR_RESULTS (benchmarks/results/mqar_zoology),
+#        MQAR_EXTRA_ARGS (added to every run's arguments, e.g. "--compile"; none of them may change a run's protocol)
 # Back in $OUT: mqar_results.md (the table over every planned cell), progress.txt, mqar_state.tgz
 # (records, DONE markers, logs, the report with its plot), ckpt.tar.NN (checkpoints of unfinished runs).
 # Then here: python -m tools.mqar_device collect <folder the files came back to>
@@ -52,7 +53,7 @@ worker() {
     id=${job%% *}
     echo "gpu $gpu at ${SECONDS}s: $id"
     # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=$gpu timeout $((deadline - SECONDS)) python3 -m benchmarks.mqar ${job#* } \
+    CUDA_VISIBLE_DEVICES=$gpu timeout $((deadline - SECONDS)) python3 -m benchmarks.mqar ${job#* } ${MQAR_EXTRA_ARGS:-} \
       --state-dir "$state" --deadline-s $((deadline - SECONDS - 10)) >> "$state/logs/$id.log" 2>&1 \
       || echo "gpu $gpu: $id stopped (exit $?): $(tail -n 1 "$state/logs/$id.log")"
   done

@@ -218,6 +218,7 @@ def parse_args(argv=None):
     p.add_argument("--chunk-backend", default="auto", choices=CHUNK_BACKENDS)
     p.add_argument("--cuda-graph", default="auto", choices=("auto", "on", "off"),
                    help="replay the training step as one CUDA graph (hdla_vision.lm.mqar_step; auto: on CUDA)")
+    p.add_argument("--compile", action="store_true", help="the forward and loss through torch.compile (inductor)")
     p.add_argument("--write-queue", default=None, metavar="FILE",
                    help="no training: write the planned runs to FILE, one '<run id> <arguments>' line each")
     p.add_argument("--tiny", action="store_true", help="CPU smoke sizes for the settings not given")
@@ -507,6 +508,11 @@ def use_cuda_graph(args) -> bool:
     return args.cuda_graph == "on"
 
 
+def step_mode(step) -> str:
+    """How the step ran: "eager" or "cuda_graph", "+compile" where torch.compile'd (a failed capture: eager)."""
+    return step.mode.replace("cuda_graph", "eager") if getattr(step, "failed", False) else step.mode
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
@@ -565,7 +571,7 @@ def train_segment(model, step, opt, batches, device: str) -> dict:
     synchronize(device)
     seconds = time.time() - start
     return dict(lr=first_lr, train_loss=total.item() / steps, steps=steps, ms_per_step=round(1000 * seconds / steps, 3),
-                train_seconds=round(seconds, 2), step_mode=step.mode if not getattr(step, "failed", False) else "eager")
+                train_seconds=round(seconds, 2), step_mode=step_mode(step))
 
 
 @torch.no_grad()
@@ -746,7 +752,8 @@ def train_run(args, proto: dict, deadline=None, stop_after=None) -> dict:
     opt = make_optimizer(model, proto["lr"], proto["weight_decay"], graphed)
     ckpt = folder / "ckpt.pt"
     curve = load_checkpoint(ckpt, proto, model, opt, device) if ckpt.exists() else []
-    loss_fn = cross_entropy_loss(query_logits, model, proto["embedding_dropout"], max_queries(proto, train))
+    loss_fn = cross_entropy_loss(query_logits, model, proto["embedding_dropout"], max_queries(proto, train),
+                                 compile=args.compile)
     step = make_step(loss_fn, opt, device, graphed)
     done_here, reason = 0, stop_reason(curve, proto)
     while reason is None and time_left_for_epoch(curve, deadline) and (stop_after is None or done_here < stop_after):

@@ -70,6 +70,8 @@ class EagerStep:
 
     def __init__(self, loss_fn: Callable, opt: torch.optim.Optimizer, device: torch.device):
         self.loss_fn, self.opt, self.device = loss_fn, opt, torch.device(device)
+        if hasattr(loss_fn, "_torchdynamo_orig_callable"):  # a torch.compile'd loss
+            self.mode += "+compile"
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with autocast(self.device):
@@ -168,10 +170,11 @@ def make_step(loss_fn: Callable, opt: torch.optim.Optimizer, device, graphed: bo
     return GraphedStep(loss_fn, opt, device) if graphed else EagerStep(loss_fn, opt, device)
 
 
-def cross_entropy_loss(query_logits: Callable, model, dropout: float, queries: int) -> Callable:
+def cross_entropy_loss(query_logits: Callable, model, dropout: float, queries: int, compile: bool = False) -> Callable:
     """``loss_fn(inputs, labels)``: mean cross-entropy over the labelled query rows (-100 ignored) of
-    ``query_logits(model, inputs, labels, dropout, queries)``."""
+    ``query_logits(model, inputs, labels, dropout, queries)``; ``compile``: through ``torch.compile``
+    (inductor, static shapes; the model's parameters and state_dict stay as they are)."""
     def loss_fn(inputs, labels):
         logits, targets = query_logits(model, inputs, labels, dropout, queries)
         return F.cross_entropy(logits, targets)
-    return loss_fn
+    return torch.compile(loss_fn, dynamic=False) if compile else loss_fn
