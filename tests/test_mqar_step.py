@@ -94,3 +94,34 @@ def test_graphed_step_matches_the_eager_step(mixer, compile):
     assert graph_losses[0] == eager_losses[0] or (compile and graph_losses[0] == pytest.approx(eager_losses[0], rel=1e-3))
     assert graph_losses == pytest.approx(eager_losses, rel=2e-2)
     assert float((graph_w - eager_w).norm() / eager_w.norm()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("compile", [False, True])
+def test_graph_replays_draw_new_dropout_masks(compile):
+    """With embedding dropout and lr 0 (the weights stay), replays of one batch give different losses: each replay
+    draws fresh dropout masks (graph-safe RNG), compiled or not."""
+    model, proto = tiny_model("cuda")
+    (x, y), = tiny_batches(proto, [16], "cuda")
+    opt = make_optimizer(model, 0.0, 0.0, graphed=True)
+    step = make_step(cross_entropy_loss(mqar_runner.query_logits, model, 0.5, proto["num_kv_pairs"], compile), opt,
+                     "cuda", graphed=True)
+    losses = [float(step(x, y)) for _ in range(4)]
+    assert not step.failed and step.mode == "cuda_graph" + ("+compile" if compile else "")
+    assert len(set(losses)) == 4, losses
+
+
+def test_a_failing_compiled_loss_falls_back_to_the_uncompiled_one():
+    model, proto = tiny_model("cpu")
+    (x, y), = tiny_batches(proto, [8], "cpu")
+    plain = cross_entropy_loss(mqar_runner.query_logits, model, 0.0, proto["num_kv_pairs"])
+
+    def broken(inputs, labels):
+        raise RuntimeError("inductor failed")
+    broken._torchdynamo_orig_callable = plain  # as torch.compile marks its wrappers
+    step = make_step(broken, make_optimizer(model, 1e-2, 0.1, graphed=False), "cpu", graphed=False)
+    assert step.mode == "eager+compile"
+    with pytest.warns(RuntimeWarning, match="uncompiled"):
+        loss = step(x, y)
+    assert step.mode == "eager" and step.loss_fn is plain and torch.isfinite(loss)

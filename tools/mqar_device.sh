@@ -19,7 +19,7 @@
 #        unfinished run can be carried), DEADLINE_S (540 s from the start, under the 600 s call limit),
 #        MIN_JOB_S (90), CARRY_MIB (40: checkpoints packed for the next call, about 19 MiB each),
 #        MQAR_STATE (.mqar), MQAR_CARRY (.mqar_carry), MQAR_RESULTS (benchmarks/results/mqar_zoology),
-#        MQAR_EXTRA_ARGS (added to every run's arguments, e.g. "--compile"; none of them may change a run's protocol)
+#        MQAR_EXTRA_ARGS (added to every run's arguments, e.g. "--compile off"; none of them may change a run's protocol)
 # Back in $OUT: mqar_results.md (the table over every planned cell), progress.txt, mqar_state.tgz
 # (records, DONE markers, logs, the report with its plot), ckpt.tar.NN (checkpoints of unfinished runs).
 # Then here: python -m tools.mqar_device collect <folder the files came back to>

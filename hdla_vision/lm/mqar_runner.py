@@ -13,9 +13,10 @@
   * training: 64 epochs over the training set in a fresh shuffled order each epoch (Zoology's
     DataLoader of Dec. 2023 shuffles; the last batch may be short); AdamW (torch betas and eps),
     weight decay 0.1; cosine schedule stepped once per epoch (T_max = epochs, to 0, no warm-up);
-    embedding dropout 0.1; no gradient clipping; bf16 autocast on CUDA; test accuracy (share of
-    query positions whose argmax is the right value) and loss after every epoch, stop once the
-    accuracy is above 99%;
+    embedding dropout 0.1; no gradient clipping; bf16 autocast on CUDA (where the step runs as CUDA
+    graphs of the torch.compile'd loss: ``--cuda-graph``, ``--compile``, hdla_vision/lm/mqar_step.py);
+    test accuracy (share of query positions whose argmax is the right value) and loss after every
+    epoch, stop once the accuracy is above 99%;
   * learning rates: Zoology's four, ``logspace(-4, -2, 4)``, at every length (``--lr-sweep zoology``);
     ``--lr-sweep paper`` takes the HDLA paper's appendix-D sweeps instead (logspace(-4, -2, 4) at 256,
     logspace(-5, -3, 4) at 512, [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2] at 1024 and 2048);
@@ -218,7 +219,9 @@ def parse_args(argv=None):
     p.add_argument("--chunk-backend", default="auto", choices=CHUNK_BACKENDS)
     p.add_argument("--cuda-graph", default="auto", choices=("auto", "on", "off"),
                    help="replay the training step as one CUDA graph (hdla_vision.lm.mqar_step; auto: on CUDA)")
-    p.add_argument("--compile", action="store_true", help="the forward and loss through torch.compile (inductor)")
+    p.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
+                   help="the forward and loss through torch.compile (inductor; auto: on CUDA; a compile that "
+                        "fails falls back to the uncompiled loss)")
     p.add_argument("--write-queue", default=None, metavar="FILE",
                    help="no training: write the planned runs to FILE, one '<run id> <arguments>' line each")
     p.add_argument("--tiny", action="store_true", help="CPU smoke sizes for the settings not given")
@@ -508,6 +511,13 @@ def use_cuda_graph(args) -> bool:
     return args.cuda_graph == "on"
 
 
+def use_compile(args) -> bool:
+    """``--compile``: on, off, or auto (on where the run trains on CUDA)."""
+    if args.compile == "auto":
+        return args.device.startswith("cuda")
+    return args.compile == "on"
+
+
 def step_mode(step) -> str:
     """How the step ran: "eager" or "cuda_graph", "+compile" where torch.compile'd (a failed capture: eager)."""
     return step.mode.replace("cuda_graph", "eager") if getattr(step, "failed", False) else step.mode
@@ -753,7 +763,7 @@ def train_run(args, proto: dict, deadline=None, stop_after=None) -> dict:
     ckpt = folder / "ckpt.pt"
     curve = load_checkpoint(ckpt, proto, model, opt, device) if ckpt.exists() else []
     loss_fn = cross_entropy_loss(query_logits, model, proto["embedding_dropout"], max_queries(proto, train),
-                                 compile=args.compile)
+                                 compile=use_compile(args))
     step = make_step(loss_fn, opt, device, graphed)
     done_here, reason = 0, stop_reason(curve, proto)
     while reason is None and time_left_for_epoch(curve, deadline) and (stop_after is None or done_here < stop_after):

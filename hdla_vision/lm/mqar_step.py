@@ -16,7 +16,8 @@ What the capture needs, and how it keeps the run's training unchanged:
 * Fixed shapes: one graph per batch shape (an epoch's short last batch, the segments of a mixture),
   captured when the shape first comes, all on the same parameters and optimizer state.
 
-A capture that fails (an op that synchronises with the host, say) warns and leaves the run eager.
+A capture that fails (an op that synchronises with the host, say) warns and leaves the run eager; a
+``torch.compile``'d loss that fails warns and runs uncompiled.
 """
 import warnings
 from typing import Callable, Dict, Tuple
@@ -74,6 +75,18 @@ class EagerStep:
             self.mode += "+compile"
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.train_step(inputs, labels)
+        except Exception as err:  # noqa: BLE001 - a compiled loss that fails runs uncompiled from then on
+            if not self.mode.endswith("+compile"):
+                raise
+            warnings.warn(f"the torch.compile'd MQAR loss failed ({type(err).__name__}: {err}); running it "
+                          "uncompiled", RuntimeWarning)
+            self.loss_fn = self.loss_fn._torchdynamo_orig_callable
+            self.mode = self.mode[:-len("+compile")]
+            return self.train_step(inputs, labels)
+
+    def train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with autocast(self.device):
             loss = self.loss_fn(inputs, labels)
         self.opt.zero_grad(set_to_none=True)
