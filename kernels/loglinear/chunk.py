@@ -18,7 +18,8 @@ ops gives every gradient (``level_scales`` through the scaled queries).
 
 Cost: ``O(log T)`` linear-op calls on at most ``3 T`` tokens each (plus ``L T`` with an initial state).
 A call without a cache or final state takes instead the one chunk form of ``torch_chunk.py`` (everywhere but under
-the Triton interpreter; :data:`PATH_ENV` to force either path), kernels/README.md §7.
+the Triton interpreter; :data:`PATH_ENV` to force either path), kernels/README.md §7; without gradients, with
+each chunk's terms from the linear op's F1 kernel (``triton_chunk.py``).
 """
 import os
 from typing import Callable, Dict, Optional, Tuple
@@ -31,6 +32,7 @@ from ..utils import check_generalized_inputs, check_hdla_inputs, use_triton
 from .checks import check_loglinear_inputs
 from .levels import initial_level, max_level
 from .torch_chunk import chunk_form_loglinear
+from .triton_chunk import triton_chunk_form_loglinear, triton_terms_apply
 
 # Which form runs a call without a cache or final state (the others always take the levels):
 #   auto        the one chunk form (torch_chunk.py), except under the Triton interpreter (there the levels run the
@@ -224,6 +226,8 @@ def chunk_loglinear_generalized(
         return o.flip(1), final
 
     if one_chunk_form(q, offset, initial_state, output_final_state):
+        if triton_terms_apply(q, k.shape[3], a.shape[3], k, v, a, b, g, level_scales):  # no gradient: F1's terms
+            return triton_chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale, offset), None
         return chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale, offset), None
 
     def op(t, state):
@@ -264,6 +268,8 @@ def chunk_loglinear_hdla(
         return o.flip(1), final
 
     if one_chunk_form(q, offset, initial_state, output_final_state):
+        if triton_terms_apply(q, 1, 2, k, v, beta, g, level_scales):  # no gradient: F1's terms, HDLA's builder
+            return triton_chunk_form_loglinear(q, k, v, None, None, g, level_scales, scale, offset, hdla_beta=beta), None
         a, b = hdla_decay_factors(k, beta, g)
         return chunk_form_loglinear(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, level_scales, scale, offset), None
 

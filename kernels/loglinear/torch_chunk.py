@@ -56,6 +56,16 @@ def chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale=None, offset: int
     lead = offset % chunk_size
     q, k, v, a, b, g, level_scales = (_lead_padded(x, lead) for x in (q, k, v, a, b, g, level_scales))
     terms = chunk_terms(q, k, v, a, b, g, scale, chunk_size, solve_unit_lower, mixing=True)
+    o = loglinear_from_terms(terms, level_scales, offset // chunk_size)[:, lead:].to(q.dtype)
+    if a.shape[-2] == 0:  # zero-size a, b get (empty) gradients, as the linear ops give them
+        o = o + (a.sum() + b.sum()).to(o.dtype)
+    return o
+
+
+def loglinear_from_terms(terms, level_scales: torch.Tensor, first: int) -> torch.Tensor:
+    """``o [B, T', H, V]`` (compute dtype) of the chunk form from each chunk's terms (:class:`ChunkTerms` with
+    ``mixing``) and the level weights ``level_scales [B, T', H, L]`` of the same (grid-aligned) tokens; ``first``
+    the first chunk's index on the grid. Within a chunk ``(M_o * Lambda) V``, across chunks :func:`_across_chunks`."""
     batch, heads, n_chunks, c = terms.q_eff.shape[:4]
     num_levels = level_scales.shape[-1]
     compute = terms.q_eff.dtype
@@ -67,11 +77,8 @@ def chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale=None, offset: int
     mask = mask.repeat_interleave(r_kv, dim=-1)  # columns token-major, rank fastest, as M_o's
     o = (terms.mixing * mask) @ terms.v_flat  # [B, H, N, C, V]
     if n_chunks > 1:
-        o = o + _across_chunks(terms, lam, num_levels, c.bit_length() - 1, offset // chunk_size)
-    o = terms.unchunk(o)[:, lead:].to(q.dtype)
-    if a.shape[-2] == 0:  # zero-size a, b get (empty) gradients, as the linear ops give them
-        o = o + (a.sum() + b.sum()).to(o.dtype)
-    return o
+        o = o + _across_chunks(terms, lam, num_levels, c.bit_length() - 1, first)
+    return terms.unchunk(o)
 
 
 def _across_chunks(terms, lam: torch.Tensor, num_levels: int, log_chunk: int, first: int) -> torch.Tensor:

@@ -130,6 +130,9 @@ CHUNK_FORM_CASES = [  # from token 0, no cache, no final state: the calls the on
     _case("hdla", "T40_unbounded_offset1000", 40, UNBOUNDED, offset=1000, scale=0.5),
     _case("generalized", "T37_L6_rkv2_rab3_offset3", 37, 6, r_kv=2, r_ab=3, offset=3),
     _case("generalized", "T50_unbounded_rab0_offset64", 50, UNBOUNDED, r_ab=0, offset=64),
+    # mild gates: the chunk maps and the levels across chunks weigh in (at -3 per token a chunk's map is ~0)
+    _case("hdla", "T129_unbounded_mild", 129, UNBOUNDED, g_min=-0.05, scale=0.5),
+    _case("generalized", "T100_L7_rab2_mild_offset7", 100, 7, r_ab=2, g_min=-0.05, offset=7),
 ]
 
 
@@ -162,6 +165,88 @@ def test_one_chunk_form_on_cuda(backend, kind, dtype, only_chunk_form):
     errors = compare_with_definition(kind, on_backend({**p, "initial_state": None}, backend), dtype=dtype,
                                      final_state=False)
     assert max(errors.values()) < CUDA_TOL, errors
+
+
+# ----------------------------------------------------------------------------- no gradient: F1's terms (triton_chunk.py)
+TRITON_TERMS_CASES = [  # the linear op's F1 gives each chunk's terms (C = 16 or 32 here: several chunks)
+    _case("hdla", "T33_unbounded_offset11", 33, UNBOUNDED, offset=11, scale=0.5),
+    _case("hdla", "T40_L6_rev_gates-20", 40, 6, reverse=True, g_min=-20.0, scale=0.5),
+    _case("hdla", "T29_L4_resets", 29, 4, resets=0.2, seed=3),
+    _case("generalized", "T33_unbounded_rab0", 33, UNBOUNDED, r_ab=0),
+    _case("generalized", "T65_L5_rab1_scalar_rev", 65, 5, scalar_decay=True, reverse=True),
+    _case("generalized", "T37_L6_rkv2_rab3_offset3", 37, 6, r_kv=2, r_ab=3, offset=3),
+    # mild gates (log lambda >= -0.05): states cross several chunks, so the chunk maps (N) and the levels across
+    # chunks weigh in the output (at -3 per token a chunk's map is ~e^-48 and only the last chunk's writes count)
+    _case("hdla", "T129_unbounded_mild", 129, UNBOUNDED, g_min=-0.05, scale=0.5),
+    _case("generalized", "T100_L7_rab2_mild_offset7", 100, 7, r_ab=2, g_min=-0.05, offset=7),
+    _case("generalized", "T129_L6_rab1_scalar_mild_rev", 129, 6, scalar_decay=True, g_min=-0.05, reverse=True),
+]
+
+
+@pytest.fixture
+def only_triton_terms(monkeypatch):
+    """Fail any call that would take the per-level calls or the PyTorch terms instead of F1's terms."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("another path than F1's terms ran")
+    monkeypatch.setattr(chunk_module, "_chunk_loglinear", refuse)
+    monkeypatch.setattr(chunk_module, "chunk_form_loglinear", refuse)
+    # the interpreter's auto setting runs the levels; patched, not by $HDLA_VISION_LOGLINEAR, which the interpreter
+    # subprocess (started from this fixture's test) would inherit for every later test
+    monkeypatch.setattr(chunk_module, "one_chunk_form", lambda *args: True)
+
+
+def _no_grad_output(kind, p, **op):
+    chunk, loop, _ = LOGLINEAR_OPS[kind]
+    ref, _ = loop(**p, **op)
+    with torch.no_grad():
+        o, final = chunk(**{n: None if x is None else x.float() for n, x in p.items()}, **op)
+    assert final is None and o.dtype == torch.float32
+    return o, ref
+
+
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+@pytest.mark.parametrize("case", TRITON_TERMS_CASES, ids=case_name)
+def test_no_grad_calls_take_f1s_terms(backend, case, only_triton_terms):
+    """Without gradients the chunk form takes its terms from the linear op's F1 kernel: the output against the
+    float64 loop, fp32 (offsets, reversed, mild and -20 gates, resets, ranks 0-3, scalar decay, HDLA's builder)."""
+    p = loglinear_problem(**case.problem)
+    o, ref = _no_grad_output(case.problem["kind"], p, **case.op)
+    assert rel_err(o, ref) < case.tol, rel_err(o, ref)  # NaN fails too
+
+
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+def test_f1s_terms_refuse_a_positive_log_decay(backend, only_triton_terms):
+    with pytest.raises(ValueError, match="g is a log-decay"):
+        chunk_loglinear_hdla(**bad_loglinear_problem("hdla", g=torch.ones(2, 6, 2, 8)))
+
+
+def test_triton_terms_only_without_gradients(monkeypatch):
+    """The F1 path needs Triton on q's device, ranks the chunk kernels take and no input that needs a gradient."""
+    from hdla_vision.kernels.loglinear.triton_chunk import triton_terms_apply
+    q = torch.randn(1, 4, 1, 8)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not triton_terms_apply(q, 1, 1, q)  # a CPU tensor without the interpreter: the PyTorch form
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_terms_apply(q, 1, 1, q) and not triton_terms_apply(q, 1, 5, q)
+    assert not triton_terms_apply(q, 1, 1, q.clone().requires_grad_())
+    with torch.no_grad():
+        assert triton_terms_apply(q, 1, 1, q.clone().requires_grad_())
+    assert not triton_terms_apply(q.double(), 1, 1)
+
+
+@pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
+@pytest.mark.parametrize("kind,dtype", [("hdla", torch.bfloat16), ("generalized", torch.bfloat16),
+                                        ("hdla", torch.float32)])
+def test_no_grad_calls_take_f1s_terms_on_cuda(backend, kind, dtype, only_triton_terms):
+    """Inference on CUDA (F1's terms) against the float64 loop at a realistic size: three chunks and a tail, head
+    dims 64, gates to -20, offset 5."""
+    p = loglinear_problem(kind, 3 * 64 + 17, UNBOUNDED, batch=2, heads=3, dk=64, dv=64, r_ab=2, g_min=-20.0)
+    p = on_backend({**p, "initial_state": None}, backend)
+    chunk, loop, _ = LOGLINEAR_OPS[kind]
+    ref, _ = loop(**p, offset=5)
+    with torch.no_grad():
+        o, _ = chunk(**{n: None if x is None else x.to(dtype) for n, x in p.items()}, offset=5)
+    assert o.dtype == dtype and rel_err(o, ref) < CUDA_TOL, rel_err(o, ref)
 
 
 @pytest.mark.parametrize("backend", backends("torch"), indirect=True)
