@@ -1066,6 +1066,7 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
                              0.0)
         tl.store(s_qa + tq[:, None] * RA + rows_a[None, :], m_qa)
         l_ab = tl.zeros([RA, RA], dtype=tl.float32)
+        l_kb = tl.zeros([RA, RK], dtype=tl.float32)
         for lvl in tl.range(0, 5 - s_g, disable_licm=LEAN):
             q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                                 skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
@@ -1075,21 +1076,34 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
             ay = a_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_a[:, None], cols[None, :], C, BK, False),
                                             tok_a, lvl, s_g, g_base, BK, cols, cmask)
             l_ab += tl.where(levels.level_live(tok_a, tok_a, lvl, s_g, True), _gram(bx, ay, F32, 0, LEAN), 0.0)
+            if not LEAN:  # L_KB in the same pass (LEAN: in a loop of its own below, fewer live tiles)
+                l_kb += _level_kb(bx, k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, NT, t_k, v_k, rows_k, tok_a,
+                                  tok_k, lvl, s_g, g_base, cols, cmask, RKV, RKP, C, BK, HDLA, F32, LEAN)
         tl.store(s_ab + rows_a[:, None] * RA + rows_a[None, :], l_ab)
-        l_kb = tl.zeros([RA, RK], dtype=tl.float32)
-        for lvl in tl.range(0, 5 - s_g, disable_licm=LEAN):  # L_KB in its own loop: fewer live tiles
-            q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
-                                                skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
-                                                sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
-                                                RAB, RAP, C, BK, False, HDLA, REVERSE, DIRS)
-            bx = b_n * levels.level_row_exp(gbp, tok_a, lvl, s_g, g_base, BK, cols, cmask, True)
-            k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
-                          cols[None, :], cmask[None, :], RKV, HDLA)
-            ky = k_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_k[:, None], cols[None, :], C, BK, False),
-                                            tok_k, lvl, s_g, g_base, BK, cols, cmask)
-            l_kb += tl.where(levels.level_live(tok_a, tok_k, lvl, s_g, True), _gram(bx, ky, F32, 0, LEAN), 0.0)
+        if LEAN:
+            for lvl in tl.range(0, 5 - s_g, disable_licm=True):
+                q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt,
+                                                    sqh, skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb,
+                                                    sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale,
+                                                    cols, cmask, RAB, RAP, C, BK, False, HDLA, REVERSE, DIRS)
+                bx = b_n * levels.level_row_exp(gbp, tok_a, lvl, s_g, g_base, BK, cols, cmask, True)
+                l_kb += _level_kb(bx, k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, NT, t_k, v_k, rows_k, tok_a,
+                                  tok_k, lvl, s_g, g_base, cols, cmask, RKV, RKP, C, BK, HDLA, F32, LEAN)
         tl.store(u_diag + rows_a[:, None] * CK + rows_k[None, :], l_kb)
     return 5 - s_g
+
+
+@triton.jit
+def _level_kb(bx, k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, NT, t_k, v_k, rows_k, tok_a, tok_k, lvl, s_g,
+              g_base, cols, cmask, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+              HDLA: tl.constexpr, F32: tl.constexpr, LEAN: tl.constexpr):
+    """Level ``lvl``'s share of the diagonal L_KB block (:func:`_diag_levels`): the B rows ``bx`` (their level
+    factors applied) against the block's keys with theirs, masked to the pairs of that level."""
+    k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
+                  cols[None, :], cmask[None, :], RKV, HDLA)
+    ky = k_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_k[:, None], cols[None, :], C, BK, False), tok_k,
+                                    lvl, s_g, g_base, BK, cols, cmask)
+    return tl.where(levels.level_live(tok_a, tok_k, lvl, s_g, True), _gram(bx, ky, F32, 0, LEAN), 0.0)
 
 
 # ----------------------------------------------------------------------------- F2
