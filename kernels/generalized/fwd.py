@@ -49,10 +49,8 @@ the inverse of the 16-token diagonal block by doubling, and W_m, U_m (m < n) rea
 program's own stores; then Qeff_n = Qh_n - M_QA[n, <=n] W_<=n, Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n.
 Precision: Gram products with q in the input's 16-bit dtype, products with B, W, U, T in TF32 (exact
 fp32 for fp32 input; the 16-token inverse in exact fp32 at one rank slot), fp32 accumulation. With
-``$HDLA_VISION_F1_LEAN=1`` (:func:`f1_lean`) F1ab's vector-decay Gram products over the key columns are batched
-over 16-column slices and summed in fp32 (:func:`_gram`: each warp holds one slice of the operands, not all BK
-columns; at the LM shape, K = 128, 255 registers with 8 B of spills at 8 warps instead of 288 B, 512 B instead of
-1424 B under a 128-register cap).
+``$HDLA_VISION_F1_LEAN=1`` (:data:`F1_LEAN`) F1ab's vector-decay Gram products over the key columns are batched
+over 16-column slices and summed in fp32 (:func:`_gram`).
 
 Layout notes for the backward (bwd.py):
 * Stacks inside a chunk are token-major with the rank fastest: row ``i * r + l`` holds rank l of
@@ -112,20 +110,22 @@ F1_HDLA_GRAM = False
 F1_LEAN = False
 
 
-def f1_lean() -> bool:
-    """Whether F1ab runs lean: ``$HDLA_VISION_F1_LEAN`` ("1" / "0"), else :data:`F1_LEAN`."""
-    flag = os.environ.get("HDLA_VISION_F1_LEAN")
+def _env_switch(name: str, default: bool) -> bool:
+    """An on/off setting from ``$name`` ("1" / "0"; unset or empty: ``default``); any other value is a ValueError."""
+    flag = os.environ.get(name)
     if flag not in (None, "", "0", "1"):
-        raise ValueError(f"HDLA_VISION_F1_LEAN must be 0 or 1, got {flag!r}")
-    return F1_LEAN if not flag else flag == "1"
+        raise ValueError(f"{name} must be 0 or 1, got {flag!r}")
+    return default if not flag else flag == "1"
+
+
+def f1_lean() -> bool:
+    """Whether F1ab runs lean: ``$HDLA_VISION_F1_LEAN``, else :data:`F1_LEAN`."""
+    return _env_switch("HDLA_VISION_F1_LEAN", F1_LEAN)
 
 
 def f1_hdla_gram() -> bool:
-    """Whether F1 takes HDLA's Grams as one product: ``$HDLA_VISION_F1_GRAM`` ("1" / "0"), else :data:`F1_HDLA_GRAM`."""
-    flag = os.environ.get("HDLA_VISION_F1_GRAM")
-    if flag not in (None, "", "0", "1"):
-        raise ValueError(f"HDLA_VISION_F1_GRAM must be 0 or 1, got {flag!r}")
-    return F1_HDLA_GRAM if not flag else flag == "1"
+    """Whether F1 takes HDLA's Grams as one product: ``$HDLA_VISION_F1_GRAM``, else :data:`F1_HDLA_GRAM`."""
+    return _env_switch("HDLA_VISION_F1_GRAM", F1_HDLA_GRAM)
 
 
 # ----------------------------------------------------------------------------- small helpers
