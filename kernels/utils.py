@@ -64,6 +64,11 @@ RECURRENT_SHORT_TOKENS = 512
 RECURRENT_MAX_HEAD_DIM = 64  # measured at d = 64 only; wider heads (the LM's 128) keep the chunk kernels
 
 
+def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a gradient will flow from a call on ``tensors``: grad mode on and one of them requires it."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def use_recurrence(q: torch.Tensor, *tensors: Optional[torch.Tensor], directions: int = 1) -> bool:
     """Whether an HDLA chunk op's call runs the token recurrence instead of the chunk kernels: the auto
     setting, a Triton device, fp32 / bf16 / fp16 inputs, at most ``RECURRENT_MAX_HEAD_DIM`` channels per
@@ -75,7 +80,7 @@ def use_recurrence(q: torch.Tensor, *tensors: Optional[torch.Tensor], directions
         return False
     if q.shape[-1] > RECURRENT_MAX_HEAD_DIM:
         return False
-    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors))
+    training = needs_grad(q, *tensors)
     seq_len = q.shape[1]
     if seq_len > (RECURRENT_TRAIN_MAX_TOKENS if training else RECURRENT_MAX_TOKENS):
         return False

@@ -15,7 +15,7 @@ import torch
 
 from ..generalized import fwd
 from ..generalized.torch_chunk import ChunkTerms
-from ..utils import check_log_decay, chunk64_supports_ranks, use_triton
+from ..utils import check_log_decay, chunk64_supports_ranks, needs_grad, use_triton
 from .torch_chunk import _lead_padded, loglinear_from_terms
 
 
@@ -27,7 +27,7 @@ def triton_terms_apply(q: torch.Tensor, r_kv: int, r_ab: int, *tensors: Optional
         return False
     if torch.compiler.is_compiling():
         return False
-    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors)))
+    return not needs_grad(q, *tensors)
 
 
 def triton_chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale=None, offset: int = 0,
