@@ -24,6 +24,7 @@ from hdla_vision.lm.mqar import multiquery_ar
 from hdla_vision.lm.mqar_runner import (build_model, model_config, parse_args, planned_protocols, query_logits,
                                         set_chunk_backend)
 from hdla_vision.lm.mqar_step import cross_entropy_loss, make_optimizer, make_step
+from benchmarks.timing import device_us, profile_steps
 from tools.provenance import provenance
 
 
@@ -58,17 +59,18 @@ def train_steps(args, proto: dict, data, warmup: int, graphed: bool, compile: bo
 
 
 def kernel_profile(run: dict, top: int) -> dict:
-    """GPU kernel time (ms) of one eager step from the profiler's CUDA events, and its ``top`` kernels
-    by time (name, calls, ms)."""
+    """GPU kernel time (ms) of one eager step (after one more as warm-up) from the profiler's CUDA events, and its
+    ``top`` kernels by time (name, calls, ms)."""
     x, y = run["data"][0]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
-        run["step"](x, y)
-        torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
-    events.sort(key=lambda e: e.device_time_total, reverse=True)
-    return dict(kernel_ms=round(sum(e.device_time_total for e in events) / 1000, 3),
-                top=[dict(name=e.key[:120], calls=e.count, ms=round(e.device_time_total / 1000, 3))
-                     for e in events[:top]])
+    prof = profile_steps(lambda: run["step"](x, y), 1)
+    events = sorted((e for e in prof.key_averages() if device_us(e) > 0), key=device_us, reverse=True)
+    return dict(kernel_ms=round(sum(map(device_us, events)) / 1000, 3),
+                top=[dict(name=e.key[:120], calls=e.count, ms=round(device_us(e) / 1000, 3)) for e in events[:top]])
+
+
+def max_rel_diff(losses, reference) -> float:
+    """The largest relative difference between two runs' losses, step by step."""
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference))
 
 
 def cell(args, proto: dict, steps: int, warmup: int, top: int, compile: bool) -> dict:
@@ -76,7 +78,7 @@ def cell(args, proto: dict, steps: int, warmup: int, top: int, compile: bool) ->
     eager = train_steps(args, proto, data, warmup, graphed=False)
     graph = train_steps(args, proto, data, warmup, graphed=True)
     compiled = train_steps(args, proto, data, warmup, graphed=True, compile=True) if compile else None
-    diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(graph["losses"], eager["losses"]))
+    diff = max_rel_diff(graph["losses"], eager["losses"])
     row = dict(mixer=proto["mixer"], length=proto["length"], batch_size=proto["batch_size"],
                num_kv_pairs=proto["num_kv_pairs"], params=proto["params"],
                eager_ms=eager["ms_per_step"], graph_ms=graph["ms_per_step"],
@@ -87,8 +89,7 @@ def cell(args, proto: dict, steps: int, warmup: int, top: int, compile: bool) ->
     if compiled is not None:
         row.update(compiled_graph_ms=compiled["ms_per_step"], compiled_mode=compiled["mode"],
                    compiled_peak_mib=compiled["peak_mib"], compiled_losses=compiled["losses"],
-                   compiled_loss_max_rel_diff=max(abs(a - b) / max(abs(b), 1e-12)
-                                                  for a, b in zip(compiled["losses"], eager["losses"])))
+                   compiled_loss_max_rel_diff=max_rel_diff(compiled["losses"], eager["losses"]))
         print(f"{'':>22} compiled + graph {row['compiled_graph_ms']:8.2f} ms  ({row['compiled_mode']}, "
               f"loss diff {row['compiled_loss_max_rel_diff']:.1e})", flush=True)
     print(f"{row['mixer']:>22} L={row['length']:<5} eager {row['eager_ms']:8.2f} ms (kernels {row['eager_kernel_ms']:.2f})"
