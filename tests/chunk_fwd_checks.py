@@ -320,28 +320,44 @@ F1_GRAM_CASES = {
 }
 
 
-def _f1_gram_forward(f, reverse, chunk, flag, monkeypatch, record_path=False):
-    monkeypatch.setenv("HDLA_VISION_F1_GRAM", flag)
-    prep = chunk_prepare(f["q"], f["k"], f["v"], None, None, f["g"], SCALE, reverse, hdla_beta=f["beta"],
-                         chunk=chunk, record_path=record_path)
+def _switched_forward(env, flag, f, reverse, chunk, monkeypatch):
+    """F1, F2, F3 with ``$env`` set to ``flag``: (o, final state, h); HDLA where ``f`` has beta."""
+    monkeypatch.setenv(env, flag)
+    if "beta" not in f:
+        return generalized_forward(f["q"], f["k"], f["v"], f["a"], f["b"], f["g"], SCALE, f["initial_state"],
+                                   reverse, chunk=chunk)
+    prep = chunk_prepare(f["q"], f["k"], f["v"], None, None, f["g"], SCALE, reverse, hdla_beta=f["beta"], chunk=chunk)
     h, s = chunk_state_pass(prep, f["initial_state"])
-    return chunk_output(prep, h, f["v"], reverse), s, h, prep["diag_path"]
+    return chunk_output(prep, h, f["v"], reverse), s, h
 
 
-@pytest.mark.parametrize("case", list(F1_GRAM_CASES))
-def test_hdla_f1_single_gram(case, monkeypatch):
-    spec = dict(F1_GRAM_CASES[case])
+def _check_switched(env, p, reverse, chunk, monkeypatch):
+    """``$env`` on: against the float64 loop (< TOL) and against it off on the same inputs (< 1e-5); returns h."""
+    loop = naive_hdla if "beta" in p else naive_generalized
+    ref_o, ref_s = loop(**p, scale=SCALE, output_final_state=True, reverse=reverse)
+    f = _fp32(p)
+    o, s, h = _switched_forward(env, "1", f, reverse, chunk, monkeypatch)
+    o0, _, h0 = _switched_forward(env, "0", f, reverse, chunk, monkeypatch)
+    assert rel_err(o, ref_o) < TOL and rel_err(s, ref_s) < TOL, (rel_err(o, ref_o), rel_err(s, ref_s))
+    assert rel_err(o, o0) < 1e-5 and rel_err(h, h0) < 1e-5, (rel_err(o, o0), rel_err(h, h0))
+    return h
+
+
+def _hdla_switch_problem(spec):
+    """(problem, chunk, reverse) of an HDLA case dict (seq_len, chunk, dk, dv, g_min; reverse, beta optional)."""
+    spec = dict(spec)
     seq_len, chunk, reverse = spec.pop("seq_len"), spec.pop("chunk"), spec.pop("reverse", False)
     beta = spec.pop("beta", None)
     p = hdla_problem(1, seq_len, 2, spec.pop("dk", 16), spec.pop("dv", 16), g_min=spec.pop("g_min"))
     if beta is not None:
         p["beta"] = torch.full_like(p["beta"], beta)
-    ref_o, ref_s = naive_hdla(**p, scale=SCALE, output_final_state=True, reverse=reverse)
-    f = _fp32(p)
-    o, s, h, _ = _f1_gram_forward(f, reverse, chunk, "1", monkeypatch)
-    o0, s0, h0, _ = _f1_gram_forward(f, reverse, chunk, "0", monkeypatch)
-    assert rel_err(o, ref_o) < TOL and rel_err(s, ref_s) < TOL, (rel_err(o, ref_o), rel_err(s, ref_s))
-    assert rel_err(o, o0) < 1e-5 and rel_err(h, h0) < 1e-5, (rel_err(o, o0), rel_err(h, h0))
+    return p, chunk, reverse
+
+
+@pytest.mark.parametrize("case", list(F1_GRAM_CASES))
+def test_hdla_f1_single_gram(case, monkeypatch):
+    p, chunk, reverse = _hdla_switch_problem(F1_GRAM_CASES[case])
+    h = _check_switched("HDLA_VISION_F1_GRAM", p, reverse, chunk, monkeypatch)
     if case == "c32_rev_states":
         _check_states(naive_hdla, p, h, chunk, reverse, ("q", "k", "v", "beta", "g"))
 
@@ -377,42 +393,16 @@ F1_LEAN_CASES = {
 }
 
 
-def _lean_forward(f, reverse, chunk, flag, monkeypatch):
-    monkeypatch.setenv("HDLA_VISION_F1_LEAN", flag)
-    if "beta" in f:
-        prep = chunk_prepare(f["q"], f["k"], f["v"], None, None, f["g"], SCALE, reverse, hdla_beta=f["beta"],
-                             chunk=chunk)
-        h, s = chunk_state_pass(prep, f["initial_state"])
-        return chunk_output(prep, h, f["v"], reverse), s, h
-    return generalized_forward(f["q"], f["k"], f["v"], f["a"], f["b"], f["g"], SCALE, f["initial_state"], reverse,
-                               chunk=chunk)
-
-
 @pytest.mark.parametrize("case", list(F1_LEAN_CASES))
 def test_hdla_f1_lean(case, monkeypatch):
-    spec = dict(F1_LEAN_CASES[case])
-    seq_len, chunk, reverse = spec.pop("seq_len"), spec.pop("chunk"), spec.pop("reverse", False)
-    beta = spec.pop("beta", None)
-    p = hdla_problem(1, seq_len, 2, spec.pop("dk"), spec.pop("dv"), g_min=spec.pop("g_min"))
-    if beta is not None:
-        p["beta"] = torch.full_like(p["beta"], beta)
-    ref_o, ref_s = naive_hdla(**p, scale=SCALE, output_final_state=True, reverse=reverse)
-    f = _fp32(p)
-    o, s, h = _lean_forward(f, reverse, chunk, "1", monkeypatch)
-    o0, _, h0 = _lean_forward(f, reverse, chunk, "0", monkeypatch)
-    assert rel_err(o, ref_o) < TOL and rel_err(s, ref_s) < TOL, (rel_err(o, ref_o), rel_err(s, ref_s))
-    assert rel_err(o, o0) < 1e-5 and rel_err(h, h0) < 1e-5, (rel_err(o, o0), rel_err(h, h0))
+    p, chunk, reverse = _hdla_switch_problem(F1_LEAN_CASES[case])
+    _check_switched("HDLA_VISION_F1_LEAN", p, reverse, chunk, monkeypatch)
 
 
 @pytest.mark.parametrize("r_ab,r_kv", [(1, 1), (2, 3)])
 def test_generalized_f1_lean(r_ab, r_kv, monkeypatch):
     p = generalized_problem(1, 40, 2, 48, 16, r_kv, r_ab, g_min=-3.0)
-    ref_o, ref_s = naive_generalized(**p, scale=SCALE, output_final_state=True, reverse=True)
-    f = _fp32(p)
-    o, s, h = _lean_forward(f, True, 16, "1", monkeypatch)
-    o0, _, h0 = _lean_forward(f, True, 16, "0", monkeypatch)
-    assert rel_err(o, ref_o) < TOL and rel_err(s, ref_s) < TOL, (rel_err(o, ref_o), rel_err(s, ref_s))
-    assert rel_err(o, o0) < 1e-5 and rel_err(h, h0) < 1e-5, (rel_err(o, o0), rel_err(h, h0))
+    _check_switched("HDLA_VISION_F1_LEAN", p, True, 16, monkeypatch)
 
 
 def test_f1_lean_flag_rejects_other_values(monkeypatch):
