@@ -195,12 +195,13 @@ def only_triton_terms(monkeypatch):
     monkeypatch.setattr(chunk_module, "one_chunk_form", lambda *args: True)
 
 
-def _no_grad_output(kind, p, **op):
+def _no_grad_output(kind, p, dtype=torch.float32, **op):
+    """The chunk op's output without gradients on ``p`` cast to ``dtype``, and the float64 loop's."""
     chunk, loop, _ = LOGLINEAR_OPS[kind]
     ref, _ = loop(**p, **op)
     with torch.no_grad():
-        o, final = chunk(**{n: None if x is None else x.float() for n, x in p.items()}, **op)
-    assert final is None and o.dtype == torch.float32
+        o, final = chunk(**{n: None if x is None else x.to(dtype) for n, x in p.items()}, **op)
+    assert final is None and o.dtype == dtype
     return o, ref
 
 
@@ -241,12 +242,8 @@ def test_no_grad_calls_take_f1s_terms_on_cuda(backend, kind, dtype, only_triton_
     """Inference on CUDA (F1's terms) against the float64 loop at a realistic size: three chunks and a tail, head
     dims 64, gates to -20, offset 5."""
     p = loglinear_problem(kind, 3 * 64 + 17, UNBOUNDED, batch=2, heads=3, dk=64, dv=64, r_ab=2, g_min=-20.0)
-    p = on_backend({**p, "initial_state": None}, backend)
-    chunk, loop, _ = LOGLINEAR_OPS[kind]
-    ref, _ = loop(**p, offset=5)
-    with torch.no_grad():
-        o, _ = chunk(**{n: None if x is None else x.to(dtype) for n, x in p.items()}, offset=5)
-    assert o.dtype == dtype and rel_err(o, ref) < CUDA_TOL, rel_err(o, ref)
+    o, ref = _no_grad_output(kind, on_backend({**p, "initial_state": None}, backend), dtype, offset=5)
+    assert rel_err(o, ref) < CUDA_TOL, rel_err(o, ref)
 
 
 @pytest.mark.parametrize("backend", backends("torch"), indirect=True)
