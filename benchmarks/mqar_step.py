@@ -54,7 +54,7 @@ def train_steps(args, proto: dict, data, warmup: int, graphed: bool, compile: bo
     torch.cuda.synchronize()
     ms = 1000 * (time.perf_counter() - start) / (len(data) - warmup)
     return dict(ms_per_step=round(ms, 3), losses=[float(v) for v in losses], mode=step.mode,
-                capture_failed=bool(getattr(step, "failed", False)),
+                capture_failed=step.failed,
                 peak_mib=round(torch.cuda.max_memory_allocated() / 2 ** 20, 1), model=model, step=step, data=data)
 
 

@@ -520,7 +520,7 @@ def use_compile(args) -> bool:
 
 def step_mode(step) -> str:
     """How the step ran: "eager" or "cuda_graph", "+compile" where torch.compile'd (a failed capture: eager)."""
-    return step.mode.replace("cuda_graph", "eager") if getattr(step, "failed", False) else step.mode
+    return step.mode.replace("cuda_graph", "eager") if step.failed else step.mode
 
 
 def synchronize(device: str) -> None:

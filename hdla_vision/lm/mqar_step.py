@@ -69,6 +69,7 @@ class EagerStep:
     autocast), backward, AdamW. ``step(inputs, labels)`` returns the loss (a device scalar)."""
 
     mode = "eager"
+    failed = False  # a GraphedStep whose capture failed (it then runs eagerly)
 
     def __init__(self, loss_fn: Callable, opt: torch.optim.Optimizer, device: torch.device):
         self.loss_fn, self.opt, self.device = loss_fn, opt, torch.device(device)
@@ -110,7 +111,6 @@ class GraphedStep(EagerStep):
             raise ValueError("GraphedStep needs a capturable optimizer (make_optimizer(..., graphed=True))")
         self.warmup, self.max_graphs = warmup, max_graphs
         self.graphs: Dict[tuple, Tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self.failed = False
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         key = (tuple(inputs.shape), tuple(labels.shape))
