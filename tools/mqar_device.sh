@@ -15,8 +15,11 @@
 # paper's Table 2 setting"):
 #   MQAR_STATE=.mqar_loglinear MQAR_CARRY=.mqar_carry_loglinear MQAR_RESULTS=benchmarks/results/mqar_loglinear \
 #     RUNS_PER_GPU=8 bash tools/mqar_device.sh tools/mqar_loglinear_queue.txt
-#   env: RUNS_PER_GPU (4; 2 once the queue is at L >= 1024, whose runs outlast a session, so that every
-#        unfinished run can be carried), DEADLINE_S (540 s from the start, under the 600 s call limit),
+#   env: RUNS_PER_GPU (2: runs on one GPU share it, they do not add to it: on the H200 1 / 2 / 3 / 4 concurrent
+#        hdla_authors_conv runs at L = 256 took 10.5 / 19.7 / 29.3 / 38.9 ms a step each, MPS control daemon
+#        started or not, so more runs per GPU only leave more unfinished ones than a call can carry; 2 lets one
+#        run's compile and evaluation overlap the other's steps; 1 for runs at L >= 1024, whose 64 epochs take
+#        about 18 minutes alone), DEADLINE_S (540 s from the start, under the 600 s call limit),
 #        MIN_JOB_S (90), CARRY_MIB (40: checkpoints packed for the next call, about 19 MiB each),
 #        MQAR_STATE (.mqar), MQAR_CARRY (.mqar_carry), MQAR_RESULTS (benchmarks/results/mqar_zoology),
 #        MQAR_EXTRA_ARGS (added to every run's arguments, e.g. "--compile off"; none of them may change a run's protocol)
@@ -29,7 +32,7 @@ state=${MQAR_STATE:-.mqar}
 carry=${MQAR_CARRY:-.mqar_carry}
 results=${MQAR_RESULTS:-benchmarks/results/mqar_zoology}
 deadline=${DEADLINE_S:-540}
-per_gpu=${RUNS_PER_GPU:-4}
+per_gpu=${RUNS_PER_GPU:-2}
 export MQAR_RUNS_PER_GPU=$per_gpu TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache_mqar}
 mkdir -p "$state/logs" "$carry"
 python3 -m tools.mqar_device restore --state "$state" --results "$results" --carry "$carry"
