@@ -53,6 +53,7 @@ VARIANTS = {
     "b2_vjp_w4": {"b2:warps_vjp": 4}, "b2_vjp_w8": {"b2:warps_vjp": 8}, "b2_vjp_s2": {"b2:stages_vjp": 2},
     "b2_gemm_w8": {"b2:warps_gemm": 8}, "b2_gemm_w2": {"b2:warps_gemm": 2},
     "b2_gemm_s3": {"b2:stages_gemm": 3}, "b2_gemm_s1": {"b2:stages_gemm": 1},
+    "s4_single": {"b2:s4_group": 1},  # S4 as one launch per product (before 2026-11-28)
     "b2_stacks_w8": {"b2:warps_stacks": 8}, "b2_stacks_w2": {"b2:warps_stacks": 2},
     "b2_bkv64": {"b2:BKV": 64}, "b2_bkv128": {"b2:BKV": 128}, "b2_bkv16": {"b2:BKV": 16}, "b2_bks32": {"b2:BKS": 32},
     "f1ab_w4_bkv64": {"fwd:F1ab": 4, "b2:BKV": 64}, "f1ab_w4_bkv128": {"fwd:F1ab": 4, "b2:BKV": 128},

@@ -131,7 +131,8 @@ def _run_scratch(kind, problem, chunk, reverse, gates=None):
 def _run_pool(kind, problem, chunk, reverse, dtype, gates):
     """One POOL_CASES entry: the gradients with B2's scratch carved from the planned pool and with one
     allocation per tensor, all scratch memory NaN before B2 runs: per gradient, whether the two are
-    bit-identical and finite, and the pooled run's error against the float64 loop."""
+    bit-identical and finite, and the pooled run's error against the float64 loop; and whether the pooled run
+    with S4's products in one launch each (b2_config's s4_group 1) gives the same bits as its grouped launches."""
     from hdla_vision.kernels.generalized import bwd_chunk
 
     make = hdla_problem if kind == "hdla" else generalized_problem
@@ -148,9 +149,13 @@ def _run_pool(kind, problem, chunk, reverse, dtype, gates):
     for pool in (False, True):
         bwd_chunk.SCRATCH_POOL = pool
         runs[pool] = _kernel_grads(kind, p, chunk, reverse, do, dht, dtype)
-    bwd_chunk._scratch_bytes, bwd_chunk.SCRATCH_POOL = real, True
+    config = bwd_chunk.b2_config
+    bwd_chunk.b2_config = lambda *a, **k: dict(config(*a, **k), s4_group=1)
+    runs["s4_single"] = _kernel_grads(kind, p, chunk, reverse, do, dht, dtype)
+    bwd_chunk.b2_config, bwd_chunk._scratch_bytes, bwd_chunk.SCRATCH_POOL = config, real, True
     names = _names(kind) + ["h0"]
     return {"identical": {n: torch.equal(m, r) for n, m, r in zip(names, runs[True], runs[False])},
+            "s4_single_identical": {n: torch.equal(m, r) for n, m, r in zip(names, runs["s4_single"], runs[True])},
             "finite": {n: bool(torch.isfinite(m).all()) for n, m in zip(names, runs[True])},
             "error": {n: rel_err(m, r) for n, m, r in zip(names, runs[True], ref)}}
 

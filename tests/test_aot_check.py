@@ -103,3 +103,26 @@ def test_backward_levels_kernels_compile_for_the_h100(dtype, dirs):
         assert 0 < r["reg"] <= 255, format_records(records)
         if r["kernel"] in ("_gram_levels_kernel", "_gram_vjp_levels_kernel"):
             assert r["constexprs"]["DIRS"] == dirs, r["constexprs"]
+
+
+def test_launches_bound_only_counts_and_runs_nothing():
+    from tools.aot_check import launches_bound_only
+
+    x = torch.ones(64, 64, dtype=torch.bfloat16)
+    y = torch.full((64, 64), -1.0)
+    counter = [0, 0.0]
+    with launches_bound_only(counter):
+        for _ in range(3):
+            _square_kernel[(1,)](x, y, BLOCK=64, num_warps=4)
+    assert (y == -1).all() and counter[0] == 3 and counter[1] > 0
+
+
+def test_host_ms_sees_s4_grouping_in_the_launch_count(monkeypatch):
+    """chunk_hdla's fwd+bwd on the chunk kernels at a two-chunk shape: S4's 18 products in 6 launches, not 18."""
+    from tools.aot_check import host_ms
+
+    monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk64")  # not the token recurrence (kernels/utils.py)
+    shape = (1, 128, 1, 16)
+    _, _, grouped = host_ms("hdla", shape, s4_group=4, repeats=1)
+    _, _, single = host_ms("hdla", shape, s4_group=1, repeats=1)
+    assert single - grouped == 12, (single, grouped)

@@ -269,11 +269,13 @@ def test_scratch_pool_changes_no_bit(pool_results, case):
     """B2's scratch carved from the lifetime-planned pool gives the gradients (torch.equal) of one allocation
     per tensor, with every scratch byte NaN before B2 runs: no tensor is read after another that shares its
     memory overwrote it, or before it is written; the gradients are finite and within tolerance of the
-    float64 loop."""
+    float64 loop. S4's products launched one at a time give the bits of its grouped launches."""
     result = pool_results[case]
     dtype = POOL_CASES[case][4]
     assert len(result["identical"]) >= 6, result
     assert all(result["identical"].values()), f"{case}: the pool changed {result['identical']}"
+    assert result["s4_single_identical"].keys() == result["identical"].keys()
+    assert all(result["s4_single_identical"].values()), f"{case}: S4's grouping changed {result['s4_single_identical']}"
     assert all(result["finite"].values()), f"{case}: non-finite gradients {result['finite']}"
     tol = TOL if dtype == "float32" else FP16_TOL
     bad = {name: err for name, err in result["error"].items() if not err < tol}

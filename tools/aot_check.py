@@ -4,12 +4,18 @@ report each kernel's registers, local-memory spills, shared memory and whether i
     python -m tools.aot_check                 # the chunk ops at the benchmark shapes (bf16)
     python -m tools.aot_check --shapes lm     # one shape
     python -m tools.aot_check --bidirectional # the bidirectional ops (both directions in one launch)
+    python -m tools.aot_check --host --ops hdla --shapes hires --s4-group 1,4   # host time, nothing launched
 
 A launch ``kernel[grid](...)`` inside :func:`compile_only` compiles exactly what the GPU would
 (the same specialisation, constexprs, num_warps and num_stages) through Triton's own pipeline down to
 a cubin, and returns without running it; the op's outputs are then garbage. It catches, before any
 device time is spent, kernels that fail to compile or that spill registers at the real shapes.
 Autotuned kernels compile every config. Timing still needs the device (benchmarks/kernels.py).
+
+``--host`` times instead the Python side of one fwd+bwd (our glue, Triton's binding and cache lookup of
+each launch, nothing launched; median of ``--repeats``) and counts its launches, for each S4 grouping
+(``bwd_chunk.b2_config``'s ``s4_group``). On a CPU the op's own PyTorch calls (scratch allocation and
+zeroing) really run on CPU tensors, so only differences between settings carry over to a GPU's host.
 """
 import argparse
 import os
@@ -17,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from typing import Dict, List
 
@@ -172,6 +179,57 @@ def compile_op(op: str, shape, backward: bool, bidirectional: bool = False) -> L
     return records
 
 
+@contextmanager
+def launches_bound_only(counter: List[float]):
+    """Within the block, a Triton launch binds its arguments and finds (or compiles, the first time) its
+    kernel for the H100 and returns without running it; ``counter[0]`` counts the launches, ``counter[1]``
+    sums their seconds."""
+    old_driver, old_run = triton_driver._active, JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        start = time.perf_counter()
+        kernel = old_run(self, *args, grid=grid, warmup=True, **kwargs)
+        counter[0] += 1
+        counter[1] += time.perf_counter() - start
+        return kernel
+
+    triton_driver.set_active(_CompileOnlyDriver(H100))
+    JITFunction.run = run
+    try:
+        yield
+    finally:
+        JITFunction.run, triton_driver._active = old_run, old_driver
+
+
+def host_ms(op: str, shape, s4_group: int, repeats: int = 15):
+    """(median host ms, median ms inside Triton's launch calls, launches) of one fwd+bwd of ``op`` at ``shape``
+    with S4's products ``s4_group`` per launch, nothing launched (:func:`launches_bound_only`)."""
+    from hdla_vision import kernels
+    from hdla_vision.kernels.generalized import bwd_chunk
+
+    real_config = bwd_chunk.b2_config
+
+    def config(*args, **kwargs):
+        return dict(real_config(*args, **kwargs), s4_group=s4_group)
+
+    inputs = op_inputs(op, *shape)
+    fn = kernels.chunk_hdla if op == "hdla" else kernels.chunk_generalized
+    counter, times, in_triton = [0, 0.0], [], []
+    bwd_chunk.b2_config = config
+    try:
+        with triton_path_for_cpu_tensors(), launches_bound_only(counter):
+            for _ in range(repeats + 1):  # the first compiles
+                counter[:] = [0, 0.0]
+                start = time.perf_counter()
+                o, _ = fn(*inputs)
+                torch.autograd.grad(o, inputs, torch.zeros_like(o), allow_unused=True)
+                times.append(1e3 * (time.perf_counter() - start))
+                in_triton.append(1e3 * counter[1])
+    finally:
+        bwd_chunk.b2_config = real_config
+    return sorted(times[1:])[repeats // 2], sorted(in_triton[1:])[repeats // 2], counter[0]
+
+
 def main(argv=None):
     from benchmarks.kernels import SHAPES
 
@@ -181,7 +239,18 @@ def main(argv=None):
     parser.add_argument("--no-backward", action="store_true", help="compile the forward kernels only")
     parser.add_argument("--bidirectional", action="store_true",
                         help="the bidirectional ops (kernels/README.md §9) instead of the single-direction ones")
+    parser.add_argument("--host", action="store_true", help="time the host side instead (see above)")
+    parser.add_argument("--s4-group", default="1,4", help="with --host: S4's products per launch, comma-separated")
+    parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args(argv)
+    if args.host:
+        for op in args.ops.split(","):
+            for name in args.shapes.split(","):
+                for group in (int(g) for g in args.s4_group.split(",")):
+                    ms, triton_ms, launches = host_ms(op, SHAPES[name], group, args.repeats)
+                    print(f"{op} at {name} {SHAPES[name]}: s4_group {group}, {launches} launches, host {ms:.2f} ms, "
+                          f"{triton_ms:.2f} ms of it in Triton's launch calls")
+        return 0
     spills = 0
     for op in args.ops.split(","):
         for name in args.shapes.split(","):

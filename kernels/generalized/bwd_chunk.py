@@ -18,8 +18,9 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
                             per chunk, not 9 C^2 K.
     S3 ``_inverse_kernel``  T = (I + L_AB)^-1: 16-token diagonal blocks by doubling, the others by block
                             forward substitution (T_nm = -T_nn sum_k L_nk T_km).
-    S4 ``_gemm_kernel``     every plain product of the VJP (W, U, Mo, E, dQeff, dMo, dE, dN, dV, dAt,
-                            dU, dW, dM_QA, T^T dW, T^T dU, dL_AB), one output tile per program.
+    S4 ``_gemm_group_kernel`` every plain product of the VJP (W, U, Mo, E, dQeff, dMo, dE, dN, dV, dAt,
+                            dU, dW, dM_QA, T^T dW, T^T dU, dL_AB), one output tile per program, the
+                            independent products in one launch (S4_LAUNCHES: 18 products in 6 launches).
     S5a ``_gram_vjp_kernel`` one launch per Gram matrix, per 16-token block and K tile: the Gram VJP
                             (same decay factoring and the same diagonal rule, the cotangent masked
                             before the products) into dx, dy scratch.
@@ -148,12 +149,16 @@ GRAM_VJPS = (("dmo", "q", "gs", "k", "gq", "gk", False, False, False),  # M_QK
 STACK_OF = dict(q="xq", k="kf", a="af", b="bf")
 
 # chunk_vjp's launches in order (S4's products by the scratch they write; qeff and n: B1's inputs).
-STAGES = ("S1", "S2", "S2b", "S3", "w", "u", "mo", "et", "qeff", "n", "B1", "dqe", "dmo", "det", "dvs", "dn",
-          "dat", "du", "dw", "dmqa", "dwp", "dup", "dlab", "S5a_qk", "S5a_qa", "S5a_ab", "S5a_kb", "S5b", "S5",
-          "S6", "S7")
+STAGES = ("S1", "S2", "S2b", "S3", "w", "u", "mo", "et", "qeff", "n", "B1", "dqe", "dmo", "det", "dn", "dat", "du",
+          "dw", "dmqa", "dwp", "dup", "dvs", "dlab", "S5a_qk", "S5a_qa", "S5a_ab", "S5a_kb", "S5b", "S5", "S6", "S7")
+# S4's products that share a launch (_gemm_group_kernel: independent products, run in any order), at r_ab > 0 and
+# at r_ab = 0 (no W, U, dN, ...; M_QK is M_o, so dV's product needs nothing S4 writes)
+S4_LAUNCHES = (("w", "u"), ("mo", "et", "qeff", "n"), ("dqe", "dmo", "det", "dn"), ("dat", "du", "dw", "dmqa"),
+               ("dwp", "dup", "dvs"), ("dlab",))
+S4_LAUNCHES_RANK0 = (("dqe", "dmo", "det", "dvs"),)
 # Each scratch tensor's (writer, last reader) among STAGES, from the table at the top of this module and the
-# products in chunk_vjp. Two tensors may share memory only if one's last reader runs before the other's
-# writer (strictly: a launch that reads one and writes the other would race).
+# products in chunk_vjp. Two tensors may share memory only if one's last reader's launch runs before the
+# other's writer's (strictly: a launch that reads one and writes the other would race).
 SCRATCH_LIFETIMES = dict(
     gs=("S1", "S5"), gps=("S1", "S5"), s=("S1", "S6"), bt=("S1", "S5a_qk"), xq=("S1", "S5"), kf=("S1", "S5"),
     kt=("S1", "S5"), af=("S1", "S5"), bf=("S1", "S5"), at=("S1", "S5"), at16=("S1", "dw"), bh=("S1", "S5"),
@@ -827,34 +832,88 @@ def _gemm_part(a_ptr, sar, sac, b_ptr, sbr, sbc, rm, rn, mm, mn, KD, BKD: tl.con
     return acc
 
 
+# The bits of an S4 product's FLAGS (constexpr): operand a1, b1, a2, b2 transposed (a stride swap of its
+# row-major tile), term 1, 2 negated, an addend c, the causal mask (column token <= row token)
+TA1, TB1, TA2, TB2, NEG1, NEG2, HAS_C, MASK = (tl.constexpr(1 << i) for i in range(8))
+S4_SLOTS = 4  # products per launch at most (_gemm_group_kernel's slots)
+
+
 @triton.jit
-def _gemm_kernel(o_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, c_ptr,
-                 sa1b, sa1r, sa1c, sb1b, sb1r, sb1c, sa2b, sa2r, sa2c, sb2b, sb2r, sb2c,
-                 M, N, K1, K2, al1, al2,
-                 BM: tl.constexpr, BN: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, HAS2: tl.constexpr,
-                 HAS_C: tl.constexpr, MASK: tl.constexpr, RPR: tl.constexpr, RPC: tl.constexpr,
-                 F32: tl.constexpr, LOWP: tl.constexpr):
-    """S4, grid (blocks, M/BM, N/BN): o = al1 a1 b1 (+ al2 a2 b2) (+ c) per chunk, o and c dense
-    [blocks, M, N] (c fp32, o fp32 or the 16-bit dtype of :func:`scratch_dtypes`, rounded once at the
-    store), operands strided (chunk, row, column strides: a transpose is a stride swap) in any dtype.
-    MASK 1 keeps column token <= row token (rows RPR, columns RPC rank rows per token)."""
-    blk = tl.program_id(0).to(tl.int64)
-    rm = tl.program_id(1) * BM + tl.arange(0, BM)
-    rn = tl.program_id(2) * BN + tl.arange(0, BN)
+def _term(a_ptr, b_ptr, blk, rm, rn, mm, mn, M: tl.constexpr, N: tl.constexpr, KD: tl.constexpr,
+          TA: tl.constexpr, TB: tl.constexpr, BKD: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """a b of chunk blk, a [M, KD] and b [KD, N] row-major per chunk or (TA, TB) the transposes of row-major
+    [KD, M], [N, KD] tiles: :func:`_gemm_part` with the strides as constexprs (a unit stride known to the compiler,
+    so that the loads are vectorised)."""
+    return _gemm_part(a_ptr + blk * (M * KD), 1 if TA else KD, M if TA else 1,
+                      b_ptr + blk * (KD * N), 1 if TB else N, KD if TB else 1, rm, rn, mm, mn, KD, BKD, F32, LOWP)
+
+
+@triton.jit
+def _product_tile(o_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, c_ptr, blk, tile, M: tl.constexpr, N: tl.constexpr,
+                  K1: tl.constexpr, K2: tl.constexpr, FLAGS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  BK1: tl.constexpr, BK2: tl.constexpr, RPC: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """Output tile ``tile`` ([BM, BN], row-major over the product's tiles) of chunk blk of one product:
+    o = +-a1 b1 (+- a2 b2 if K2 > 0) (+ c), masked to column token <= row token (RPC rank rows per column token,
+    one per row token); o and c dense [blocks, M, N]. FLAGS: the bits TA1 ... MASK."""
+    rm = (tile // tl.cdiv(N, BN)) * BM + tl.arange(0, BM)
+    rn = (tile % tl.cdiv(N, BN)) * BN + tl.arange(0, BN)
     mm = rm < M
     mn = rn < N
-    acc = al1 * _gemm_part(a1_ptr + blk * sa1b, sa1r, sa1c, b1_ptr + blk * sb1b, sb1r, sb1c, rm, rn, mm, mn, K1,
-                           BK1, F32, LOWP)
-    if HAS2:
-        acc += al2 * _gemm_part(a2_ptr + blk * sa2b, sa2r, sa2c, b2_ptr + blk * sb2b, sb2r, sb2c, rm, rn, mm, mn,
-                                K2, BK2, F32, LOWP)
-    off = blk * M * N + rm[:, None] * N + rn[None, :]
+    acc = _term(a1_ptr, b1_ptr, blk, rm, rn, mm, mn, M, N, K1, (TA1 & FLAGS) != 0, (TB1 & FLAGS) != 0, BK1, F32, LOWP)
+    if NEG1 & FLAGS:
+        acc = -acc
+    if K2 > 0:
+        acc2 = _term(a2_ptr, b2_ptr, blk, rm, rn, mm, mn, M, N, K2, (TA2 & FLAGS) != 0, (TB2 & FLAGS) != 0, BK2, F32,
+                     LOWP)
+        if NEG2 & FLAGS:
+            acc -= acc2
+        else:
+            acc += acc2
+    off = blk * (M * N) + rm[:, None] * N + rn[None, :]
     m2 = mm[:, None] & mn[None, :]
-    if HAS_C:
+    if HAS_C & FLAGS:
         acc += tl.load(c_ptr + off, mask=m2, other=0.0)
-    if MASK == 1:
-        acc = tl.where((rn // RPC)[None, :] <= (rm // RPR)[:, None], acc, 0.0)
+    if MASK & FLAGS:
+        acc = tl.where((rn // RPC)[None, :] <= rm[:, None], acc, 0.0)
     tl.store(o_ptr + off, acc.to(o_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _gemm_group_kernel(o0, a10, b10, a20, b20, c0, o1, a11, b11, a21, b21, c1,
+                       o2, a12, b12, a22, b22, c2, o3, a13, b13, a23, b23, c3,
+                       M0: tl.constexpr, N0: tl.constexpr, K10: tl.constexpr, K20: tl.constexpr, FLAGS0: tl.constexpr,
+                       BM0: tl.constexpr, BN0: tl.constexpr, BKA0: tl.constexpr, BKB0: tl.constexpr,
+                       M1: tl.constexpr, N1: tl.constexpr, K11: tl.constexpr, K21: tl.constexpr, FLAGS1: tl.constexpr,
+                       BM1: tl.constexpr, BN1: tl.constexpr, BKA1: tl.constexpr, BKB1: tl.constexpr,
+                       M2: tl.constexpr, N2: tl.constexpr, K12: tl.constexpr, K22: tl.constexpr, FLAGS2: tl.constexpr,
+                       BM2: tl.constexpr, BN2: tl.constexpr, BKA2: tl.constexpr, BKB2: tl.constexpr,
+                       M3: tl.constexpr, N3: tl.constexpr, K13: tl.constexpr, K23: tl.constexpr, FLAGS3: tl.constexpr,
+                       BM3: tl.constexpr, BN3: tl.constexpr, BKA3: tl.constexpr, BKB3: tl.constexpr,
+                       SLOTS: tl.constexpr, RPC: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
+    """S4, grid (blocks, tiles of every product): up to four independent products in one launch (SLOTS), product
+    s owning the tiles after those of the products before it (:func:`_product_tile` with its sizes M_s, N_s, K1_s,
+    K2_s, FLAGS_s and tiles BM_s, BN_s, BKA_s, BKB_s). One launch instead of one per product: the VJP's 18 products
+    run in 6 launches (:data:`S4_LAUNCHES`)."""
+    blk = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    E0: tl.constexpr = tl.cdiv(M0, BM0) * tl.cdiv(N0, BN0)  # the end of product 0's tiles, ...
+    E1: tl.constexpr = E0 + tl.cdiv(M1, BM1) * tl.cdiv(N1, BN1)
+    E2: tl.constexpr = E1 + tl.cdiv(M2, BM2) * tl.cdiv(N2, BN2)
+    if tile < E0:
+        _product_tile(o0, a10, b10, a20, b20, c0, blk, tile, M0, N0, K10, K20, FLAGS0, BM0, BN0, BKA0, BKB0, RPC, F32,
+                      LOWP)
+    if SLOTS > 1:
+        if (tile >= E0) & (tile < E1):
+            _product_tile(o1, a11, b11, a21, b21, c1, blk, tile - E0, M1, N1, K11, K21, FLAGS1, BM1, BN1, BKA1, BKB1,
+                          RPC, F32, LOWP)
+    if SLOTS > 2:
+        if (tile >= E1) & (tile < E2):
+            _product_tile(o2, a12, b12, a22, b22, c2, blk, tile - E1, M2, N2, K12, K22, FLAGS2, BM2, BN2, BKA2, BKB2,
+                          RPC, F32, LOWP)
+    if SLOTS > 3:
+        if tile >= E2:
+            _product_tile(o3, a13, b13, a23, b23, c3, blk, tile - E2, M3, N3, K13, K23, FLAGS3, BM3, BN3, BKA3, BKB3,
+                          RPC, F32, LOWP)
 
 
 # ----------------------------------------------------------------------------- S5: Gram VJP, decays, dg
@@ -1503,6 +1562,42 @@ def _tile(n: int, cap: int = 64) -> int:
     return max(16, min(cap, next_power_of_2(n)))
 
 
+def _launch_products(products, blocks, rpc, empty, prec, num_warps, num_stages):
+    """S4: up to :data:`S4_SLOTS` independent products ``(out, m, n, terms, cin, mask)`` in one launch of
+    :func:`_gemm_group_kernel`, each ``out = sum of alpha a b over its terms (+ cin)`` per chunk; a term is
+    ``(a, b, k, alpha)`` with ``a``, ``b`` per-chunk row-major tiles or their transposes as :func:`_v` gives them,
+    alpha +-1."""
+    pointers, sizes = [], {}
+    for slot, (out, m, n, terms, cin, mask) in enumerate(products):
+        flags = (HAS_C.value if cin is not None else 0) | (MASK.value if mask else 0)
+        (a1, b1, k1, _), (a2, b2, k2, _) = terms[0], terms[-1]
+        for (a, b, k, alpha), (ta, tb, neg) in zip(terms, ((TA1, TB1, NEG1), (TA2, TB2, NEG2))):
+            if alpha not in (1, -1):
+                raise ValueError(f"S4's terms take the signs +-1, got {alpha}")
+            flags |= ((ta.value if _transposed(a, m, k) else 0) | (tb.value if _transposed(b, k, n) else 0)
+                      | (neg.value if alpha == -1 else 0))
+        pointers += [out, a1[0], b1[0], a2[0], b2[0], out if cin is None else cin]
+        sizes.update({f"M{slot}": m, f"N{slot}": n, f"K1{slot}": k1, f"K2{slot}": k2 if len(terms) > 1 else 0,
+                      f"FLAGS{slot}": flags, f"BM{slot}": _tile(m), f"BN{slot}": _tile(n), f"BKA{slot}": _tile(k1),
+                      f"BKB{slot}": _tile(k2)})
+    for slot in range(len(products), S4_SLOTS):  # unused slots: compiled out (SLOTS)
+        pointers += [empty] * 6
+        sizes.update({f"{name}{slot}": 16 for name in ("M", "N", "K1", "BM", "BN", "BKA", "BKB")})
+        sizes.update({f"K2{slot}": 0, f"FLAGS{slot}": 0})
+    tiles = sum(cdiv(m, _tile(m)) * cdiv(n, _tile(n)) for _, m, n, *_ in products)
+    _gemm_group_kernel[(blocks, tiles)](*pointers, **sizes, SLOTS=len(products), RPC=rpc, **prec, num_warps=num_warps,
+                                        num_stages=num_stages)
+
+
+def _transposed(operand, rows, cols) -> bool:
+    """Whether an S4 operand (:func:`_v`'s tuple) of a [rows, cols] product side is a transposed tile; raises
+    unless its strides are those of a dense row-major [rows, cols] tile per chunk or of its transpose."""
+    _, chunk, row, col = operand
+    if chunk != rows * cols or (row, col) not in ((cols, 1), (1, rows)):
+        raise ValueError(f"S4 operand strides {(chunk, row, col)} are not those of a dense [{rows}, {cols}] tile")
+    return (row, col) == (1, rows) and (row, col) != (cols, 1)
+
+
 def _v(t, rows, cols, trans=False):
     """A per-chunk row-major [rows, cols] tile of t as an S4 operand (tensor, chunk, row, column
     strides), or its transpose [cols, rows]."""
@@ -1528,7 +1623,8 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
     "before": all of them): with the single-Gram S2 / S5a no A, B stacks (S2b writes the rows of the blocks it and
     S5b take, :func:`_hdla_ab_rows`), with 16-bit scratch Bh in 16 bits and At only in S4's 16-bit copy (S5
     rebuilds At from k, beta and g);
-    warps_gemm, warps_stacks: S4's and S1's warps;
+    warps_gemm, warps_stacks: S4's and S1's warps; s4_group, S4's products per launch (:data:`S4_LAUNCHES`; 1:
+    one launch per product, as before 2026-11-28);
     stages_gemm, S4's pipeline depth: 2 with 16-bit scratch (``lowp_scratch``; at 3 one of its products,
     dM_QA's, spilled a register on sm_90a), else 3; ``$HDLA_VISION_B2_GEMM_STAGES`` overrides it (the
     benchmarks). Its K loops take 1 to 4 steps of 64, so a third stage rarely has a load to hold; the
@@ -1539,6 +1635,7 @@ def b2_config(dk: int, dv: int, chunk: int, r_kv: int, r_ab: int, lowp_scratch: 
         raise ValueError(f"HDLA_VISION_B2_GEMM_STAGES must be 1 to 4, got {stages!r}")
     return dict(BKS=_tile(dk, 64), BKG=_tile(dk, 32), BK1=_tile(dk, 32), BKV=_tile(dk, 64), BVS=_tile(dv, 64),
                 warps_vjp=4 if rows <= 64 else 8, stages_vjp=1, stages_gemm=int(stages), warps_gemm=4, warps_stacks=4,
+                s4_group=S4_SLOTS,
                 warps_block=8 if 16 * max(_pow2(r_ab), _pow2(r_kv)) >= 64 else 4, diag_limit=DIAG_LIMIT,
                 diag_gram=(os.environ.get("HDLA_VISION_DIAG_PRECISION_S2") or os.environ.get("HDLA_VISION_DIAG_PRECISION")
                            or GRAM_DIAG_PRECISION),
@@ -1624,7 +1721,8 @@ def scratch_shapes(c: int, dk: int, dv: int, r_kv: int, r_ab: int, hdla: bool, s
 
 
 def scratch_lifetimes(r_ab: int, copies: bool) -> dict:
-    """{name: (first, last) stage index in :data:`STAGES`}: :data:`SCRATCH_LIFETIMES` for rank ``r_ab``
+    """{name: (first, last) launch index in :data:`STAGES`, S4's products of one launch at its first's index
+    (:data:`S4_LAUNCHES`)}: :data:`SCRATCH_LIFETIMES` for rank ``r_ab``
     (0: M_QK is M_o, read by dV's product) and whether S4 reads T from its 16-bit copy (``copies``: then T
     itself is read only inside S3)."""
     spans = dict(SCRATCH_LIFETIMES)
@@ -1632,7 +1730,10 @@ def scratch_lifetimes(r_ab: int, copies: bool) -> dict:
         spans["mqk"] = ("S2", "dvs")
     if copies:
         spans["tm"] = ("S3", "S3")
-    return {name: (STAGES.index(first), STAGES.index(last)) for name, (first, last) in spans.items()}
+    index = {name: i for i, name in enumerate(STAGES)}
+    for launch in S4_LAUNCHES if r_ab else S4_LAUNCHES_RANK0:  # one launch, one index: its products run at once
+        index.update((name, index[launch[0]]) for name in launch)
+    return {name: (index[first], index[last]) for name, (first, last) in spans.items()}
 
 
 def plan_scratch(sizes: dict, lifetimes: dict) -> tuple:
@@ -1804,15 +1905,16 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
     rebuild_ab = dict(HDLA_AB=lean_ab, REVERSE=rev and lean_ab, LOG_ZERO=LOG_ZERO_FP32)
     hdla_ab_inputs = (z["bt"], z["s"], g if lean_ab else empty, seq_len, heads)
 
+    products = []  # S4's products since the last launch: independent of each other
+
     def gemm(out, m, n, terms, cin=None, mask=False):
-        (a1, sa1b, sa1r, sa1c), (b1, sb1b, sb1r, sb1c), k1, al1 = terms[0]
-        (a2, sa2b, sa2r, sa2c), (b2, sb2b, sb2r, sb2c), k2, al2 = terms[1] if len(terms) > 1 else terms[0]
-        bm, bn = _tile(m), _tile(n)
-        _gemm_kernel[(blocks, cdiv(m, bm), cdiv(n, bn))](
-            out, a1, b1, a2, b2, cin if cin is not None else out, sa1b, sa1r, sa1c, sb1b, sb1r, sb1c,
-            sa2b, sa2r, sa2c, sb2b, sb2r, sb2c, m, n, k1, k2, float(al1), float(al2), BM=bm, BN=bn,
-            BK1=_tile(k1), BK2=_tile(k2), HAS2=len(terms) > 1, HAS_C=cin is not None, MASK=1 if mask else 0,
-            RPR=1, RPC=rkp, **prec, num_warps=cfg["warps_gemm"], num_stages=cfg["stages_gemm"])
+        products.append((out, m, n, terms, cin, mask))
+
+    def run_products():  # launches the products gathered, cfg["s4_group"] at a time
+        for first in range(0, len(products), cfg["s4_group"]):
+            _launch_products(products[first:first + cfg["s4_group"]], blocks, rkp, empty, prec,
+                             num_warps=cfg["warps_gemm"], num_stages=cfg["stages_gemm"])
+        products.clear()
 
     tm = z["tm16"] if z["tm16"].numel() else z["tm"]  # S4 reads T and At from their 16-bit copies if any
     at = z["at16"] if z["at16"].numel() else z["at"]
@@ -1848,6 +1950,7 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
                                   num_warps=cfg["warps_block"])
             gemm(z["w"], ra, dk, [(_v(tm, ra, ra), _v(z["bh"], ra, dk), ra, 1)])
             gemm(z["u"], ra, rk, [(_v(tm, ra, ra), _v(z["lkb"], ra, rk), ra, 1)])
+            run_products()
             gemm(z["mo"], c, rk, [(_v(z["mqa"], c, ra), _v(z["u"], ra, rk), ra, -1)], cin=z["mqk"])
             gemm(z["et"], rk, dk, [(_v(z["u"], ra, rk, True), _v(at, ra, dk), ra, -1)], cin=z["kt"])
             mo, et = z["mo"], z["et"]
@@ -1856,14 +1959,19 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
         if state_inputs is not None and r_ab:
             gemm(state_inputs["Qeff"], c, dk, [(_v(z["mqa"], c, ra), _v(z["w"], ra, dk), ra, -1)], cin=qh)
             gemm(state_inputs["N"], dk, dk, [(_v(at, ra, dk, True), _v(z["w"], ra, dk), ra, 1)])
+        run_products()
         if with_state_pass:
             state_pass(dict(N=state_inputs["N"], Qeff=state_inputs["Qeff"], gamma=gamma, chunk=c))
         gemm(z["dqe"], c, dk, [(_v(z["dos"], c, dv), hv(h, True), dv, 1)])
         gemm(z["dmo"], c, rk, [(_v(z["dos"], c, dv), _v(z["vf"], rk, dv, True), dv, 1)], mask=True)
         gemm(z["det"], rk, dk, [(_v(z["vf"], rk, dv), hv(ds, True), dv, 1)])
-        gemm(z["dvs"], rk, dv, [(_v(mo, c, rk, True), _v(z["dos"], c, dv), c, 1), (_v(et, rk, dk), hv(ds), dk, 1)])
+        dvs = (z["dvs"], rk, dv, [(_v(mo, c, rk, True), _v(z["dos"], c, dv), c, 1), (_v(et, rk, dk), hv(ds), dk, 1)])
         if r_ab:
             gemm(z["dn"], dk, dk, [(hv(ds), hv(h, True), dv, -1)])
+        else:
+            gemm(*dvs)
+        run_products()
+        if r_ab:  # S4_LAUNCHES: dAt, dU, dW, dM_QA; dW', dU', dV; dL_AB
             gemm(z["dat"], ra, dk, [(_v(z["u"], ra, rk), _v(z["det"], rk, dk), rk, -1),
                                     (_v(z["w"], ra, dk), _v(z["dn"], dk, dk, True), dk, 1)])
             gemm(z["du"], ra, rk, [(_v(at, ra, dk), _v(z["det"], rk, dk, True), dk, -1),
@@ -1872,10 +1980,14 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
                                    (_v(z["mqa"], c, ra, True), _v(z["dqe"], c, dk), c, -1)])
             gemm(z["dmqa"], c, ra, [(_v(z["dqe"], c, dk), _v(z["w"], ra, dk, True), dk, -1),
                                     (_v(z["dmo"], c, rk), _v(z["u"], ra, rk, True), rk, -1)])
+            run_products()
             gemm(z["dwp"], ra, dk, [(_v(tm, ra, ra, True), _v(z["dw"], ra, dk), ra, 1)])
             gemm(z["dup"], ra, rk, [(_v(tm, ra, ra, True), _v(z["du"], ra, rk), ra, 1)])
+            gemm(*dvs)
+            run_products()
             gemm(z["dlab"], ra, ra, [(_v(z["dwp"], ra, dk), _v(z["w"], ra, dk, True), dk, -1),
                                      (_v(z["dup"], ra, rk), _v(z["u"], ra, rk, True), rk, -1)])
+            run_products()
         ranks_of = dict(q=1, k=rkp, a=rap, b=rap)
         if single_gram:  # S5a as one launch through HDLA's base Grams, into the same buffers and flags
             _hdla_gram_vjp_kernel[(nt, bh_all, nb * nkt)](
