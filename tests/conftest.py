@@ -22,6 +22,25 @@ def pytest_collection_finish(session):
                                 "collecting the tests; run interpreted checks through tests/interpreted.py")
 
 
+@pytest.fixture(autouse=True)
+def leaves_the_triton_routing_alone(request):
+    """After each test: ``TRITON_INTERPRET`` as at the start and every kernels module's ``use_triton`` the real one.
+    A test that left CPU tensors routed to the Triton kernels (a patch not undone, the variable set) would make
+    later tests in its process launch compiled kernels on CPU tensors ("0 active drivers"); this names it."""
+    yield
+    import sys
+
+    now = os.environ.get("TRITON_INTERPRET")
+    assert now == _TRITON_INTERPRET_AT_START, f"{request.node.nodeid} left TRITON_INTERPRET={now!r}"
+    def real(fn):  # kernels/utils.py's own function
+        return getattr(fn, "__module__", "") == "hdla_vision.kernels.utils" and fn.__qualname__ == "use_triton"
+
+    patched = [name for name, module in list(sys.modules.items())
+               if name.startswith("hdla_vision.kernels") and hasattr(module, "use_triton")
+               and not real(module.use_triton)]
+    assert not patched, f"{request.node.nodeid} left use_triton patched in {patched}"
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """A tiny ImageFolder dataset (10 classes of 32x32 images, tests/training_helpers.py), one per module."""

@@ -126,3 +126,21 @@ def test_host_ms_sees_s4_grouping_in_the_launch_count(monkeypatch):
     _, _, grouped = host_ms("hdla", shape, s4_group=4, repeats=1)
     _, _, single = host_ms("hdla", shape, s4_group=1, repeats=1)
     assert single - grouped == 12, (single, grouped)
+
+
+def test_triton_path_for_cpu_tensors_leaves_no_module_patched(monkeypatch):
+    """A module that takes ``use_triton`` from kernels.utils inside the block (a lazy import) gets the real one back:
+    later tests would otherwise launch Triton kernels on CPU tensors without the interpreter."""
+    import sys
+    import types
+
+    from hdla_vision.kernels import utils
+    from tools.aot_check import triton_path_for_cpu_tensors
+
+    real = utils.use_triton
+    with triton_path_for_cpu_tensors():
+        assert utils.use_triton(torch.zeros(1)) is True
+        late = types.ModuleType("hdla_vision.kernels._late_import_probe")
+        late.use_triton = utils.use_triton  # what `from ..utils import use_triton` binds inside the block
+        monkeypatch.setitem(sys.modules, late.__name__, late)
+    assert utils.use_triton is real and late.use_triton is real

@@ -121,16 +121,24 @@ def format_records(records: List[dict]) -> str:
 def triton_path_for_cpu_tensors():
     """Route CPU tensors to the Triton path of the public ops (``use_triton`` answers True in every
     kernels module that imported it), so that :func:`compile_only` sees the launches a GPU would."""
+    def always(x):
+        return True
+
     patched = []
     for name, module in list(sys.modules.items()):
         if name.startswith(("hdla_vision.kernels", "kernels")) and hasattr(module, "use_triton"):
             patched.append((module, module.use_triton))
-            module.use_triton = lambda x: True
+            module.use_triton = always
     try:
         yield
     finally:
         for module, original in patched:
             module.use_triton = original
+        # a module first imported inside the block took the patched name from kernels.utils: give it the real one
+        real = next((original for module, original in patched if module.__name__.endswith("kernels.utils")), None)
+        for module in list(sys.modules.values()):
+            if getattr(module, "use_triton", None) is always and real is not None:
+                module.use_triton = real
 
 
 def op_inputs(op: str, batch: int, seq_len: int, heads: int, dim: int, dtype=torch.bfloat16):
