@@ -8,7 +8,9 @@ data, fwd and fwd+bwd), all in one process so that the ratios compare like with 
   * ``ours``: ``chunk_loglinear_hdla`` against ``chunk_hdla`` (the linear op it is built on) at the
     kernel benchmark's vision, high-res and LM shapes (``benchmarks/kernels.py``) and a sweep of T from
     1K to 16K at 32K tokens per call (H = 4, d = 64); the ratio ``loglinear / linear`` is what the
-    issue's target (within 2x at T = 4096) is about.
+    issue's target (within 2x at T = 4096) is about. The forward without gradients is timed twice: across chunks
+    by the doubling (``fwd``, the default) and by F2's chains (``loglinear_chains_fwd``,
+    ``$HDLA_VISION_LOGLINEAR_ACROSS=chains``, ``kernels/loglinear/triton_chunk.py``).
   * ``fla``: the log-linear paper's implementation benchmark (its §3.3 / appendix C: batch 2, 48 heads,
     head dim 64, state dim 128, q and k shared by all heads as Mamba-2's multi-value attention):
     fla's ``chunk_log_linear_attn`` against fla's linear ``chunk_simple_gla`` (the same Mamba-2
@@ -74,6 +76,16 @@ def ours_pair(shape, dtype, device) -> dict:
         row[name] = dict(zip(("fwd", "fwd_bwd"), time_fwd_bwd(fn, inputs)))
     row["ratio_fwd_bwd"] = row["loglinear"]["fwd_bwd"] / row["linear"]["fwd_bwd"]
     row["ratio_fwd"] = row["loglinear"]["fwd"] / row["linear"]["fwd"]  # no gradient: log-linear on F1's terms
+    if device != "cpu":  # the no-gradient path across chunks by F2's chains (triton_chunk.ACROSS_ENV), same inputs
+        from hdla_vision.kernels.loglinear.triton_chunk import ACROSS_ENV
+        saved = os.environ.get(ACROSS_ENV)
+        os.environ[ACROSS_ENV] = "chains"
+        try:
+            with torch.no_grad():
+                row["loglinear_chains_fwd"] = median_ms(lambda: hdla_loglinear(*inputs))
+        finally:
+            os.environ.pop(ACROSS_ENV) if saved is None else os.environ.__setitem__(ACROSS_ENV, saved)
+        row["ratio_fwd_chains"] = row["loglinear_chains_fwd"] / row["linear"]["fwd"]
     return row
 
 
@@ -87,7 +99,9 @@ def ours_part(dtype, device) -> dict:
         r = result[name]
         print(f"ours {name:7s} {str(shape):22s} linear {r['linear']['fwd_bwd']:8.3f} ms  "
               f"loglinear {r['loglinear']['fwd_bwd']:8.3f} ms  x{r['ratio_fwd_bwd']:.2f}  "
-              f"(fwd {r['linear']['fwd']:.3f} / {r['loglinear']['fwd']:.3f} ms, x{r['ratio_fwd']:.2f})", flush=True)
+              f"(fwd {r['linear']['fwd']:.3f} / {r['loglinear']['fwd']:.3f} ms, x{r['ratio_fwd']:.2f}; chains "
+              f"{r.get('loglinear_chains_fwd', float('nan')):.3f} ms, x{r.get('ratio_fwd_chains', float('nan')):.2f})",
+              flush=True)
     return result
 
 

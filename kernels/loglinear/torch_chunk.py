@@ -62,10 +62,11 @@ def chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale=None, offset: int
     return o
 
 
-def loglinear_from_terms(terms, level_scales: torch.Tensor, first: int) -> torch.Tensor:
+def loglinear_from_terms(terms, level_scales: torch.Tensor, first: int, across=None) -> torch.Tensor:
     """``o [B, T', H, V]`` (compute dtype) of the chunk form from each chunk's terms (:class:`ChunkTerms` with
     ``mixing``) and the level weights ``level_scales [B, T', H, L]`` of the same (grid-aligned) tokens; ``first``
-    the first chunk's index on the grid. Within a chunk ``(M_o * Lambda) V``, across chunks :func:`_across_chunks`."""
+    the first chunk's index on the grid. Within a chunk ``(M_o * Lambda) V``, across chunks ``across`` (default
+    :func:`_across_chunks`; called as it is, its result ``[B, H, N, C, V]``)."""
     batch, heads, n_chunks, c = terms.q_eff.shape[:4]
     num_levels = level_scales.shape[-1]
     compute = terms.q_eff.dtype
@@ -77,7 +78,7 @@ def loglinear_from_terms(terms, level_scales: torch.Tensor, first: int) -> torch
     mask = mask.repeat_interleave(r_kv, dim=-1)  # columns token-major, rank fastest, as M_o's
     o = (terms.mixing * mask) @ terms.v_flat  # [B, H, N, C, V]
     if n_chunks > 1:
-        o = o + _across_chunks(terms, lam, num_levels, c.bit_length() - 1, first)
+        o = o + (across or _across_chunks)(terms, lam, num_levels, c.bit_length() - 1, first)
     return terms.unchunk(o)
 
 

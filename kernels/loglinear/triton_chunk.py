@@ -6,9 +6,12 @@ over its own writes ``M_o``, and its state step ``S_C = gamma * S_0 - N S_0 + Cc
 (:func:`~hdla_vision.kernels.generalized.fwd.chunk_prepare`) computes exactly these, in registers and without
 the ``[C, C, K]`` pairwise decays the PyTorch terms materialise, and HDLA's from (k, beta, lambda) directly. The
 log-linear part is then :func:`.torch_chunk.loglinear_from_terms`: ``M_o`` times the hierarchical mask within a
-chunk, and the Fenwick tree over the chunks' maps and writes across them. No autograd: F1 has no backward of its
-own, so a call that needs gradients takes the PyTorch terms.
+chunk, and across chunks either the Fenwick tree over the chunks' maps and writes (``_across_chunks``: ``[K, K]``
+maps doubled over aligned segments) or, with :data:`ACROSS_ENV` = ``chains``, the linear op's own state pass F2 on
+segments of chunks (:func:`across_by_chains`, kernels/README.md §7). No autograd: F1 has no backward of its own,
+so a call that needs gradients takes the PyTorch terms.
 """
+import os
 from typing import Optional
 
 import torch
@@ -17,6 +20,20 @@ from ..generalized import fwd
 from ..generalized.torch_chunk import ChunkTerms
 from ..utils import check_log_decay, chunk64_supports_ranks, needs_grad, use_triton
 from .torch_chunk import _lead_padded, loglinear_from_terms
+
+# How the no-gradient path reads earlier chunks' writes: "doubling" (the default: torch_chunk._across_chunks, the
+# PyTorch chunk form's) or "chains" (:func:`across_by_chains`: F2 per level on segments of chunks). Not yet timed
+# against each other on a GPU (benchmarks/loglinear.py --parts ours with each value).
+ACROSS_ENV = "HDLA_VISION_LOGLINEAR_ACROSS"
+ACROSS = ("doubling", "chains")
+
+
+def across_setting() -> str:
+    """:data:`ACROSS_ENV` (unset or empty: doubling); any other value raises ValueError."""
+    value = os.environ.get(ACROSS_ENV, "") or "doubling"
+    if value not in ACROSS:
+        raise ValueError(f"{ACROSS_ENV} must be one of {', '.join(ACROSS)}, got {value!r}")
+    return value
 
 
 def triton_terms_apply(q: torch.Tensor, r_kv: int, r_ab: int, *tensors: Optional[torch.Tensor]) -> bool:
@@ -48,7 +65,11 @@ def triton_chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale=None, offs
     with torch.no_grad():
         prep = fwd.chunk_prepare(q, k, v, a, b, g, 1.0 if scale is None else float(scale), False,
                                  hdla_beta=hdla_beta, chunk=chunk)
-        o = loglinear_from_terms(prep_terms(prep, v, r_kv), level_scales, offset // prep["chunk"])
+        across = None
+        if across_setting() == "chains":
+            def across(terms, lam, num_levels, log_chunk, first):
+                return across_by_chains(prep, terms.q_eff, lam, num_levels, log_chunk, first)
+        o = loglinear_from_terms(prep_terms(prep, v, r_kv), level_scales, offset // prep["chunk"], across)
     return o[:, lead:].to(q.dtype)
 
 
@@ -68,3 +89,60 @@ def prep_terms(prep: dict, v: torch.Tensor, r_kv: int) -> ChunkTerms:
                       mixing=prep["Mo"].float(), v_flat=v_flat,
                       s_trans=None if prep["N"] is None else prep["N"].float(), s_add=prep["Cc"],
                       decay=prep["gamma"].unsqueeze(-1), unchunk=unchunk)
+
+
+def across_by_chains(prep: dict, q_eff: torch.Tensor, lam: torch.Tensor, num_levels: int, log_chunk: int,
+                     first: int) -> torch.Tensor:
+    """The reads of earlier chunks' writes ``[B, H, N, C, V]`` (fp32) from the linear op's state pass on segments.
+
+    Chunk level ``j`` entering chunk ``n`` holds the chunks ``m < n`` with ``bit_length(n XOR m) = j``; the chunks
+    with ``bit_length(n XOR m) <= j`` are those before ``n`` in its aligned segment of ``2^j`` chunks, whose state
+    ``R_j(n)`` is the linear state chain restarted from zero at every segment start. So level ``j`` is
+    ``R_j - R_{j-1}`` (``R_0 = 0``) and, by parts, ``sum_j w_j (R_j - R_{j-1}) = sum_j (w_j - w_{j+1}) R_j`` with
+    ``w_{J+1} = 0``: ``o_t = q_eff,t sum_j mu_t,j R_j(n)``, ``mu_j = w_j - w_{j+1}``, ``w_j = lambda_t^(C + j)``
+    clamped to the last weight (where two weights are the same level, ``mu_j = 0`` and the chain is skipped).
+    ``R_J``, one segment over the whole call, is the linear op's own state. Each ``R_j`` is F2 (the op's state
+    pass, :func:`~hdla_vision.kernels.generalized.fwd.chunk_state_pass`) on the chunk axis folded into segments:
+    ``log2`` of the call's chunk span state passes, ``[C, K] x [K, V]`` reads, no ``[K, K]`` products.
+
+    ``prep``: F1's outputs on the call's grid-aligned tokens (N chunks from ``first`` on the grid), ``q_eff [B, H,
+    N, C, K]``, ``lam [B, H, N, C, L]`` the level weights per token."""
+    batch, heads, n_chunks, c, _ = q_eff.shape
+    n_levels = ((first + n_chunks - 1) ^ first).bit_length()  # chunk levels 1 .. J met within the call
+    weight_of = [min(log_chunk + j, num_levels - 1) for j in range(1, n_levels + 1)]
+    weights = lam[..., weight_of]  # [B, H, N, C, J]: w_j
+    mu = weights - torch.nn.functional.pad(weights[..., 1:], [0, 1])
+    out = q_eff.new_zeros(batch, heads, n_chunks, c, prep["Cc"].shape[-1], dtype=torch.float32)
+    for j in range(1, n_levels + 1):
+        if j < n_levels and weight_of[j - 1] == weight_of[j]:
+            continue  # mu_j = 0
+        states = segment_states(prep, first, 1 << j)
+        out += mu[..., j - 1:j] * (q_eff.float() @ states.float())
+    return out
+
+
+def segment_states(prep: dict, first: int, segment: int) -> torch.Tensor:
+    """``[B, H, N, K, V]``: the state entering each of the call's N chunks (chunk ``i`` at ``first + i`` on the grid)
+    from zero at every multiple of ``segment`` chunks on the grid, by F2 on the chunk axis folded into segments
+    (padded with identity chunks: no write, identity map) or, where the call starts inside a segment, on the whole
+    axis with the last chunk of each segment made a zero map without write (the state after it restarts at zero)."""
+    cc, gamma, n_mat = prep["Cc"], prep["gamma"], prep["N"]
+    batch, heads, n_chunks = cc.shape[:3]
+    front = first % segment
+    if front + n_chunks <= segment:  # one segment: the op's own chain
+        return fwd.chunk_state_pass(prep)[0]
+    if front:
+        ends = ((first + torch.arange(n_chunks, device=cc.device) + 1) % segment != 0).to(cc.dtype)
+        cut = dict(prep, Cc=cc * ends[:, None, None], gamma=gamma * ends[:, None],
+                   N=None if n_mat is None else n_mat * ends[:, None, None].to(n_mat.dtype))
+        return fwd.chunk_state_pass(cut)[0]
+    total = -(-n_chunks // segment) * segment
+    folds = total // segment
+
+    def folded(x, pad_value):  # [B, H, N, ...] -> [B, H * folds, segment, ...], identity chunks at the end
+        pad = [0, 0] * (x.dim() - 3) + [0, total - n_chunks]
+        return torch.nn.functional.pad(x, pad, value=pad_value).reshape(batch, heads * folds, segment, *x.shape[3:])
+
+    fold = dict(prep, Cc=folded(cc, 0.0), gamma=folded(gamma, 1.0), N=None if n_mat is None else folded(n_mat, 0.0))
+    states = fwd.chunk_state_pass(fold)[0]
+    return states.reshape(batch, heads, total, *states.shape[3:])[:, :, :n_chunks]

@@ -180,6 +180,9 @@ TRITON_TERMS_CASES = [  # the linear op's F1 gives each chunk's terms (C = 16 or
     _case("hdla", "T129_unbounded_mild", 129, UNBOUNDED, g_min=-0.05, scale=0.5),
     _case("generalized", "T100_L7_rab2_mild_offset7", 100, 7, r_ab=2, g_min=-0.05, offset=7),
     _case("generalized", "T129_L6_rab1_scalar_mild_rev", 129, 6, scalar_decay=True, g_min=-0.05, reverse=True),
+    # offsets of several chunks: the call starts inside segments of chunks (triton_chunk.segment_states' cut chains)
+    _case("generalized", "T150_unbounded_rab1_mild_offset45", 150, UNBOUNDED, r_ab=1, g_min=-0.05, offset=45),
+    _case("hdla", "T90_L7_mild_offset100", 90, 7, g_min=-0.05, offset=100, scale=0.5),
 ]
 
 
@@ -205,11 +208,25 @@ def _no_grad_output(kind, p, dtype=torch.float32, **op):
     return o, ref
 
 
+@pytest.fixture(params=["doubling", "chains"])
+def across(request, monkeypatch):
+    """Both ways of reading earlier chunks' writes on F1's terms (triton_chunk.ACROSS_ENV), each required to run."""
+    from hdla_vision.kernels.loglinear import torch_chunk, triton_chunk
+
+    monkeypatch.setattr(triton_chunk, "across_setting", lambda: request.param)
+    if request.param == "chains":
+        def refuse(*args, **kwargs):
+            raise AssertionError("the doubling ran instead of the chains")
+        monkeypatch.setattr(torch_chunk, "_across_chunks", refuse)
+    return request.param
+
+
 @pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
 @pytest.mark.parametrize("case", TRITON_TERMS_CASES, ids=case_name)
-def test_no_grad_calls_take_f1s_terms(backend, case, only_triton_terms):
+def test_no_grad_calls_take_f1s_terms(backend, case, only_triton_terms, across):
     """Without gradients the chunk form takes its terms from the linear op's F1 kernel: the output against the
-    float64 loop, fp32 (offsets, reversed, mild and -20 gates, resets, ranks 0-3, scalar decay, HDLA's builder)."""
+    float64 loop, fp32 (offsets, reversed, mild and -20 gates, resets, ranks 0-3, scalar decay, HDLA's builder),
+    across chunks by the doubling and by F2's chains on segments."""
     p = loglinear_problem(**case.problem)
     o, ref = _no_grad_output(case.problem["kind"], p, **case.op)
     assert rel_err(o, ref) < case.tol, rel_err(o, ref)  # NaN fails too
@@ -219,6 +236,18 @@ def test_no_grad_calls_take_f1s_terms(backend, case, only_triton_terms):
 def test_f1s_terms_refuse_a_positive_log_decay(backend, only_triton_terms):
     with pytest.raises(ValueError, match="g is a log-decay"):
         chunk_loglinear_hdla(**bad_loglinear_problem("hdla", g=torch.ones(2, 6, 2, 8)))
+
+
+def test_across_setting_names_its_values(monkeypatch):
+    from hdla_vision.kernels.loglinear.triton_chunk import ACROSS_ENV, across_setting
+
+    monkeypatch.delenv(ACROSS_ENV, raising=False)
+    assert across_setting() == "doubling"
+    monkeypatch.setenv(ACROSS_ENV, "chains")
+    assert across_setting() == "chains"
+    monkeypatch.setenv(ACROSS_ENV, "fenwick")
+    with pytest.raises(ValueError, match="HDLA_VISION_LOGLINEAR_ACROSS must be one of doubling, chains"):
+        across_setting()
 
 
 def test_triton_terms_only_without_gradients(monkeypatch):
@@ -238,7 +267,7 @@ def test_triton_terms_only_without_gradients(monkeypatch):
 @pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
 @pytest.mark.parametrize("kind,dtype", [("hdla", torch.bfloat16), ("generalized", torch.bfloat16),
                                         ("hdla", torch.float32)])
-def test_no_grad_calls_take_f1s_terms_on_cuda(backend, kind, dtype, only_triton_terms):
+def test_no_grad_calls_take_f1s_terms_on_cuda(backend, kind, dtype, only_triton_terms, across):
     """Inference on CUDA (F1's terms) against the float64 loop at a realistic size: three chunks and a tail, head
     dims 64, gates to -20, offset 5."""
     p = loglinear_problem(kind, 3 * 64 + 17, UNBOUNDED, batch=2, heads=3, dk=64, dv=64, r_ab=2, g_min=-20.0)
