@@ -36,7 +36,7 @@ def leaves_the_triton_routing_alone(request):
         return getattr(fn, "__module__", "") == "hdla_vision.kernels.utils" and fn.__qualname__ == "use_triton"
 
     patched = [name for name, module in list(sys.modules.items())
-               if name.startswith("hdla_vision.kernels") and hasattr(module, "use_triton")
+               if name.startswith(("hdla_vision.kernels", "kernels.")) and hasattr(module, "use_triton")
                and not real(module.use_triton)]
     assert not patched, f"{request.node.nodeid} left use_triton patched in {patched}"
 

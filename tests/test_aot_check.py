@@ -144,3 +144,17 @@ def test_triton_path_for_cpu_tensors_leaves_no_module_patched(monkeypatch):
         late.use_triton = utils.use_triton  # what `from ..utils import use_triton` binds inside the block
         monkeypatch.setitem(sys.modules, late.__name__, late)
     assert utils.use_triton is real and late.use_triton is real
+
+
+def test_triton_path_for_cpu_tensors_restores_a_module_listed_twice(monkeypatch):
+    """One module object under two names in sys.modules (its second entry sees the patch of the first)."""
+    import sys
+
+    from hdla_vision.kernels import utils
+    from tools.aot_check import triton_path_for_cpu_tensors
+
+    real = utils.use_triton
+    monkeypatch.setitem(sys.modules, "kernels.utils", utils)
+    with triton_path_for_cpu_tensors():
+        assert utils.use_triton(torch.zeros(1)) is True
+    assert utils.use_triton is real

@@ -132,10 +132,12 @@ def triton_path_for_cpu_tensors():
     try:
         yield
     finally:
+        # the real function, also where one module object is listed under two names (its second entry saw `always`)
+        real = next((original for module, original in patched if original is not always
+                     and module.__name__.endswith("kernels.utils")), None)
         for module, original in patched:
-            module.use_triton = original
+            module.use_triton = real if original is always and real is not None else original
         # a module first imported inside the block took the patched name from kernels.utils: give it the real one
-        real = next((original for module, original in patched if module.__name__.endswith("kernels.utils")), None)
         for module in list(sys.modules.values()):
             if getattr(module, "use_triton", None) is always and real is not None:
                 module.use_triton = real
