@@ -118,14 +118,15 @@ def test_launches_bound_only_counts_and_runs_nothing():
 
 
 def test_host_ms_sees_s4_grouping_in_the_launch_count(monkeypatch):
-    """chunk_hdla's fwd+bwd on the chunk kernels at a two-chunk shape: S4's 18 products in 6 launches, not 18."""
+    """GLA's fwd+bwd (rank 0: the smallest set of kernels to compile) on the chunk kernels: S4's four products in one
+    launch instead of four."""
     from tools.aot_check import host_ms
 
-    monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk64")  # not the token recurrence (kernels/utils.py)
-    shape = (1, 128, 1, 16)
-    _, _, grouped = host_ms("hdla", shape, s4_group=4, repeats=1)
-    _, _, single = host_ms("hdla", shape, s4_group=1, repeats=1)
-    assert single - grouped == 12, (single, grouped)
+    monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk64")
+    shape = (1, 64, 1, 16)
+    _, _, grouped = host_ms("gla", shape, s4_group=4, repeats=1)
+    _, _, single = host_ms("gla", shape, s4_group=1, repeats=1)
+    assert single - grouped == 3, (single, grouped)
 
 
 def test_triton_path_for_cpu_tensors_leaves_no_module_patched(monkeypatch):

@@ -208,6 +208,16 @@ def _no_grad_output(kind, p, dtype=torch.float32, **op):
     return o, ref
 
 
+# the chains where they differ from the doubling's work: states across several chunks (mild gates), calls that start
+# inside segments (offsets of several chunks), levels that share the last weight (skipped chains), reversed
+CHAINS_CASES = ("hdla_T40_L6_rev_gates-20", "hdla_T129_unbounded_mild", "generalized_T100_L7_rab2_mild_offset7",
+                "generalized_T129_L6_rab1_scalar_mild_rev", "generalized_T150_unbounded_rab1_mild_offset45",
+                "hdla_T90_L7_mild_offset100")
+TRITON_TERMS_PARAMS = ([pytest.param(case, "doubling", id=f"doubling-{case.name}") for case in TRITON_TERMS_CASES]
+                       + [pytest.param(case, "chains", id=f"chains-{case.name}") for case in TRITON_TERMS_CASES
+                          if case.name in CHAINS_CASES])
+
+
 @pytest.fixture(params=["doubling", "chains"])
 def across(request, monkeypatch):
     """Both ways of reading earlier chunks' writes on F1's terms (triton_chunk.ACROSS_ENV), each required to run."""
@@ -222,7 +232,7 @@ def across(request, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
-@pytest.mark.parametrize("case", TRITON_TERMS_CASES, ids=case_name)
+@pytest.mark.parametrize("case,across", TRITON_TERMS_PARAMS, indirect=["across"])
 def test_no_grad_calls_take_f1s_terms(backend, case, only_triton_terms, across):
     """Without gradients the chunk form takes its terms from the linear op's F1 kernel: the output against the
     float64 loop, fp32 (offsets, reversed, mild and -20 gates, resets, ranks 0-3, scalar decay, HDLA's builder),
@@ -236,6 +246,10 @@ def test_no_grad_calls_take_f1s_terms(backend, case, only_triton_terms, across):
 def test_f1s_terms_refuse_a_positive_log_decay(backend, only_triton_terms):
     with pytest.raises(ValueError, match="g is a log-decay"):
         chunk_loglinear_hdla(**bad_loglinear_problem("hdla", g=torch.ones(2, 6, 2, 8)))
+
+
+def test_the_chains_cases_exist():
+    assert set(CHAINS_CASES) <= {case.name for case in TRITON_TERMS_CASES}
 
 
 def test_across_setting_names_its_values(monkeypatch):
