@@ -99,25 +99,26 @@ def across_by_chains(prep: dict, q_eff: torch.Tensor, lam: torch.Tensor, num_lev
     with ``bit_length(n XOR m) <= j`` are those before ``n`` in its aligned segment of ``2^j`` chunks, whose state
     ``R_j(n)`` is the linear state chain restarted from zero at every segment start. So level ``j`` is
     ``R_j - R_{j-1}`` (``R_0 = 0``) and, by parts, ``sum_j w_j (R_j - R_{j-1}) = sum_j (w_j - w_{j+1}) R_j`` with
-    ``w_{J+1} = 0``: ``o_t = q_eff,t sum_j mu_t,j R_j(n)``, ``mu_j = w_j - w_{j+1}``, ``w_j = lambda_t^(C + j)``
+    ``w_{J+1} = 0``: ``o_t = q_eff,t sum_j mu_t,j R_j(n)``, ``mu_j = w_j - w_{j+1}``, ``w_j = lambda_t^(c + j)``
     clamped to the last weight (where two weights are the same level, ``mu_j = 0`` and the chain is skipped).
     ``R_J``, one segment over the whole call, is the linear op's own state. Each ``R_j`` is F2 (the op's state
     pass, :func:`~hdla_vision.kernels.generalized.fwd.chunk_state_pass`) on the chunk axis folded into segments:
     ``log2`` of the call's chunk span state passes, ``[C, K] x [K, V]`` reads, no ``[K, K]`` products.
 
     ``prep``: F1's outputs on the call's grid-aligned tokens (N chunks from ``first`` on the grid), ``q_eff [B, H,
-    N, C, K]``, ``lam [B, H, N, C, L]`` the level weights per token."""
+    N, C, K]``, ``lam [B, H, N, C, L]`` the level weights per token, ``log_chunk`` = c = log2 C."""
     batch, heads, n_chunks, c, _ = q_eff.shape
     n_levels = ((first + n_chunks - 1) ^ first).bit_length()  # chunk levels 1 .. J met within the call
     weight_of = [min(log_chunk + j, num_levels - 1) for j in range(1, n_levels + 1)]
     weights = lam[..., weight_of]  # [B, H, N, C, J]: w_j
     mu = weights - torch.nn.functional.pad(weights[..., 1:], [0, 1])
-    out = q_eff.new_zeros(batch, heads, n_chunks, c, prep["Cc"].shape[-1], dtype=torch.float32)
+    queries = q_eff.float()
+    out = queries.new_zeros(batch, heads, n_chunks, c, prep["Cc"].shape[-1])
     for j in range(1, n_levels + 1):
         if j < n_levels and weight_of[j - 1] == weight_of[j]:
             continue  # mu_j = 0
         states = segment_states(prep, first, 1 << j)
-        out += mu[..., j - 1:j] * (q_eff.float() @ states.float())
+        out += mu[..., j - 1:j] * (queries @ states.float())
     return out
 
 
