@@ -77,14 +77,11 @@ def ours_pair(shape, dtype, device) -> dict:
     row["ratio_fwd_bwd"] = row["loglinear"]["fwd_bwd"] / row["linear"]["fwd_bwd"]
     row["ratio_fwd"] = row["loglinear"]["fwd"] / row["linear"]["fwd"]  # no gradient: log-linear on F1's terms
     if device != "cpu":  # the no-gradient path across chunks by F2's chains (triton_chunk.ACROSS_ENV), same inputs
+        from benchmarks.launch_configs import launch_settings
         from hdla_vision.kernels.loglinear.triton_chunk import ACROSS_ENV
-        saved = os.environ.get(ACROSS_ENV)
-        os.environ[ACROSS_ENV] = "chains"
-        try:
-            with torch.no_grad():
-                row["loglinear_chains_fwd"] = median_ms(lambda: hdla_loglinear(*inputs))
-        finally:
-            os.environ.pop(ACROSS_ENV) if saved is None else os.environ.__setitem__(ACROSS_ENV, saved)
+
+        with launch_settings({f"env:{ACROSS_ENV}": "chains"}), torch.no_grad():
+            row["loglinear_chains_fwd"] = median_ms(lambda: hdla_loglinear(*inputs))
         row["ratio_fwd_chains"] = row["loglinear_chains_fwd"] / row["linear"]["fwd"]
     return row
 

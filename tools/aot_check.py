@@ -214,29 +214,20 @@ def launches_bound_only(counter: List[float]):
 def host_ms(op: str, shape, s4_group: int, repeats: int = 15):
     """(median host ms, median ms inside Triton's launch calls, launches) of one fwd+bwd of ``op`` at ``shape``
     with S4's products ``s4_group`` per launch, nothing launched (:func:`launches_bound_only`)."""
+    from benchmarks.launch_configs import launch_settings
     from hdla_vision import kernels
-    from hdla_vision.kernels.generalized import bwd_chunk
-
-    real_config = bwd_chunk.b2_config
-
-    def config(*args, **kwargs):
-        return dict(real_config(*args, **kwargs), s4_group=s4_group)
 
     inputs = op_inputs(op, *shape)
     fn = kernels.chunk_hdla if op == "hdla" else kernels.chunk_generalized
     counter, times, in_triton = [0, 0.0], [], []
-    bwd_chunk.b2_config = config
-    try:
-        with triton_path_for_cpu_tensors(), launches_bound_only(counter):
-            for _ in range(repeats + 1):  # the first compiles
-                counter[:] = [0, 0.0]
-                start = time.perf_counter()
-                o, _ = fn(*inputs)
-                torch.autograd.grad(o, inputs, torch.zeros_like(o), allow_unused=True)
-                times.append(1e3 * (time.perf_counter() - start))
-                in_triton.append(1e3 * counter[1])
-    finally:
-        bwd_chunk.b2_config = real_config
+    with launch_settings({"b2:s4_group": s4_group}), triton_path_for_cpu_tensors(), launches_bound_only(counter):
+        for _ in range(repeats + 1):  # the first compiles
+            counter[:] = [0, 0.0]
+            start = time.perf_counter()
+            o, _ = fn(*inputs)
+            torch.autograd.grad(o, inputs, torch.zeros_like(o), allow_unused=True)
+            times.append(1e3 * (time.perf_counter() - start))
+            in_triton.append(1e3 * counter[1])
     return sorted(times[1:])[repeats // 2], sorted(in_triton[1:])[repeats // 2], counter[0]
 
 
