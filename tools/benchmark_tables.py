@@ -139,13 +139,30 @@ def render_train_throughput(name: str) -> str:
     return f"{provenance(name, result)}\n\n{engine_table(result['rows'])}\n"
 
 
+def ours_table(rows: dict) -> str:
+    """Ours per shape: fwd+bwd of the linear and the log-linear op; where the run timed the forward without
+    gradients by F2's chains (``loglinear_chains_fwd``), both forwards beside it (the doubling, the chains)."""
+    chains = any("loglinear_chains_fwd" in r for r in rows.values())
+    header = ["shape", "B, T, H, D", "linear f+b ms", "log-linear f+b ms", "log-linear / linear"]
+    if chains:
+        header += ["linear fwd ms", "log-linear fwd ms (doubling)", "log-linear fwd ms (chains)", "chains / linear fwd"]
+
+    def row(shape, r):
+        cells = [shape, ", ".join(map(str, r["bthd"])), ms(r["linear"]["fwd_bwd"]), ms(r["loglinear"]["fwd_bwd"]),
+                 f"{r['ratio_fwd_bwd']:.2f}"]
+        if chains:
+            cells += [ms(r["linear"].get("fwd")), ms(r["loglinear"].get("fwd")), ms(r.get("loglinear_chains_fwd")),
+                      f"{r['ratio_fwd_chains']:.2f}" if "ratio_fwd_chains" in r else "-"]
+        return cells
+
+    return markdown(header, [row(shape, r) for shape, r in rows.items()])
+
+
 def render_loglinear(name: str) -> str:
     """Log-linear against linear: ours per shape, the log-linear paper's Mamba-2 benchmark, and the
     bf16 checks (``benchmarks.loglinear``)."""
     result = load(name)
-    ours = markdown(["shape", "B, T, H, D", "linear f+b ms", "log-linear f+b ms", "log-linear / linear"],
-                    [[shape, ", ".join(map(str, r["bthd"])), ms(r["linear"]["fwd_bwd"]), ms(r["loglinear"]["fwd_bwd"]),
-                      f"{r['ratio_fwd_bwd']:.2f}"] for shape, r in result.get("ours", {}).items()])
+    ours = ours_table(result.get("ours", {}))
     paper = result.get("fla_paper", {})
     ops = list(next(iter(paper.values()), {}))
     fla = markdown(["T"] + [f"{op} f+b ms" for op in ops],
