@@ -6,10 +6,10 @@ over its own writes ``M_o``, and its state step ``S_C = gamma * S_0 - N S_0 + Cc
 (:func:`~hdla_vision.kernels.generalized.fwd.chunk_prepare`) computes exactly these, in registers and without
 the ``[C, C, K]`` pairwise decays the PyTorch terms materialise, and HDLA's from (k, beta, lambda) directly. The
 log-linear part is then :func:`.torch_chunk.loglinear_from_terms`: ``M_o`` times the hierarchical mask within a
-chunk, and across chunks either the Fenwick tree over the chunks' maps and writes (``_across_chunks``: ``[K, K]``
-maps doubled over aligned segments) or, with :data:`ACROSS_ENV` = ``chains``, the linear op's own state pass F2 on
-segments of chunks (:func:`across_by_chains`, kernels/README.md §7). No autograd: F1 has no backward of its own,
-so a call that needs gradients takes the PyTorch terms.
+chunk, and across chunks either the linear op's own state pass F2 on segments of chunks (:func:`across_by_chains`,
+kernels/README.md §7; the default) or, with :data:`ACROSS_ENV` = ``doubling``, the Fenwick tree over the chunks'
+maps and writes (``_across_chunks``: ``[K, K]`` maps doubled over aligned segments). No autograd: F1 has no
+backward of its own, so a call that needs gradients takes the PyTorch terms.
 """
 import os
 from typing import Optional
@@ -21,16 +21,17 @@ from ..generalized.torch_chunk import ChunkTerms
 from ..utils import check_log_decay, chunk64_supports_ranks, needs_grad, use_triton
 from .torch_chunk import _lead_padded, loglinear_from_terms
 
-# How the no-gradient path reads earlier chunks' writes: "doubling" (the default: torch_chunk._across_chunks, the
-# PyTorch chunk form's) or "chains" (:func:`across_by_chains`: F2 per level on segments of chunks). Not yet timed
-# against each other on a GPU (benchmarks/loglinear.py --parts ours with each value).
+# How the no-gradient path reads earlier chunks' writes: "chains" (the default: :func:`across_by_chains`, F2 per
+# level on segments of chunks) or "doubling" (torch_chunk._across_chunks, the PyTorch chunk form's). On an H200
+# (benchmarks/README.md, loglinear_ours_chains_1d33a2d.json) the chains were faster at 8 of 11 shapes, up to 1.7x,
+# and at most 6% slower at the others.
 ACROSS_ENV = "HDLA_VISION_LOGLINEAR_ACROSS"
 ACROSS = ("doubling", "chains")
 
 
 def across_setting() -> str:
-    """:data:`ACROSS_ENV` (unset or empty: doubling); any other value raises ValueError."""
-    value = os.environ.get(ACROSS_ENV, "") or "doubling"
+    """:data:`ACROSS_ENV` (unset or empty: chains); any other value raises ValueError."""
+    value = os.environ.get(ACROSS_ENV, "") or "chains"
     if value not in ACROSS:
         raise ValueError(f"{ACROSS_ENV} must be one of {', '.join(ACROSS)}, got {value!r}")
     return value

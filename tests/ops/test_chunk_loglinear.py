@@ -256,9 +256,9 @@ def test_across_setting_names_its_values(monkeypatch):
     from hdla_vision.kernels.loglinear.triton_chunk import ACROSS_ENV, across_setting
 
     monkeypatch.delenv(ACROSS_ENV, raising=False)
-    assert across_setting() == "doubling"
-    monkeypatch.setenv(ACROSS_ENV, "chains")
     assert across_setting() == "chains"
+    monkeypatch.setenv(ACROSS_ENV, "doubling")
+    assert across_setting() == "doubling"
     monkeypatch.setenv(ACROSS_ENV, "fenwick")
     with pytest.raises(ValueError, match="HDLA_VISION_LOGLINEAR_ACROSS must be one of doubling, chains"):
         across_setting()
