@@ -33,8 +33,10 @@ across chunks). Per chunk (``blk = (b*H + h)*NT + c``; stacks token-major, rank 
                             through the decays, dq, dk, da, db, and dg as the chunk-local reverse cumsum
                             of the dG, dG' cotangents.
     S6 ``_reduce_kernel``   (HDLA or per-head decay) the full-K sums: HDLA's s = k.u and beta terms,
-                            or the per-head dg.
-    S7 ``_unstack_kernel``  dV from the stack layout back to [B, T, H, r_kv, V].
+                            or the per-head dg; its first K tile's programs also run S7 (one launch less:
+                            the op is host-bound below the LM shape, ~55 us of host per launch).
+    S7 ``_unstack_kernel``  dV from the stack layout back to [B, T, H, r_kv, V] (a launch of its own only
+                            where S6 does not run: vector decay without HDLA's builder).
 
 Products take bf16 (fp16) operands with fp32 accumulation for 16-bit inputs and exact fp32 (ieee) for
 fp32 inputs; the inverse's off-diagonal products use tf32 for 16-bit inputs, the factored diagonal
@@ -1481,13 +1483,14 @@ def _vjp_kernel(
 
 # ----------------------------------------------------------------------------- S6, S7
 @triton.jit
-def _reduce_kernel(k_ptr, g_ptr, beta_ptr, s_ptr, red_ptr, dk_ptr, dg_ptr, dbeta_ptr, T, H, K, NT, NKT,
-                   skd, sgd, sbed, sdkd, sdgd, sdbed,
+def _reduce_kernel(k_ptr, g_ptr, beta_ptr, s_ptr, red_ptr, dk_ptr, dg_ptr, dbeta_ptr, dvs_ptr, dv_ptr, T, H, K, NT,
+                   NKT, D, skd, sgd, sbed, sdkd, sdgd, sdbed, sdvd,
                    C: tl.constexpr, BKS: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
-                   LOG_ZERO: tl.constexpr, DIRS: tl.constexpr):
-    """S6, grid (NT, B*H, K/BKS for HDLA else 1): the sums over K tiles of S5's partials. HDLA: s = k.u
+                   LOG_ZERO: tl.constexpr, DIRS: tl.constexpr, RP: tl.constexpr, R: tl.constexpr, BD: tl.constexpr):
+    """S6 and S7, grid (NT, B*H, K/BKS for HDLA else 1): the sums over K tiles of S5's partials. HDLA: s = k.u
     gives ds = -beta^2 sum_k db1 k, so dk += 2 ds u and dg += ds u k (read back in their dtype), and
-    dbeta = sum_k u (da0 + db1) - 2 beta s sum_k db1 k; a per-head decay: dg [C] (0 where clamped)."""
+    dbeta = sum_k u (da0 + db1) - 2 beta s sum_k db1 k; a per-head decay: dg [C] (0 where clamped). The
+    programs of the first K tile also unstack dV (:func:`_unstack_chunk`): one launch for both stages."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -1500,6 +1503,7 @@ def _reduce_kernel(k_ptr, g_ptr, beta_ptr, s_ptr, red_ptr, dk_ptr, dg_ptr, dbeta
         dk_ptr += d * sdkd
         dg_ptr += d * sdgd
         dbeta_ptr += d * sdbed
+        dv_ptr += d * sdvd
     blk = i_bh.to(tl.int64) * NT + c
     ct = tl.arange(0, C)
     tok, valid, _ = _row_tokens(c, ct, 1, C, T, H, i_b, i_h, REVERSE, DIRS)
@@ -1529,22 +1533,31 @@ def _reduce_kernel(k_ptr, g_ptr, beta_ptr, s_ptr, red_ptr, dk_ptr, dg_ptr, dbeta
     else:
         g_raw = tl.load(g_ptr + tok, mask=valid, other=0.0).to(tl.float32)
         tl.store(dg_ptr + tok, tl.where(g_raw < LOG_ZERO, 0.0, p1).to(dg_ptr.dtype.element_ty), mask=valid)
+    if tl.program_id(2) == 0:
+        _unstack_chunk(dvs_ptr, dv_ptr, blk, c, i_b, i_h, T, H, D, C, RP, R, BD, REVERSE, DIRS)
 
 
 @triton.jit
 def _unstack_kernel(x_ptr, o_ptr, T, H, D, NT, sod, C: tl.constexpr, RP: tl.constexpr, R: tl.constexpr,
                     BD: tl.constexpr, REVERSE: tl.constexpr, DIRS: tl.constexpr):
-    """S7, grid (NT, B*H): a [blocks, C*RP, D] stack into its [B, T, H, R, D] tensor (padding dropped).
+    """S7 alone (no S6: vector decay without HDLA's builder), grid (NT, B*H): :func:`_unstack_chunk`.
     DIRS = 2: both directions, direction d's partial at ``o_ptr + d * sod``."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1)
-    blk = i_bh.to(tl.int64) * NT + c
-    rows = tl.arange(0, C * RP)
     i_b = i_bh // H
     if DIRS == 2:
         d, i_b, REVERSE = split_direction(i_bh, H, tl.num_programs(1))
         o_ptr += d * sod
-    tok, valid, rank = _row_tokens(c, rows, RP, C, T, H, i_b, i_bh % H, REVERSE, DIRS)
+    _unstack_chunk(x_ptr, o_ptr, i_bh.to(tl.int64) * NT + c, c, i_b, i_bh % H, T, H, D, C, RP, R, BD, REVERSE, DIRS)
+
+
+@triton.jit
+def _unstack_chunk(x_ptr, o_ptr, blk, c, i_b, i_h, T, H, D, C: tl.constexpr, RP: tl.constexpr, R: tl.constexpr,
+                   BD: tl.constexpr, REVERSE, DIRS: tl.constexpr):
+    """S7 for chunk c of one (batch, head): its [C*RP, D] block of a [blocks, C*RP, D] stack into the
+    [B, T, H, R, D] tensor at ``o_ptr`` (padding rows and identity steps dropped)."""
+    rows = tl.arange(0, C * RP)
+    tok, valid, rank = _row_tokens(c, rows, RP, C, T, H, i_b, i_h, REVERSE, DIRS)
     for d0 in range(0, D, BD):
         cd = d0 + tl.arange(0, BD)
         md = cd < D
@@ -2019,13 +2032,15 @@ def chunk_vjp(do, q, k, v, a, b, g, beta, h, ds, scale, reverse, chunk, stages=N
             step(q), step(k), step(a), step(b), step(g), C=c, BKS=cfg["BKV"], BVS=cfg["BVS"], **ranks,
             HDLA=hdla, SCALAR=scalar, REVERSE=rev, **prec, LOG_ZERO=LOG_ZERO_FP32, DIRS=dirs,
             num_warps=cfg["warps_vjp"], num_stages=cfg["stages_vjp"])
-        if hdla or scalar:
+        if hdla or scalar:  # S6 with S7
             _reduce_kernel[(nt, bh_all, nkt if hdla else 1)](
-                k, g, beta if hdla else empty, z["s"], red, dk_, dg, dbeta if hdla else empty, seq_len, heads, dk,
-                nt, nkt, offsets("k", 0), offsets("g", 0), offsets("hdla_beta", 0), step(k), step(g), step(beta),
-                C=c, BKS=cfg["BKV"], HDLA=hdla, REVERSE=rev, LOG_ZERO=LOG_ZERO_FP32, DIRS=dirs, num_warps=4)
-        _unstack_kernel[grid](z["dvs"], dv_, seq_len, heads, dv, nt, step(v), C=c, RP=rkp, R=r_kv, BD=cfg["BVS"],
-                              REVERSE=rev, DIRS=dirs, num_warps=4)
+                k, g, beta if hdla else empty, z["s"], red, dk_, dg, dbeta if hdla else empty, z["dvs"], dv_, seq_len,
+                heads, dk, nt, nkt, dv, offsets("k", 0), offsets("g", 0), offsets("hdla_beta", 0), step(k), step(g),
+                step(beta), step(v), C=c, BKS=cfg["BKV"], HDLA=hdla, REVERSE=rev, LOG_ZERO=LOG_ZERO_FP32, DIRS=dirs,
+                RP=rkp, R=r_kv, BD=cfg["BVS"], num_warps=4)
+        else:
+            _unstack_kernel[grid](z["dvs"], dv_, seq_len, heads, dv, nt, step(v), C=c, RP=rkp, R=r_kv, BD=cfg["BVS"],
+                                  REVERSE=rev, DIRS=dirs, num_warps=4)
 
     launch(state_pass is not None)
     if stages is not None:
