@@ -25,8 +25,8 @@ It needs S_{t-1} at every token, and HDLA's step cannot be inverted (beta = 1 is
 may be 0): the kernel runs the recurrence forward storing the state every CK tokens (fp32, transient
 scratch), then walks back a segment at a time, recomputing each token's S_{t-1} from the segment's
 checkpoint in registers (CK / 2 steps on average). Gradients that sum over V (dq, dk, dg, dbeta) are
-written per V-block (fp32) and summed, with the cast to the input's dtype, by one launch per gradient
-(:func:`sum_parts`).
+written per V-block (fp32) and summed, with the cast to the input's dtype, by one launch for all of them
+(:func:`sum_parts_grouped`).
 """
 from typing import Optional, Tuple
 
@@ -426,43 +426,81 @@ def _backward_launch(do, dht, q, k, v, beta, g, scale: float, initial_state, rev
         scale, seq_len, heads, dk, dv, n_ck,
         BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, DIRS=dirs, REVERSE=int(reverse), num_warps=warps)
 
-    def per_direction(x, like):  # the V-block partials' sum, per direction where dirs = 2
-        return sum_parts(x, n_v, like.dtype).view(*lead, *x.shape[1:])
-
-    def shared(x, like):  # an input both directions read: the sum of every partial
-        return sum_parts(x, x.shape[0], like.dtype)[0]
-
-    return (shared(dq_p, q), shared(dk_p, k), dv_ if dirs == 1 else sum_parts(dv_, 2, v.dtype)[0],
-            per_direction(dbeta_p, beta), per_direction(dg_p, g), dh0 if initial_state is not None else None)
+    # the epilogue in one launch: the V-block partials summed (per direction for the gates, over both for the
+    # inputs they share) and cast; dv of one direction is already in v's dtype
+    jobs = [(dq_p, dq_p.shape[0], q.dtype), (dk_p, dk_p.shape[0], k.dtype), (dbeta_p, n_v, beta.dtype),
+            (dg_p, n_v, g.dtype)] + ([(dv_, 2, v.dtype)] if dirs == 2 else [])
+    dq, dk_, dbeta, dg, *dv_sum = sum_parts_grouped(jobs)
+    return (dq[0], dk_[0], dv_sum[0][0] if dirs == 2 else dv_, dbeta.view(*lead, *dbeta_p.shape[1:]),
+            dg.view(*lead, *dg_p.shape[1:]), dh0 if initial_state is not None else None)
 
 
 @triton.jit
-def _sum_parts_kernel(x_ptr, out_ptr, n, PARTS: tl.constexpr, BLOCK: tl.constexpr):
-    """out[o, i] = sum over p < PARTS of x[o * PARTS + p, i] (fp32, parts in order), in out's dtype;
-    grid (cdiv(n, BLOCK), outputs)."""
+def _sum_rows(x_ptr, out_ptr, n, o, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[o, i] = sum over p < PARTS of x[o * PARTS + p, i] (fp32, parts in order) for this program's BLOCK
+    columns i, in out's dtype."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
-    first = tl.program_id(1).to(tl.int64) * PARTS
+    first = o.to(tl.int64) * PARTS
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for p in tl.static_range(PARTS):
         acc += tl.load(x_ptr + (first + p) * n + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + tl.program_id(1).to(tl.int64) * n + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + o.to(tl.int64) * n + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_parts_kernel(x0, y0, n0, x1, y1, n1, x2, y2, n2, x3, y3, n3, x4, y4, n4,
+                      P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr,
+                      O0: tl.constexpr, O1: tl.constexpr, O2: tl.constexpr, O3: tl.constexpr, O4: tl.constexpr,
+                      JOBS: tl.constexpr, BLOCK: tl.constexpr):
+    """Up to :data:`SUM_PARTS_SLOTS` jobs, job j summing ``Oj`` groups of ``Pj`` rows of ``xj`` into ``yj``
+    (:func:`_sum_rows`, rows of ``nj`` elements); grid (cdiv(max nj, BLOCK), JOBS, max Oj)."""
+    job = tl.program_id(1)
+    o = tl.program_id(2)
+    if job == 0 and o < O0:
+        _sum_rows(x0, y0, n0, o, P0, BLOCK)
+    if JOBS > 1:
+        if job == 1 and o < O1:
+            _sum_rows(x1, y1, n1, o, P1, BLOCK)
+    if JOBS > 2:
+        if job == 2 and o < O2:
+            _sum_rows(x2, y2, n2, o, P2, BLOCK)
+    if JOBS > 3:
+        if job == 3 and o < O3:
+            _sum_rows(x3, y3, n3, o, P3, BLOCK)
+    if JOBS > 4:
+        if job == 4 and o < O4:
+            _sum_rows(x4, y4, n4, o, P4, BLOCK)
 
 
 SUM_PARTS_BLOCK = 1024
+SUM_PARTS_SLOTS = 5
+
+
+def sum_parts_grouped(jobs) -> list:
+    """Each job ``(x, parts, dtype)``: the backward's partials ``x [O * parts, ...]`` (contiguous fp32) summed
+    in groups of ``parts`` consecutive rows, ``[O, ...]`` in ``dtype``; up to :data:`SUM_PARTS_SLOTS` jobs in
+    one launch, where PyTorch takes two per job (a reduction over the parts' axis, then the cast's copy)."""
+    if not 1 <= len(jobs) <= SUM_PARTS_SLOTS:
+        raise ValueError(f"jobs: 1 to {SUM_PARTS_SLOTS} (x, parts, dtype) triples, got {len(jobs)}")
+    outs = [torch.empty(x.shape[0] // parts, *x.shape[1:], device=x.device, dtype=dtype) for x, parts, dtype in jobs]
+    sizes = [x[0].numel() for x, _, _ in jobs]
+    if max(sizes) == 0:
+        return outs
+    pad = SUM_PARTS_SLOTS - len(jobs)
+    args = [a for (x, _, _), out, n in zip(jobs, outs, sizes) for a in (x, out, n)] + [jobs[0][0], outs[0], 0] * pad
+    parts = [p for _, p, _ in jobs] + [1] * pad
+    counts = [out.shape[0] for out in outs] + [0] * pad
+    _sum_parts_kernel[(cdiv(max(sizes), SUM_PARTS_BLOCK), len(jobs), max(counts))](
+        *args, **{f"P{i}": p for i, p in enumerate(parts)}, **{f"O{i}": c for i, c in enumerate(counts)},
+        JOBS=len(jobs), BLOCK=SUM_PARTS_BLOCK, num_warps=4)
+    return outs
 
 
 def sum_parts(x: torch.Tensor, parts: int, dtype: torch.dtype) -> torch.Tensor:
-    """The backward's partials ``x [O * parts, ...]`` (contiguous fp32) summed in groups of ``parts``
-    consecutive rows: ``[O, ...]`` in ``dtype``, in one launch where PyTorch takes two (a reduction over the
-    parts' axis, then the cast's copy)."""
-    outputs = x.shape[0] // parts
-    out = torch.empty(outputs, *x.shape[1:], device=x.device, dtype=dtype)
-    n = x[0].numel()
-    if n:
-        _sum_parts_kernel[(cdiv(n, SUM_PARTS_BLOCK), outputs)](x, out, n, PARTS=parts, BLOCK=SUM_PARTS_BLOCK,
-                                                                      num_warps=4)
-    return out
+    """One job of :func:`sum_parts_grouped`: ``x [O * parts, ...]`` summed in groups of ``parts`` rows,
+    ``[O, ...]`` in ``dtype``."""
+    return sum_parts_grouped([(x, parts, dtype)])[0]
 
 
 def fused_recurrent_hdla(

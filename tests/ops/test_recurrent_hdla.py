@@ -291,3 +291,23 @@ def test_sum_parts_sums_each_group_of_partials(backend, parts, outputs):
     assert got.dtype == BF16 and got.shape == want.shape
     assert rel_err(got.float(), want) < 4e-3  # bf16 rounding of the fp32 sums
     assert rel_err(sum_parts(x, parts, F32), want) < 1e-6  # fp32: the same sums, maybe in another order
+
+
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+def test_grouped_sum_parts_equal_one_launch_per_job(backend):
+    """The backward's epilogue in one launch: five jobs of different sizes, part counts, output counts and
+    dtypes give the bits of one launch each (the same fp32 sums in the same order), and wrong job counts
+    are refused."""
+    from hdla_vision.kernels.hdla.fused_recurrent import SUM_PARTS_BLOCK, sum_parts, sum_parts_grouped
+
+    shapes = [(6, 2, SUM_PARTS_BLOCK + 3), (6, 5), (4, 3, 7), (2, 2, 40), (1, 9)]
+    xs = on_backend({f"x{i}": torch.randn(*shape) for i, shape in enumerate(shapes)}, backend)
+    jobs = [(xs["x0"], 6, BF16), (xs["x1"], 3, F32), (xs["x2"], 2, BF16), (xs["x3"], 1, F32), (xs["x4"], 1, BF16)]
+    grouped = sum_parts_grouped(jobs)
+    for (x, parts, dtype), got in zip(jobs, grouped):
+        assert got.dtype == dtype and got.shape == (x.shape[0] // parts, *x.shape[1:])
+        assert torch.equal(got, sum_parts(x, parts, dtype))
+        want = x.view(-1, parts, *x.shape[1:]).sum(1)
+        assert rel_err(got.float(), want) < (4e-3 if dtype == BF16 else 1e-6)
+    with pytest.raises(ValueError, match="jobs: 1 to 5"):
+        sum_parts_grouped(jobs + jobs[:1])
