@@ -308,6 +308,10 @@ def test_grouped_sum_parts_equal_one_launch_per_job(backend):
         assert got.dtype == dtype and got.shape == (x.shape[0] // parts, *x.shape[1:])
         assert torch.equal(got, sum_parts(x, parts, dtype))
         want = x.view(-1, parts, *x.shape[1:]).sum(1)
-        assert rel_err(got.float(), want) < (4e-3 if dtype == BF16 else 1e-6)
+        if dtype == BF16:  # each element the fp32 sum cast once to bf16: within one ulp (2^-7 relative; the
+            # interpreter's cast truncates, the GPU's rounds to nearest)
+            assert bool(((got.float() - want).abs() <= 2.0 ** -7 * want.abs() + 1e-6).all())
+        else:
+            assert rel_err(got, want) < 1e-6
     with pytest.raises(ValueError, match="jobs: 1 to 5"):
         sum_parts_grouped(jobs + jobs[:1])
