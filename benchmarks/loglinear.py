@@ -8,9 +8,9 @@ data, fwd and fwd+bwd), all in one process so that the ratios compare like with 
   * ``ours``: ``chunk_loglinear_hdla`` against ``chunk_hdla`` (the linear op it is built on) at the
     kernel benchmark's vision, high-res and LM shapes (``benchmarks/kernels.py``) and a sweep of T from
     1K to 16K at 32K tokens per call (H = 4, d = 64); the ratio ``loglinear / linear`` is what the
-    issue's target (within 2x at T = 4096) is about. The forward without gradients is timed twice: across chunks
-    by the doubling (``fwd``, the default) and by F2's chains (``loglinear_chains_fwd``,
-    ``$HDLA_VISION_LOGLINEAR_ACROSS=chains``, ``kernels/loglinear/triton_chunk.py``).
+    issue's target (within 2x at T = 4096) is about. The forward without gradients is timed both ways
+    across chunks (``$HDLA_VISION_LOGLINEAR_ACROSS``, ``kernels/loglinear/triton_chunk.py``), each set
+    explicitly: by the doubling (``fwd``) and by F2's chains (``loglinear_chains_fwd``, the op's default).
   * ``fla``: the log-linear paper's implementation benchmark (its §3.3 / appendix C: batch 2, 48 heads,
     head dim 64, state dim 128, q and k shared by all heads as Mamba-2's multi-value attention):
     fla's ``chunk_log_linear_attn`` against fla's linear ``chunk_simple_gla`` (the same Mamba-2
@@ -71,19 +71,23 @@ def ours_pair(shape, dtype, device) -> dict:
     batch, seq_len, heads, dim = shape
     q, k, v, beta, g = make_inputs(batch, seq_len, heads, dim, dtype, device)
     inputs = [q, k, v, beta, g, level_scales_like(q, heads)]
-    row = {}
-    for name, fn in (("linear", hdla_linear), ("loglinear", hdla_loglinear)):
-        row[name] = dict(zip(("fwd", "fwd_bwd"), time_fwd_bwd(fn, inputs)))
+    row = {"linear": dict(zip(("fwd", "fwd_bwd"), time_fwd_bwd(hdla_linear, inputs)))}
+    with across_chunks("doubling"):  # fwd_bwd needs gradients: the PyTorch terms, either way
+        row["loglinear"] = dict(zip(("fwd", "fwd_bwd"), time_fwd_bwd(hdla_loglinear, inputs)))
     row["ratio_fwd_bwd"] = row["loglinear"]["fwd_bwd"] / row["linear"]["fwd_bwd"]
     row["ratio_fwd"] = row["loglinear"]["fwd"] / row["linear"]["fwd"]  # no gradient: log-linear on F1's terms
-    if device != "cpu":  # the no-gradient path across chunks by F2's chains (triton_chunk.ACROSS_ENV), same inputs
-        from benchmarks.launch_configs import launch_settings
-        from hdla_vision.kernels.loglinear.triton_chunk import ACROSS_ENV
-
-        with launch_settings({f"env:{ACROSS_ENV}": "chains"}), torch.no_grad():
-            row["loglinear_chains_fwd"] = median_ms(lambda: hdla_loglinear(*inputs))
-        row["ratio_fwd_chains"] = row["loglinear_chains_fwd"] / row["linear"]["fwd"]
+    with across_chunks("chains"), torch.no_grad():  # the same no-gradient call across chunks by F2's chains
+        row["loglinear_chains_fwd"] = median_ms(lambda: hdla_loglinear(*inputs))
+    row["ratio_fwd_chains"] = row["loglinear_chains_fwd"] / row["linear"]["fwd"]
     return row
+
+
+def across_chunks(way: str):
+    """``$HDLA_VISION_LOGLINEAR_ACROSS`` set to ``way`` within the block (restored after)."""
+    from benchmarks.launch_configs import launch_settings
+    from hdla_vision.kernels.loglinear.triton_chunk import ACROSS_ENV
+
+    return launch_settings({f"env:{ACROSS_ENV}": way})
 
 
 def ours_part(dtype, device) -> dict:
