@@ -24,7 +24,8 @@ number of graphs dynamo made and its graph breaks; ``first_call_s`` then include
 ``compile`` setting, and ``compile_speedup`` each compiled cell with the same model's eager one.
 
 ``--engine`` times exactly ``engine._train_step`` (Accelerate bf16 autocast, AdamW from timm's
-optimizer factory, gradient clipping) and the EMA update at 224 px, batch 256 (``engine`` rows).
+optimizer factory, gradient clipping) and the EMA update at each resolution and batch (``engine`` rows),
+eager and under each compile setting as ``train.compile=true train.compile_mode=<mode>`` runs it.
 
 Needs a CUDA device.
 """
@@ -269,7 +270,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile-model", default=MODELS[0], help="the models --profile profiles (comma-separated)")
     parser.add_argument("--profile-res", type=int, nargs="+", default=[1024])
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for models.json")
-    parser.add_argument("--engine", action="store_true", help="also time the training engine's step (224 px, batch 256)")
+    parser.add_argument("--engine", action="store_true", help="also time the training engine's step")
     parser.add_argument("--compile", nargs="*", choices=COMPILE_MODES, default=None, metavar="MODE",
                         help=f"also measure torch.compile(model, mode=MODE) for each MODE of {', '.join(COMPILE_MODES)} "
                              "(no MODE: default)")
@@ -307,10 +308,11 @@ def compile_settings(args: argparse.Namespace) -> List[str]:
 
 
 def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup: int, precision: str,
-                        compile_: bool = False) -> dict:
+                        compile_mode: str = EAGER) -> dict:
     """Images per second of exactly ``engine._train_step`` (Accelerate autocast, AdamW from timm's optimizer
-    factory, gradient clipping) plus the EMA update, on random images already on the GPU; ``compile_``:
-    with ``train.compile`` (inductor), the warm-up steps then include the compilation."""
+    factory, gradient clipping) plus the EMA update, on random images already on the GPU; ``compile_mode``
+    other than "eager": with ``train.compile`` (inductor) in that mode, the warm-up steps then include the
+    compilation (and the CUDA graphs' recording, whose memory the peak includes)."""
     from accelerate.state import AcceleratorState
     from timm.optim import create_optimizer_v2
     from timm.utils import ModelEmaV3
@@ -321,6 +323,7 @@ def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup
     from hdla_vision.training.runner import compile_for_training, make_accelerator
 
     AcceleratorState._reset_state(reset_partial_state=True)
+    torch._dynamo.reset()
     config = config_from_dict({"model": {"name": name, "drop_path_rate": 0.1},
                                "data": {"img_size": img_size, "num_classes": 1000},
                                "train": {"mixed_precision": precision, "global_batch_size": batch}})
@@ -331,7 +334,7 @@ def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup
     ema = ModelEmaV3(accelerator.unwrap_model(model), decay=0.9999)
     parts = TrainParts(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=None,
                        criterion=torch.nn.CrossEntropyLoss(), train_loader=None, train_order=None, clip_grad=5.0,
-                       compiled=compile_for_training(model, "inductor") if compile_ else None)
+                       compiled=None if compile_mode == EAGER else compile_for_training(model, "inductor", compile_mode))
     images = torch.randn(batch, 3, img_size, img_size, device=accelerator.device)
     targets = torch.randint(0, 1000, (batch,), device=accelerator.device)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -347,7 +350,7 @@ def measure_engine_step(name: str, batch: int, img_size: int, steps: int, warmup
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
     return {"model": name, "batch": batch, "img_size": img_size, "precision": precision,
-            "compile": "default" if compile_ else EAGER,
+            "compile": compile_mode,
             "img_per_s": batch * steps / seconds, "step_ms": 1000 * seconds / steps, "peak_gib": peak,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
 
@@ -389,9 +392,9 @@ def main(argv=None) -> int:
                 print(f"{name} {res}px: CUDA time and launches per block and step, by part\n{format_parts(parts)}")
                 result["profile"].append(dict(model=name, resolution=res, batch=batch, parts=parts, table=table))
     if args.engine:
-        result["engine"] = [measure_engine_step(name, 256, 224, 30, 10, "bf16", compile_=compile_mode != EAGER)
-                            for name in args.models for compile_mode in args.compile_modes
-                            if compile_mode in (EAGER, "default")]
+        result["engine"] = [measure_engine_step(name, batch, res, 30, 10, "bf16", compile_mode)
+                            for res, batch in zip(args.resolutions, args.batch_sizes)
+                            for name in args.models for compile_mode in args.compile_modes]
         print(json.dumps(result["engine"], indent=1))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "models.json"), "w") as f:

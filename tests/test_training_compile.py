@@ -92,3 +92,42 @@ def test_unknown_compile_backend_is_refused(data_dir, tmp_path):
     assert not any(tmp_path.iterdir())
     with pytest.raises(ValueError, match="config key 'train.compile_backend' must be a torch.compile backend name"):
         _config(data_dir, True, compile_backend="in ductor")
+
+
+def test_compile_mode_is_checked_against_backend_and_accumulation(data_dir):
+    """An unknown mode, a mode with a backend other than inductor, and CUDA graphs with gradient accumulation
+    are refused by the schema, each naming its key."""
+    with pytest.raises(ValueError, match="config key 'train.compile_mode' must be one of 'default', "
+                                         "'reduce-overhead'.*got 'fast'"):
+        _config(data_dir, True, compile_mode="fast")
+    with pytest.raises(ValueError, match="config key 'train.compile_mode' must be 'default' unless "
+                                         "train.compile_backend is 'inductor'"):
+        _config(data_dir, True, compile_mode="reduce-overhead")  # _config's backend is aot_eager
+    with pytest.raises(ValueError, match="config key 'train.grad_accum_steps' must be 1 with "
+                                         "train.compile_mode='reduce-overhead'.*got 2"):
+        _config(data_dir, True, compile_backend="inductor", compile_mode="reduce-overhead", grad_accum_steps=2)
+    assert _config(data_dir, False, compile_mode="max-autotune-no-cudagraphs",
+                   compile_backend="inductor", grad_accum_steps=2).train.grad_accum_steps == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_training_equals_eager(data_dir, tmp_path):
+    """``train.compile_mode=reduce-overhead`` on CUDA: the step replays CUDA graphs (none skipped) and trains
+    as the eager run does (fp32, 7 steps; inductor's fused kernels round differently from eager's)."""
+    dirs = {}
+    for compile_ in (False, True):
+        reset_accelerate_state()
+        torch._dynamo.reset()
+        counters.clear()
+        dirs[compile_] = tmp_path / f"compile_{compile_}"
+        runner.train(_config(data_dir, compile_, compile_backend="inductor", compile_mode="reduce-overhead"),
+                     dirs[compile_])
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert counters["stats"]["unique_graphs"] == 1
+    eager, graphed = (read_metrics(dirs[c] / "metrics.jsonl") for c in (False, True))
+    assert graphed[0]["train_loss"] == pytest.approx(eager[0]["train_loss"], rel=1e-4)
+    for name in ("model.safetensors", "model_ema.safetensors"):
+        expected, got = load_file(str(dirs[False] / name)), load_file(str(dirs[True] / name))
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key], rtol=1e-3, atol=1e-4, msg=f"{name}:{key}")

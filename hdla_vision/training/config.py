@@ -22,6 +22,10 @@ from typing import Any, Optional
 
 import yaml
 
+# train.compile_mode: inductor's torch.compile modes; "reduce-overhead" and "max-autotune" replay CUDA graphs
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 
 @dataclass
 class ModelConfig:
@@ -101,6 +105,7 @@ class TrainConfig:
     consistency_checks: bool = False  # record every sample index and cross-check parameters across processes
     compile: bool = False  # torch.compile the model for the training step (after accelerator.prepare)
     compile_backend: str = "inductor"  # torch.compile backend with train.compile ("aot_eager": no code generation)
+    compile_mode: str = "default"  # inductor's mode (COMPILE_MODES): "reduce-overhead" runs CUDA graphs
 
 
 @dataclass
@@ -248,6 +253,15 @@ def validate(config: Config) -> None:
          "a list of Accelerate tracker names"),
         (config.train.compile_backend.isidentifier(), "train.compile_backend",
          "a torch.compile backend name ('inductor', 'aot_eager', ...)"),
+        (config.train.compile_mode in COMPILE_MODES, "train.compile_mode",
+         "one of " + ", ".join(map(repr, COMPILE_MODES))),
+        (config.train.compile_mode == "default" or config.train.compile_backend == "inductor", "train.compile_mode",
+         "'default' unless train.compile_backend is 'inductor' (the modes are inductor's)"),
+        # CUDA graph trees hand out .grad from their pool and the next micro-step's replay overwrites it
+        # (pytorch/pytorch#169545): accumulation over micro-steps would silently lose gradients
+        (not (config.train.compile and config.train.compile_mode in CUDA_GRAPH_MODES)
+         or config.train.grad_accum_steps == 1, "train.grad_accum_steps",
+         f"1 with train.compile_mode={config.train.compile_mode!r} (CUDA graphs overwrite accumulated gradients)"),
     ]
     for ok, key, expected in checks:
         if not ok:

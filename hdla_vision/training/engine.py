@@ -157,7 +157,10 @@ def _train_step(parts: TrainParts, images: torch.Tensor, targets: torch.Tensor) 
     acc = parts.accelerator
     if parts.mixup is not None:
         images, targets = parts.mixup(images, targets)
-    forward = parts.model if parts.compiled is None else parts.compiled
+    forward = parts.model
+    if parts.compiled is not None:
+        torch.compiler.cudagraph_mark_step_begin()  # a new step: CUDA graph outputs of the last one may be reused
+        forward = parts.compiled
     with acc.accumulate(parts.model):
         loss = parts.criterion(forward(images), targets)
         acc.backward(loss)

@@ -100,7 +100,8 @@ def setup(config: Config, data_dir: Optional[str] = None, output_dir: Optional[P
         log_every=config.train.log_every_steps, progress_bar=config.train.progress_bar,
         checkpoint_every=config.train.checkpoint_every_steps,
         record_indices=config.train.consistency_checks,
-        compiled=compile_for_training(model, config.train.compile_backend) if config.train.compile else None,
+        compiled=(compile_for_training(model, config.train.compile_backend, config.train.compile_mode)
+                  if config.train.compile else None),
     )
     return Setup(accelerator, parts, val_loader, per_process, peak_lr, data.num_classes,
                  data.train_order.num_samples)
@@ -117,8 +118,8 @@ def check_compile_backend(name: str) -> None:
                          f"(known: {', '.join(known)})")
 
 
-def compile_for_training(model: torch.nn.Module, backend: str) -> torch.nn.Module:
-    """``torch.compile(model, backend=backend)`` for the training step (``train.compile``).
+def compile_for_training(model: torch.nn.Module, backend: str, mode: str = "default") -> torch.nn.Module:
+    """``torch.compile(model, backend=backend, mode=mode)`` for the training step (``train.compile``).
 
     ``model`` is the module ``accelerator.prepare`` returned; the compiled module wraps it and shares
     its parameters, so the optimizer, the EMA, checkpoints (``accelerator.save_state`` saves the
@@ -126,8 +127,16 @@ def compile_for_training(model: torch.nn.Module, backend: str) -> torch.nn.Modul
     restores them the same way. Evaluation runs ``model`` eagerly (one compiled graph, training mode).
     The first step compiles (about a minute for a tiny backbone with inductor on a GPU); a batch of
     another size compiles once more, with a dynamic batch dimension. Not ``fullgraph``: any timm
-    model trains; our backbones compile to one graph (tests/test_compiled_models.py)."""
-    return torch.compile(model, backend=backend)
+    model trains; our backbones compile to one graph (tests/test_compiled_models.py).
+
+    ``mode`` (``train.compile_mode``, inductor only): "reduce-overhead" records the forward and the
+    backward as CUDA graphs (torch's CUDA graph trees) and replays them, so the host no longer issues
+    every kernel: what an eager step at high resolution waits on. The engine marks each training step's
+    start (``torch.compiler.cudagraph_mark_step_begin``), so a step's graph outputs stay valid until the
+    next step begins."""
+    if backend != "inductor":
+        return torch.compile(model, backend=backend)
+    return torch.compile(model, backend=backend, mode=mode)
 
 
 def run_identity(config: Config, setup_: Setup) -> dict:
