@@ -342,7 +342,7 @@ def chunk_generalized_bidirectional_op(
     check_log_decay(g)
     stacked = stacked_inputs(k, v, a, b)
     ks, vs, as_, bs = (x[0] if stacked[n] else x for n, x in dict(k=k, v=v, a=a, b=b).items())
-    if _generalized_path(q, ks, as_) == FUSED:
+    if _generalized_path(q, ks, as_, g.dim() == 4) == FUSED:
         return _fused_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state)
     parts = [run_generalized(q, direction(k, d, stacked["k"]), direction(v, d, stacked["v"]),
                              direction(a, d, stacked["a"]), direction(b, d, stacked["b"]), g[d], scale,
@@ -353,7 +353,8 @@ def chunk_generalized_bidirectional_op(
 @chunk_generalized_bidirectional_op.register_fake
 def _(q, k, v, a, b, g, scale, initial_state, output_final_state):
     ks, as_ = k[0] if per_direction(k, 5) else k, a[0] if per_direction(a, 5) else a
-    return _fake_bidirectional(q, v, output_final_state, _generalized_path(q, ks, as_), as_.shape[-2], ks.shape[-2],
+    path = _generalized_path(q, ks, as_, g.dim() == 4)
+    return _fake_bidirectional(q, v, output_final_state, path, as_.shape[-2], ks.shape[-2],
                                scalar=g.dim() == 4)
 
 
@@ -367,7 +368,7 @@ def chunk_generalized_bidirectional_backward_op(
     stacked = stacked_inputs(k, v, a, b)
     inputs = dict(k=k, v=v, a=a, b=b)
     ks, vs, as_, bs = (t[0] if stacked[n] else t for n, t in inputs.items())
-    if _generalized_path(q, ks, as_) == FUSED:
+    if _generalized_path(q, ks, as_, g.dim() == 4) == FUSED:
         from .generalized import bwd
 
         q, g = q.contiguous(), g.contiguous()

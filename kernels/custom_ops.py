@@ -65,24 +65,30 @@ def _runs_on(family: str, q: Tensor, r_kv: int, r_ab: int, hdla: bool) -> bool:
     return hdla or triton_supports_ranks(q.shape[-1], r_kv, r_ab)
 
 
-def _path(q: Tensor, r_kv: int, r_ab: int, hdla: bool = False) -> str:
+def _path(q: Tensor, r_kv: int, r_ab: int, hdla: bool = False, per_head_decay: bool = False) -> str:
     """Where an op runs: ``"chunk16"`` / ``"chunk64"`` (that Triton family) or ``FORM``. The setting
-    ``auto`` tries chunk64 first from ``utils.CHUNK64_MIN_TOKENS`` tokens on, else chunk16 first, and takes
-    the other family where the first cannot run the ranks or dtype. Raises ValueError for a bad
-    ``HDLA_VISION_KERNELS`` whatever the device."""
+    ``auto`` tries chunk64 first from ``utils.CHUNK64_MIN_TOKENS`` tokens on or with one log-decay per
+    head (``per_head_decay``) at any length, else chunk16 first, and takes the other family where the
+    first cannot run the ranks or dtype. Raises ValueError for a bad ``HDLA_VISION_KERNELS`` whatever
+    the device.
+
+    Why per-head decay goes to chunk64: chunk16 runs it as K equal channels and sums their dg over K,
+    terms that cancel; in bf16 on the GPU that dg was 1.06e-2 from float64 at T = 300 against 2.9e-3 on
+    chunk64's scalar-decay kernels (benchmarks/results/launch_configs_h200/README.md)."""
     setting = kernel_family()
     if not use_triton(q):
         return FORM
     if setting == "auto":
-        order = ("chunk64", "chunk16") if q.shape[1] >= CHUNK64_MIN_TOKENS else ("chunk16", "chunk64")
+        chunk64_first = q.shape[1] >= CHUNK64_MIN_TOKENS or per_head_decay
+        order = ("chunk64", "chunk16") if chunk64_first else ("chunk16", "chunk64")
     else:
         order = (setting,)
     return next((family for family in order if _runs_on(family, q, r_kv, r_ab, hdla)), FORM)
 
 
-def _generalized_path(q: Tensor, k: Tensor, a: Tensor) -> str:
-    """Where the generalized op runs (:func:`_path`)."""
-    return _path(q, k.shape[-2], a.shape[-2])
+def _generalized_path(q: Tensor, k: Tensor, a: Tensor, per_head_decay: bool) -> str:
+    """Where the generalized op runs (:func:`_path`); ``per_head_decay``: g holds one log-decay per head."""
+    return _path(q, k.shape[-2], a.shape[-2], per_head_decay=per_head_decay)
 
 
 def _hdla_path(q: Tensor) -> str:
@@ -209,7 +215,7 @@ def chunk_generalized_op(
 def run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
     """The body of :func:`chunk_generalized_op` on the path :func:`_generalized_path` picks (also one
     direction of the bidirectional op's unfused path, ``bidirectional_ops.py``)."""
-    path = _generalized_path(q, k, a)
+    path = _generalized_path(q, k, a, g.dim() == 3)
     if path == "chunk64":
         from .generalized import fwd
 
@@ -231,7 +237,8 @@ def run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, 
 
 @chunk_generalized_op.register_fake
 def _(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
-    return _fake_outputs(q, v, output_final_state, _generalized_path(q, k, a), a.shape[-2], k.shape[-2],
+    path = _generalized_path(q, k, a, g.dim() == 3)
+    return _fake_outputs(q, v, output_final_state, path, a.shape[-2], k.shape[-2],
                          scalar=g.dim() == 3)
 
 
@@ -248,7 +255,7 @@ def chunk_generalized_backward_op(
 def run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse):
     """The body of :func:`chunk_generalized_backward_op` (also one direction of the bidirectional op's
     unfused path)."""
-    path = _generalized_path(q, k, a)
+    path = _generalized_path(q, k, a, g.dim() == 3)
     if path == "chunk64":
         from .generalized import bwd
 

@@ -24,14 +24,17 @@ def use_triton(x: torch.Tensor) -> bool:
 #   chunk16: the 16-token chunk kernels (generalized/chunk.py, scan.py; hdla/chunk.py);
 #   chunk64: the chunk kernels of issue 11 (generalized/fwd.py, bwd.py): 32- or 64-token chunks, one
 #            [K x K] . [K x BV] product per chunk on the state chain, a chunk-local backward;
-#   auto (the default): chunk64 from CHUNK64_MIN_TOKENS tokens on, chunk16 below.
+#   auto (the default): chunk64 from CHUNK64_MIN_TOKENS tokens on, chunk16 below; a generalized op with one
+#            log-decay per head on chunk64 at every length (custom_ops._path: chunk16's per-head dg is less exact).
 KERNEL_FAMILY_ENV = "HDLA_VISION_KERNELS"
 KERNEL_FAMILIES = ("auto", "chunk16", "chunk64")
 DEFAULT_KERNEL_FAMILY = "auto"
 # chunk_hdla fwd+bwd on an H100 (bf16, H = 3, d = 64, ~25-33k tokens per call; 2026-11-24, commits da9490a
 # and d296277, benchmarks/results/crossover_h100 and b1_inputs_h100): chunk16 / chunk64 took 3.87 / 4.28 ms
 # at T = 196, 4.06 / 4.06 at 576, 4.76 / 3.66 at 1024, 5.38 / 3.72 at 2048, 7.79 / 4.47 at 4096; at the LM
-# shape (T = 4096, H = 16, d = 128) 29.1 / 19.0 ms. Below ~576 tokens chunk16's shorter chunks win.
+# shape (T = 4096, H = 16, d = 128) 29.1 / 19.0 ms. Below ~576 tokens chunk16's shorter chunks win. On an H200
+# after chunk64's launch merges (2026-11-28, d942eb7, benchmarks/results/family_crossover_h200): 2.94 / 4.36 ms at
+# (128, 196, 3, 64), 3.54 / 3.95 at (64, 576, 3, 64); both directions in one op 6.64 / 5.74 ms at (128, 196, 3, 64).
 # (custom_ops picks the family per call, and the other one where the first cannot run the ranks or dtype.)
 CHUNK64_MIN_TOKENS = 576
 # HDLA's recurrent path (kernels/README.md §11): under the auto setting, a chunk_hdla or

@@ -142,9 +142,11 @@ def test_auto_family_by_length_ranks_and_dtype(monkeypatch):
     short, long = torch.zeros(1, CHUNK64_MIN_TOKENS - 1, 1, 8), torch.zeros(1, CHUNK64_MIN_TOKENS, 1, 8)
     assert (_hdla_path(short), _hdla_path(long)) == ("chunk16", "chunk64")
     assert _hdla_path(long.double()) == "chunk16"  # chunk64 runs no float64
-    ranks = lambda q, r_kv, r_ab: _generalized_path(q, torch.zeros(1, 1, 1, r_kv, 8),  # noqa: E731
-                                                    torch.zeros(1, 1, 1, r_ab, 8))
+    ranks = lambda q, r_kv, r_ab, per_head=False: _generalized_path(  # noqa: E731
+        q, torch.zeros(1, 1, 1, r_kv, 8), torch.zeros(1, 1, 1, r_ab, 8), per_head)
     assert ranks(short, 1, 1) == "chunk16" and ranks(long, 1, 1) == "chunk64"
+    assert ranks(short, 1, 1, per_head=True) == "chunk64"  # one decay per head: chunk64 at every length
+    assert ranks(short.double(), 1, 1, per_head=True) == "chunk16"
     assert ranks(short[..., :1].expand(1, -1, 1, 16).contiguous(), 1, 3) == "chunk64"  # chunk16: no r_ab 3 at K 16
     assert ranks(long, 5, 1) == "chunk16"  # chunk64 takes r_kv <= 4
     monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk64")
