@@ -22,7 +22,8 @@
 #        about 18 minutes alone), DEADLINE_S (540 s from the start, under the 600 s call limit),
 #        MIN_JOB_S (90), CARRY_MIB (40: checkpoints packed for the next call, about 19 MiB each),
 #        MQAR_STATE (.mqar), MQAR_CARRY (.mqar_carry), MQAR_RESULTS (benchmarks/results/mqar_zoology),
-#        MQAR_EXTRA_ARGS (added to every run's arguments, e.g. "--compile off"; none of them may change a run's protocol)
+#        MQAR_EXTRA_ARGS (added to every run's arguments, e.g. "--compile off"; none of them may change a run's protocol;
+#        --compile takes auto / on / off and auto already compiles on CUDA; a usage error stops every worker)
 # Back in $OUT: mqar_results.md (the table over every planned cell), progress.txt, mqar_state.tgz
 # (records, DONE markers, logs, the report with its plot), ckpt.tar.NN (checkpoints of unfinished runs).
 # Then here: python -m tools.mqar_device collect <folder the files came back to>
@@ -48,17 +49,24 @@ next_job() {  # prints the first line of the to-do list and removes it, under a 
   flock "$todo.lock" bash -c "line=\$(head -n 1 '$todo'); [ -n \"\$line\" ] && sed -i 1d '$todo'; echo \"\$line\""
 }
 
+stop=$state/STOP_USAGE  # written when a run's arguments are refused: every later run would be refused the same way
+rm -f "$stop"
 worker() {
-  local gpu=$1 job id
-  while [ $((SECONDS + ${MIN_JOB_S:-90})) -lt "$deadline" ]; do
+  local gpu=$1 job id status
+  while [ $((SECONDS + ${MIN_JOB_S:-90})) -lt "$deadline" ] && [ ! -f "$stop" ]; do
     job=$(next_job)
     [ -z "$job" ] && break
     id=${job%% *}
     echo "gpu $gpu at ${SECONDS}s: $id"
     # shellcheck disable=SC2086
     CUDA_VISIBLE_DEVICES=$gpu timeout $((deadline - SECONDS)) python3 -m benchmarks.mqar ${job#* } ${MQAR_EXTRA_ARGS:-} \
-      --state-dir "$state" --deadline-s $((deadline - SECONDS - 10)) >> "$state/logs/$id.log" 2>&1 \
-      || echo "gpu $gpu: $id stopped (exit $?): $(tail -n 1 "$state/logs/$id.log")"
+      --state-dir "$state" --deadline-s $((deadline - SECONDS - 10)) >> "$state/logs/$id.log" 2>&1
+    status=$?
+    [ "$status" -eq 0 ] && continue
+    echo "gpu $gpu: $id stopped (exit $status): $(tail -n 1 "$state/logs/$id.log")"
+    if [ "$status" -eq 2 ]; then  # argparse's usage error (MQAR_EXTRA_ARGS or the queue line): stop every worker
+      echo "usage error in $id's arguments (MQAR_EXTRA_ARGS='${MQAR_EXTRA_ARGS:-}'); no more runs start" | tee "$stop"
+    fi
   done
 }
 
