@@ -131,3 +131,22 @@ def test_cuda_graph_training_equals_eager(data_dir, tmp_path):
         expected, got = load_file(str(dirs[False] / name)), load_file(str(dirs[True] / name))
         for key in expected:
             torch.testing.assert_close(got[key], expected[key], rtol=1e-3, atol=1e-4, msg=f"{name}:{key}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
+    """Killed after the step-4 checkpoint and resumed with ``reduce-overhead`` (compiled and recorded again):
+    the uninterrupted CUDA-graph run's weights and loss."""
+    graphs = dict(compile_backend="inductor", compile_mode="reduce-overhead")
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    runner.train(_config(data_dir, True, **graphs), reference)
+    reset_accelerate_state()
+    torch._dynamo.reset()
+    train_killed_after_step(_config(data_dir, True, **graphs), resumed, 4, monkeypatch)
+    reset_accelerate_state()
+    torch._dynamo.reset()
+    runner.train(_config(data_dir, True, **graphs), resumed, resume="auto")
+    _assert_same_weights(resumed, reference)
+    got, expected = (read_metrics(d / "metrics.jsonl") for d in (resumed, reference))
+    assert got[-1]["train_loss"] == pytest.approx(expected[-1]["train_loss"], abs=1e-6)

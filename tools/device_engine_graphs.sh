@@ -5,10 +5,13 @@
 # train.compile_mode=reduce-overhead` runs, where tools/device_cuda_graphs.sh timed the bare model. Inductor's caches
 # are warmed first, one process per (model, resolution) side by side; the first call of a cell compiles.
 # Usage on the device, repository root, carrying .whl:   COMMIT=<sha> bash tools/device_engine_graphs.sh
-# Writes under $OUT: summary.txt, timeline.txt, results.tgz (engine_<res>/models.json and stdout).
+# Also the engine's GPU tests (a CUDA-graph run equals eager, and resumes exactly) beside the warm-up.
+# Writes under $OUT: summary.txt, timeline.txt, results.tgz (engine_<res>/models.json and stdout, gpu_tests.txt).
 source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
 MODELS="hdla_tiny deit_tiny_patch16_224"
+(timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_training_compile.py > "$OUT/gpu_tests.txt" 2>&1
+ stamp "engine CUDA-graph tests done (rc $?)") &
 for model in $MODELS; do
   for res in 224 1024 2048; do
     (timeout 220 nice -n 10 python3 -m benchmarks.models --models $model --resolutions $res --modes train \
@@ -24,7 +27,7 @@ for res in 224 1024 2048; do
   stamp "engine $res done (rc $?)"
 done
 rm -rf "$OUT"/warm_*
-{ cat "$OUT/timeline.txt"; python3 - "$OUT" <<'PY'
+{ cat "$OUT/timeline.txt"; tail -n 3 "$OUT/gpu_tests.txt"; python3 - "$OUT" <<'PY'
 import glob, json, sys
 for path in sorted(glob.glob(f"{sys.argv[1]}/engine_*/models.json")):
     for row in json.load(open(path)).get("engine", []):
