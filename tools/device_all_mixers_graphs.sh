@@ -1,9 +1,9 @@
 #!/bin/bash
 # Device call (one H100 or H200, < 580 s): issue 12's benchmark table under CUDA graphs: hdla_tiny, gla_tiny,
 # gdn_tiny and kda_tiny against deit_tiny, training and inference, eager and torch.compile(mode="reduce-overhead")
-# (train.compile_mode=reduce-overhead), at the resolutions in $RESOLUTIONS (default 224; about 400 s a resolution, so one call each:
-# 224, 512, 1024, 2048 complete the table), plus the per-block profile at the first resolution. Inductor's
-# caches are warmed first by one process per (model, resolution) side by side (compilation is CPU-bound).
+# (train.compile_mode=reduce-overhead), at the resolutions in $RESOLUTIONS (default 224; about 400 s a resolution,
+# so one call each: 224, 512, 1024, 2048 complete the table), plus the per-block profile at the first resolution.
+# Inductor's caches are warmed first by one process per (model, resolution) side by side (compilation is CPU-bound).
 # Usage on the device, repository root, carrying .whl:
 #   COMMIT=<sha> RESOLUTIONS=224 bash tools/device_all_mixers_graphs.sh
 # Writes under $OUT: summary.txt, timeline.txt, results.tgz (models.json, models.txt).
