@@ -46,6 +46,7 @@ import hdla_vision  # noqa: F401  registers hdla_tiny
 from benchmarks.timing import profile_steps
 from hdla_vision.kernels.utils import kernel_family
 from hdla_vision.layers.mixer import activation_recompute, set_activation_recompute
+from hdla_vision.training.config import COMPILE_MODES, CUDA_GRAPH_MODES  # train.compile_mode's values
 from tools.provenance import provenance
 
 MODELS = ("hdla_tiny", "deit_tiny_patch16_224")
@@ -53,8 +54,6 @@ BASELINE = "deit_tiny_patch16_224"
 RESOLUTIONS = (224, 512, 1024, 2048)
 BATCH_SIZES = {224: 256, 512: 64, 1024: 16, 2048: 2}
 EAGER = "eager"
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the torch.compile modes that capture CUDA graphs
 
 
 def build(name: str, device: torch.device) -> torch.nn.Module:
