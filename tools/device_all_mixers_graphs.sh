@@ -10,13 +10,7 @@
 source tools/device_setup.sh
 stamp "start ${COMMIT:-?} resolutions ${RESOLUTIONS:=224}"
 MODELS="hdla_tiny gla_tiny gdn_tiny kda_tiny deit_tiny_patch16_224"
-for model in $MODELS; do
-  for res in $RESOLUTIONS; do
-    (timeout 240 nice -n 10 python3 -m benchmarks.models --models $model --resolutions $res --cuda-graphs \
-       --warmup-ms 1 --rep-ms 1 --out "$OUT/warm_${model}_$res" > /dev/null 2>&1
-     stamp "warm $model $res done (rc $?)") &
-  done
-done
+warm_models 240 "$MODELS" "$RESOLUTIONS" --cuda-graphs
 wait
 first=${RESOLUTIONS%% *}
 # shellcheck disable=SC2086

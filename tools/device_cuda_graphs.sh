@@ -9,13 +9,7 @@ source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
 MODELS="hdla_tiny deit_tiny_patch16_224"
 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_training_compile.py > "$OUT/gpu_tests.txt" 2>&1 &
-for model in $MODELS; do
-  for res in 224 1024 2048; do
-    (timeout 200 nice -n 10 python3 -m benchmarks.models --models $model --resolutions $res --cuda-graphs --no-eager \
-       --warmup-ms 1 --rep-ms 1 --out "$OUT/warm_${model}_$res" > "$OUT/warm_${model}_$res.txt" 2>&1
-     stamp "warm $model $res done (rc $?)") &
-  done
-done
+warm_models 200 "$MODELS" "224 1024 2048" --cuda-graphs --no-eager
 wait
 stamp "warm-up and tests done"
 timeout 280 python3 -m benchmarks.models --models $MODELS --resolutions 224 1024 2048 --cuda-graphs \

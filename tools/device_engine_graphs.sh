@@ -12,13 +12,7 @@ stamp "start ${COMMIT:-?}"
 MODELS="hdla_tiny deit_tiny_patch16_224"
 (timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_training_compile.py > "$OUT/gpu_tests.txt" 2>&1
  stamp "engine CUDA-graph tests done (rc $?)") &
-for model in $MODELS; do
-  for res in 224 1024 2048; do
-    (timeout 220 nice -n 10 python3 -m benchmarks.models --models $model --resolutions $res --modes train \
-       --cuda-graphs --engine --warmup-ms 1 --rep-ms 1 --out "$OUT/warm_${model}_$res" > /dev/null 2>&1
-     stamp "warm $model $res done (rc $?)") &
-  done
-done
+warm_models 220 "$MODELS" "224 1024 2048" --modes train --cuda-graphs --engine
 wait
 for res in 224 1024 2048; do
   mkdir -p "$OUT/engine_$res"

@@ -22,3 +22,17 @@ pack() {
     && find . -maxdepth 1 -type f ! -name results.tgz ! -name summary.txt ! -name timeline.txt -delete \
     && find . -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +)
 }
+# warm_models SECONDS "MODELS" "RESOLUTIONS" [benchmarks.models flags ...]: in the background, one benchmarks.models
+# process per (model, resolution) with 1 ms timings, so that its compilations (Triton, inductor) fill the caches side
+# by side (compiling is CPU-bound) before a timed run; then `wait` for them and `rm -rf "$OUT"/warm_*`.
+warm_models() {
+  local limit=$1 models=$2 resolutions=$3 model res
+  shift 3
+  for model in $models; do
+    for res in $resolutions; do
+      (timeout "$limit" nice -n 10 python3 -m benchmarks.models --models "$model" --resolutions "$res" "$@" \
+         --warmup-ms 1 --rep-ms 1 --out "$OUT/warm_${model}_$res" > "$OUT/warm_${model}_$res.txt" 2>&1
+       stamp "warm $model $res done (rc $?)") &
+    done
+  done
+}
