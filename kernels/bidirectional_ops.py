@@ -1,8 +1,8 @@
 """The bidirectional ops as ``torch.library`` custom ops (kernels/README.md §9): the vision mixers'
 forward scan, reversed scan and own-write correction in one opaque node under ``torch.compile``.
 
-    hdla_vision::chunk_hdla_bidirectional(q, k, v, beta, g, scale, initial_state, output_final_state)
-    hdla_vision::chunk_generalized_bidirectional(q, k, v, a, b, g, scale, initial_state, output_final_state)
+    hdla_vision::chunk_hdla_bidirectional(q, k, v, beta, g, scale, initial_state, output_final_state, path)
+    hdla_vision::chunk_generalized_bidirectional(q, k, v, a, b, g, scale, initial_state, output_final_state, path)
         -> (y [B, T, H, V], state, x)
     hdla_vision::fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale, initial_state) -> (y, states)
         (inference only: HDLA's token recurrence both ways, kernels/README.md §11)
@@ -38,7 +38,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .custom_ops import (FORM, NAMESPACE, _contiguous, _cotangents, _dh0_or_empty, _empty, _fake_outputs,
+from .custom_ops import (AUTO, FORM, NAMESPACE, _contiguous, _cotangents, _dh0_or_empty, _empty, _fake_outputs,
                          _generalized_path, _hdla_path, _state_dtype, run_generalized, run_generalized_backward,
                          run_hdla, run_hdla_backward)
 from .utils import check_log_decay, use_triton
@@ -162,13 +162,13 @@ def _minus(x: Tensor, correction: Tensor) -> Tensor:
 
 
 def _setup_context(ctx, inputs, output):
-    """Save the inputs, the state and x; keep scale and output_final_state."""
-    *tensors, scale, initial_state, output_final_state = inputs
+    """Save the inputs, the state and x; keep scale, output_final_state and the path."""
+    *tensors, scale, initial_state, output_final_state, path = inputs
     _, state, x = output
     ctx.mark_non_differentiable(x)
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(*tensors, initial_state, x, state)
-    ctx.scale, ctx.output_final_state = scale, output_final_state
+    ctx.scale, ctx.output_final_state, ctx.path = scale, output_final_state, path
 
 
 # ----------------------------------------------------------------------------- HDLA
@@ -187,31 +187,33 @@ def _fused_hdla(q, k, v, beta, g, scale, initial_state, output_final_state):
 @torch.library.custom_op(f"{NAMESPACE}::chunk_hdla_bidirectional", mutates_args=())
 def chunk_hdla_bidirectional_op(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
-    output_final_state: bool,
+    output_final_state: bool, path: str = AUTO,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The bidirectional HDLA op on checked inputs (``ops.chunk_hdla_bidirectional``): ``(y, state, x)``,
-    see the module docstring."""
+    see the module docstring; ``path`` as ``custom_ops.chunk_hdla_op``'s."""
+    path = _hdla_path(q, path)
     check_log_decay(g)
-    if _hdla_path(q) == FUSED:
+    if path == FUSED:
         return _fused_hdla(q, k, v, beta, g, scale, initial_state, output_final_state)
-    parts = [run_hdla(q, k, v, beta[d], g[d], scale, direction(initial_state, d), output_final_state, d == 1)
+    parts = [run_hdla(q, k, v, beta[d], g[d], scale, direction(initial_state, d), output_final_state, d == 1, path)
              for d in (0, 1)]
     return _combine(q, k.unsqueeze(-2), v.unsqueeze(-2), scale, parts, output_final_state)
 
 
 @chunk_hdla_bidirectional_op.register_fake
-def _(q, k, v, beta, g, scale, initial_state, output_final_state):
-    return _fake_bidirectional(q, v, output_final_state, _hdla_path(q), 2, 1, hdla=True)
+def _(q, k, v, beta, g, scale, initial_state, output_final_state, path=AUTO):
+    return _fake_bidirectional(q, v, output_final_state, _hdla_path(q, path), 2, 1, hdla=True)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::chunk_hdla_bidirectional_backward", mutates_args=())
 def chunk_hdla_bidirectional_backward_op(
     dy: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor,
-    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float,
+    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, path: str = AUTO,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dbeta, dg, dh0)`` in the inputs' dtypes and shapes; dh0 empty without an initial
-    state; ``dht`` the final states' cotangent ``[2, B, H, K, V]`` or None."""
-    if _hdla_path(q) == FUSED:
+    state; ``dht`` the final states' cotangent ``[2, B, H, K, V]`` or None; ``path`` the forward's."""
+    path = _hdla_path(q, path)
+    if path == FUSED:
         from .generalized import bwd
 
         q, k, v, beta, g = (t.contiguous() for t in (q, k, v, beta, g))
@@ -221,7 +223,7 @@ def chunk_hdla_bidirectional_backward_op(
         dh0 = None if dh0 is None else dh0.view(initial_state.shape)
         return _contiguous(*grads, dbeta, dg, _dh0_or_empty(dh0, initial_state, q))
     per = [run_hdla_backward(dy, direction(dht, d), q, k, v, beta[d], g[d], direction(initial_state, d), x[d],
-                             _state_of(state, d), scale, d == 1) for d in (0, 1)]
+                             _state_of(state, d), scale, d == 1, path) for d in (0, 1)]
     dq, dk, dv = _combine_grads(dy, q, k.unsqueeze(-2), v.unsqueeze(-2), scale,
                                 *((p[0], p[1].unsqueeze(-2), p[2].unsqueeze(-2)) for p in per))
     dbeta, dg = torch.stack([p[3] for p in per]), torch.stack([p[4] for p in per])
@@ -230,7 +232,7 @@ def chunk_hdla_bidirectional_backward_op(
 
 
 @chunk_hdla_bidirectional_backward_op.register_fake
-def _(dy, dht, q, k, v, beta, g, initial_state, x, state, scale):
+def _(dy, dht, q, k, v, beta, g, initial_state, x, state, scale, path=AUTO):
     return _fake_grads((q, k, v, beta, g), initial_state, q)
 
 
@@ -239,8 +241,8 @@ def _hdla_bidirectional_backward(ctx, dy, dstate, dx):
         return (None,) * 8
     q, k, v, beta, g, h0, x, state = ctx.saved_tensors
     dy, dht = _cotangents(ctx, q, v, dy, dstate)
-    *grads, dh0 = chunk_hdla_bidirectional_backward_op(dy, dht, q, k, v, beta, g, h0, x, state, ctx.scale)
-    return (*grads, None, None if h0 is None else dh0, None)
+    *grads, dh0 = chunk_hdla_bidirectional_backward_op(dy, dht, q, k, v, beta, g, h0, x, state, ctx.scale, ctx.path)
+    return (*grads, None, None if h0 is None else dh0, None, None)
 
 
 chunk_hdla_bidirectional_op.register_autograd(_hdla_bidirectional_backward, setup_context=_setup_context)
@@ -332,43 +334,52 @@ def _fused_generalized(q, k, v, a, b, g, scale, initial_state, output_final_stat
     return _contiguous(y, state, h.view(2, q.shape[0], *h.shape[1:]))
 
 
+def generalized_bidirectional_path(q: Tensor, k: Tensor, a: Tensor, g: Tensor) -> str:
+    """The path the bidirectional generalized op takes for these inputs under the kernel setting
+    (``custom_ops._path``; k, a shared or stacked, g ``[2, B, T, H(, K)]``)."""
+    ks, as_ = (x[0] if per_direction(x, 5) else x for x in (k, a))
+    return _generalized_path(q, ks, as_, g.dim() == 4)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_bidirectional", mutates_args=())
 def chunk_generalized_bidirectional_op(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor, scale: float, initial_state: Optional[Tensor],
-    output_final_state: bool,
+    output_final_state: bool, path: str = AUTO,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The bidirectional generalized op on checked inputs (``ops.chunk_generalized_bidirectional``):
-    ``(y, state, x)``, see the module docstring."""
-    check_log_decay(g)
+    ``(y, state, x)``, see the module docstring; ``path`` as ``custom_ops.chunk_generalized_op``'s."""
     stacked = stacked_inputs(k, v, a, b)
     ks, vs, as_, bs = (x[0] if stacked[n] else x for n, x in dict(k=k, v=v, a=a, b=b).items())
-    if _generalized_path(q, ks, as_, g.dim() == 4) == FUSED:
+    path = _generalized_path(q, ks, as_, g.dim() == 4, path)
+    check_log_decay(g)
+    if path == FUSED:
         return _fused_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state)
     parts = [run_generalized(q, direction(k, d, stacked["k"]), direction(v, d, stacked["v"]),
                              direction(a, d, stacked["a"]), direction(b, d, stacked["b"]), g[d], scale,
-                             direction(initial_state, d), output_final_state, d == 1) for d in (0, 1)]
+                             direction(initial_state, d), output_final_state, d == 1, path) for d in (0, 1)]
     return _combine(q, direction(k, 1, stacked["k"]), direction(v, 1, stacked["v"]), scale, parts, output_final_state)
 
 
 @chunk_generalized_bidirectional_op.register_fake
-def _(q, k, v, a, b, g, scale, initial_state, output_final_state):
+def _(q, k, v, a, b, g, scale, initial_state, output_final_state, path=AUTO):
     ks, as_ = k[0] if per_direction(k, 5) else k, a[0] if per_direction(a, 5) else a
-    path = _generalized_path(q, ks, as_, g.dim() == 4)
-    return _fake_bidirectional(q, v, output_final_state, path, as_.shape[-2], ks.shape[-2],
-                               scalar=g.dim() == 4)
+    path = _generalized_path(q, ks, as_, g.dim() == 4, path)
+    return _fake_bidirectional(q, v, output_final_state, path, as_.shape[-2], ks.shape[-2], scalar=g.dim() == 4)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_bidirectional_backward", mutates_args=())
 def chunk_generalized_bidirectional_backward_op(
     dy: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor,
-    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float,
+    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, path: str = AUTO,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, da, db, dg, dh0)`` in the inputs' dtypes and shapes (a stacked input's gradient
-    stacked, a shared one's summed over the directions); dh0 empty without an initial state."""
+    stacked, a shared one's summed over the directions); dh0 empty without an initial state; ``path``
+    the forward's."""
     stacked = stacked_inputs(k, v, a, b)
     inputs = dict(k=k, v=v, a=a, b=b)
     ks, vs, as_, bs = (t[0] if stacked[n] else t for n, t in inputs.items())
-    if _generalized_path(q, ks, as_, g.dim() == 4) == FUSED:
+    path = _generalized_path(q, ks, as_, g.dim() == 4, path)
+    if path == FUSED:
         from .generalized import bwd
 
         q, g = q.contiguous(), g.contiguous()
@@ -381,8 +392,8 @@ def chunk_generalized_bidirectional_backward_op(
         dh0 = None if dh0 is None else dh0.view(initial_state.shape)
         return _contiguous(*grads, _dh0_or_empty(dh0, initial_state, q))
     per = [run_generalized_backward(dy, direction(dht, d), q, *(direction(t, d, stacked[n]) for n, t in inputs.items()),
-                                    g[d], direction(initial_state, d), x[d], _state_of(state, d), scale, d == 1)
-           for d in (0, 1)]
+                                    g[d], direction(initial_state, d), x[d], _state_of(state, d), scale, d == 1,
+                                    path) for d in (0, 1)]
     grads = {n: _sum_shared([p[i + 1] for p in per], stacked[n], t.dtype) for i, (n, t) in enumerate(inputs.items())
              if n in ("a", "b") or stacked["k"] or stacked["v"]}
     if stacked["k"] or stacked["v"]:
@@ -404,7 +415,7 @@ def chunk_generalized_bidirectional_backward_op(
 
 
 @chunk_generalized_bidirectional_backward_op.register_fake
-def _(dy, dht, q, k, v, a, b, g, initial_state, x, state, scale):
+def _(dy, dht, q, k, v, a, b, g, initial_state, x, state, scale, path=AUTO):
     return _fake_grads((q, k, v, a, b, g), initial_state, q)
 
 
@@ -413,8 +424,9 @@ def _generalized_bidirectional_backward(ctx, dy, dstate, dx):
         return (None,) * 9
     q, k, v, a, b, g, h0, x, state = ctx.saved_tensors
     dy, dht = _cotangents(ctx, q, v, dy, dstate)
-    *grads, dh0 = chunk_generalized_bidirectional_backward_op(dy, dht, q, k, v, a, b, g, h0, x, state, ctx.scale)
-    return (*grads, None, None if h0 is None else dh0, None)
+    *grads, dh0 = chunk_generalized_bidirectional_backward_op(dy, dht, q, k, v, a, b, g, h0, x, state, ctx.scale,
+                                                              ctx.path)
+    return (*grads, None, None if h0 is None else dh0, None, None)
 
 
 chunk_generalized_bidirectional_op.register_autograd(_generalized_bidirectional_backward,

@@ -1,7 +1,7 @@
 """The chunk ops as ``torch.library`` custom ops: one opaque node each under ``torch.compile``.
 
-    hdla_vision::chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
-    hdla_vision::chunk_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
+    hdla_vision::chunk_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse, path)
+    hdla_vision::chunk_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse, path)
         -> (o [B, T, H, V], state, x)
     hdla_vision::fused_recurrent_hdla(q, k, v, beta, g, scale, initial_state, reverse=False) -> (o, new_state)
     hdla_vision::fused_recurrent_generalized(q, k, v, a, b, g, scale, initial_state) -> (o, new_state)
@@ -24,8 +24,9 @@ or, on the PyTorch chunk form, autograd through the chunk form recomputed from t
 same autograd graph as differentiating the chunk form directly, so the gradients are those of the
 eager chunk form, at the cost of a second forward in the backward.
 
-The path is chosen inside the ops: the Triton kernels where ``utils.use_triton`` says so, of the
-family ``utils.kernel_family`` names (env ``HDLA_VISION_KERNELS`` = ``auto``, the default: chunk64 from
+``path`` (:data:`PATHS`) is where the op runs. The public functions (``ops.py``) pick it and pass it,
+a constant of a compiled graph; ``auto`` (the default) lets the op pick by the same rule: the Triton
+kernels where ``utils.use_triton`` says so, of the family ``utils.kernel_family`` names (env ``HDLA_VISION_KERNELS`` = ``auto``, the default: chunk64 from
 ``utils.CHUNK64_MIN_TOKENS`` tokens on, chunk16 below; or ``chunk16`` / ``chunk64``), else the PyTorch
 chunk form. chunk16 cannot run the ranks ``utils.triton_supports_ranks`` excludes; chunk64 runs r_ab
 0..4, r_kv 1..4 at every head dim (``utils.chunk64_supports_ranks``) but not float64 inputs (its
@@ -56,6 +57,12 @@ NAMESPACE = "hdla_vision"
 
 # ----------------------------------------------------------------------------- helpers
 FORM = "form"  # the PyTorch chunk form
+PATHS = ("chunk16", "chunk64", FORM)
+# The chunk ops' ``path`` argument: ``auto`` lets the op pick (:func:`_path`); the public functions (ops.py) pass
+# the path they picked, so that it is a constant of a compiled graph. The fake implementations give the stored
+# tensors' shapes of that path; a path picked inside the op would leave the graph the same under every
+# HDLA_VISION_KERNELS, and inductor's cache would hand a graph compiled for one family's shapes to another.
+AUTO = "auto"
 
 
 def _runs_on(family: str, q: Tensor, r_kv: int, r_ab: int, hdla: bool) -> bool:
@@ -86,14 +93,28 @@ def _path(q: Tensor, r_kv: int, r_ab: int, hdla: bool = False, per_head_decay: b
     return next((family for family in order if _runs_on(family, q, r_kv, r_ab, hdla)), FORM)
 
 
-def _generalized_path(q: Tensor, k: Tensor, a: Tensor, per_head_decay: bool) -> str:
-    """Where the generalized op runs (:func:`_path`); ``per_head_decay``: g holds one log-decay per head."""
-    return _path(q, k.shape[-2], a.shape[-2], per_head_decay=per_head_decay)
+def _generalized_path(q: Tensor, k: Tensor, a: Tensor, per_head_decay: bool, path: str = AUTO) -> str:
+    """Where the generalized op runs: :func:`_path` for ``path`` = auto, else ``path`` checked
+    (:func:`_checked_path`); ``per_head_decay``: g holds one log-decay per head."""
+    if path == AUTO:
+        return _path(q, k.shape[-2], a.shape[-2], per_head_decay=per_head_decay)
+    return _checked_path(path, q, k.shape[-2], a.shape[-2], hdla=False)
 
 
-def _hdla_path(q: Tensor) -> str:
-    """Where the HDLA op runs (:func:`_path`; HDLA has r_ab = 2, r_kv = 1)."""
-    return _path(q, 1, 2, hdla=True)
+def _hdla_path(q: Tensor, path: str = AUTO) -> str:
+    """Where the HDLA op runs: :func:`_path` for ``path`` = auto (HDLA has r_ab = 2, r_kv = 1), else
+    ``path`` checked (:func:`_checked_path`)."""
+    return _path(q, 1, 2, hdla=True) if path == AUTO else _checked_path(path, q, 1, 2, hdla=True)
+
+
+def _checked_path(path: str, q: Tensor, r_kv: int, r_ab: int, hdla: bool) -> str:
+    """``path`` where it names a path these inputs can run, else ValueError naming it."""
+    if path not in PATHS:
+        raise ValueError(f"path={path!r} is not a path of the chunk ops; expected one of {AUTO}, {', '.join(PATHS)}")
+    if path != FORM and not (use_triton(q) and _runs_on(path, q, r_kv, r_ab, hdla)):
+        raise ValueError(f"path={path!r} cannot run these inputs (r_kv = {r_kv}, r_ab = {r_ab}, {q.dtype} on "
+                         f"{q.device.type}); path={AUTO!r} picks one that can")
+    return path
 
 
 def _state_dtype(q: Tensor, on_triton: bool) -> torch.dtype:
@@ -183,13 +204,13 @@ def _dh0_or_empty(dh0: Optional[Tensor], initial_state: Optional[Tensor], q: Ten
 
 
 def _setup_context(ctx, inputs, output):
-    """Save the inputs, the state and x; keep scale, output_final_state and reverse."""
-    *tensors, scale, initial_state, output_final_state, reverse = inputs
+    """Save the inputs, the state and x; keep scale, output_final_state, reverse and the path."""
+    *tensors, scale, initial_state, output_final_state, reverse, path = inputs
     _, state, x = output
     ctx.mark_non_differentiable(x)
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(*tensors, initial_state, x, state)
-    ctx.scale, ctx.output_final_state, ctx.reverse = scale, output_final_state, reverse
+    ctx.scale, ctx.output_final_state, ctx.reverse, ctx.path = scale, output_final_state, reverse, path
 
 
 def _cotangents(ctx, q, v, do, dstate):
@@ -204,18 +225,18 @@ def _cotangents(ctx, q, v, do, dstate):
 @torch.library.custom_op(f"{NAMESPACE}::chunk_generalized", mutates_args=())
 def chunk_generalized_op(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor, scale: float,
-    initial_state: Optional[Tensor], output_final_state: bool, reverse: bool,
+    initial_state: Optional[Tensor], output_final_state: bool, reverse: bool, path: str = AUTO,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The generalized op on checked inputs (``ops.chunk_generalized``): ``(o, state, x)``, see the
-    module docstring."""
+    module docstring; ``path`` one of :data:`PATHS` or auto (:data:`AUTO`)."""
+    path = _generalized_path(q, k, a, g.dim() == 3, path)
     check_log_decay(g)
-    return run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse)
+    return run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse, path)
 
 
-def run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
-    """The body of :func:`chunk_generalized_op` on the path :func:`_generalized_path` picks (also one
+def run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse, path):
+    """The body of :func:`chunk_generalized_op` on ``path`` (:func:`_generalized_path`; also one
     direction of the bidirectional op's unfused path, ``bidirectional_ops.py``)."""
-    path = _generalized_path(q, k, a, g.dim() == 3)
     if path == "chunk64":
         from .generalized import fwd
 
@@ -236,8 +257,8 @@ def run_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state, 
 
 
 @chunk_generalized_op.register_fake
-def _(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
-    path = _generalized_path(q, k, a, g.dim() == 3)
+def _(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse, path=AUTO):
+    path = _generalized_path(q, k, a, g.dim() == 3, path)
     return _fake_outputs(q, v, output_final_state, path, a.shape[-2], k.shape[-2],
                          scalar=g.dim() == 3)
 
@@ -245,17 +266,17 @@ def _(q, k, v, a, b, g, scale, initial_state, output_final_state, reverse):
 @torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_backward", mutates_args=())
 def chunk_generalized_backward_op(
     do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, g: Tensor,
-    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, reverse: bool,
+    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, reverse: bool, path: str = AUTO,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, da, db, dg, dh0)`` in the inputs' dtypes and shapes (dg in g's shape); dh0 is
-    empty without an initial state. ``dht`` is the final state's cotangent or None."""
-    return run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse)
+    empty without an initial state. ``dht`` is the final state's cotangent or None; ``path`` the forward's."""
+    path = _generalized_path(q, k, a, g.dim() == 3, path)
+    return run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse, path)
 
 
-def run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse):
-    """The body of :func:`chunk_generalized_backward_op` (also one direction of the bidirectional op's
-    unfused path)."""
-    path = _generalized_path(q, k, a, g.dim() == 3)
+def run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse, path):
+    """The body of :func:`chunk_generalized_backward_op` on ``path`` (also one direction of the
+    bidirectional op's unfused path)."""
     if path == "chunk64":
         from .generalized import bwd
 
@@ -277,7 +298,7 @@ def run_generalized_backward(do, dht, q, k, v, a, b, g, initial_state, x, state,
 
 
 @chunk_generalized_backward_op.register_fake
-def _(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse):
+def _(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse, path=AUTO):
     return _fake_grads(q, (q, k, v, a, b, g), initial_state)
 
 
@@ -286,8 +307,9 @@ def _generalized_backward(ctx, do, dstate, dx):
         return (None,) * 10
     q, k, v, a, b, g, h0, x, state = ctx.saved_tensors
     do, dht = _cotangents(ctx, q, v, do, dstate)
-    *grads, dh0 = chunk_generalized_backward_op(do, dht, q, k, v, a, b, g, h0, x, state, ctx.scale, ctx.reverse)
-    return (*grads, None, None if h0 is None else dh0, None, None)
+    *grads, dh0 = chunk_generalized_backward_op(do, dht, q, k, v, a, b, g, h0, x, state, ctx.scale, ctx.reverse,
+                                                ctx.path)
+    return (*grads, None, None if h0 is None else dh0, None, None, None)
 
 
 chunk_generalized_op.register_autograd(_generalized_backward, setup_context=_setup_context)
@@ -303,16 +325,18 @@ def _hdla_chunk_form(q, k, v, beta, g, scale, initial_state, reverse):
 @torch.library.custom_op(f"{NAMESPACE}::chunk_hdla", mutates_args=())
 def chunk_hdla_op(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, scale: float,
-    initial_state: Optional[Tensor], output_final_state: bool, reverse: bool,
+    initial_state: Optional[Tensor], output_final_state: bool, reverse: bool, path: str = AUTO,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """The HDLA op on checked inputs (``ops.chunk_hdla``): ``(o, state, x)``, see the module docstring."""
+    """The HDLA op on checked inputs (``ops.chunk_hdla``): ``(o, state, x)``, see the module docstring;
+    ``path`` one of :data:`PATHS` or auto (:data:`AUTO`)."""
+    path = _hdla_path(q, path)
     check_log_decay(g)
-    return run_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse)
+    return run_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse, path)
 
 
-def run_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse):
-    """The body of :func:`chunk_hdla_op` (also one direction of the bidirectional op's unfused path)."""
-    path = _hdla_path(q)
+def run_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse, path):
+    """The body of :func:`chunk_hdla_op` on ``path`` (also one direction of the bidirectional op's unfused
+    path)."""
     if path == "chunk64":
         from .generalized import fwd
 
@@ -328,22 +352,23 @@ def run_hdla(q, k, v, beta, g, scale, initial_state, output_final_state, reverse
 
 
 @chunk_hdla_op.register_fake
-def _(q, k, v, beta, g, scale, initial_state, output_final_state, reverse):
-    return _fake_outputs(q, v, output_final_state, _hdla_path(q), 2, 1, hdla=True)
+def _(q, k, v, beta, g, scale, initial_state, output_final_state, reverse, path=AUTO):
+    return _fake_outputs(q, v, output_final_state, _hdla_path(q, path), 2, 1, hdla=True)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::chunk_hdla_backward", mutates_args=())
 def chunk_hdla_backward_op(
     do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor,
-    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, reverse: bool,
+    initial_state: Optional[Tensor], x: Tensor, state: Tensor, scale: float, reverse: bool, path: str = AUTO,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv, dbeta, dg, dh0)`` in the inputs' dtypes; dh0 is empty without an initial state."""
-    return run_hdla_backward(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse)
+    """``(dq, dk, dv, dbeta, dg, dh0)`` in the inputs' dtypes; dh0 is empty without an initial state;
+    ``path`` the forward's."""
+    return run_hdla_backward(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse, _hdla_path(q, path))
 
 
-def run_hdla_backward(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse):
-    """The body of :func:`chunk_hdla_backward_op` (also one direction of the bidirectional op's unfused path)."""
-    path = _hdla_path(q)
+def run_hdla_backward(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse, path):
+    """The body of :func:`chunk_hdla_backward_op` on ``path`` (also one direction of the bidirectional op's
+    unfused path)."""
     if path == "chunk64":
         from .generalized import bwd
 
@@ -364,7 +389,7 @@ def run_hdla_backward(do, dht, q, k, v, beta, g, initial_state, x, state, scale,
 
 
 @chunk_hdla_backward_op.register_fake
-def _(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse):
+def _(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse, path=AUTO):
     return _fake_grads(q, (q, k, v, beta, g), initial_state)
 
 
@@ -373,8 +398,8 @@ def _hdla_backward(ctx, do, dstate, dx):
         return (None,) * 9
     q, k, v, beta, g, h0, x, state = ctx.saved_tensors
     do, dht = _cotangents(ctx, q, v, do, dstate)
-    *grads, dh0 = chunk_hdla_backward_op(do, dht, q, k, v, beta, g, h0, x, state, ctx.scale, ctx.reverse)
-    return (*grads, None, None if h0 is None else dh0, None, None)
+    *grads, dh0 = chunk_hdla_backward_op(do, dht, q, k, v, beta, g, h0, x, state, ctx.scale, ctx.reverse, ctx.path)
+    return (*grads, None, None if h0 is None else dh0, None, None, None)
 
 
 chunk_hdla_op.register_autograd(_hdla_backward, setup_context=_setup_context)

@@ -1,9 +1,10 @@
 """Public ops: validate inputs, then call the custom ops of ``custom_ops.py`` (one opaque node
 each under ``torch.compile``), which run the Triton kernels (CUDA tensors, or any tensor under
-``TRITON_INTERPRET=1``) of the family ``HDLA_VISION_KERNELS`` selects (``chunk16``, the default, or
-``chunk64``: kernels/README.md §8) or the vectorised PyTorch chunk form (CPU tensors, and what the
+``TRITON_INTERPRET=1``) of the family ``HDLA_VISION_KERNELS`` selects (``auto``, the default, ``chunk16``
+or ``chunk64``: kernels/README.md §8) or the vectorised PyTorch chunk form (CPU tensors, and what the
 family does not cover: ``utils.triton_supports_ranks`` for chunk16, ranks above 4 and float64 for
-chunk64).
+chunk64). The path is picked here and passed to the custom op, so a compiled graph holds it as a
+constant (and inductor's cache tells graphs of different families apart).
 
 Under ONNX export (``torch.onnx.export``, both the dynamo exporter and the legacy TorchScript one
 set ``torch.onnx.is_in_onnx_export()``) the custom ops, which ONNX cannot know, are not called:
@@ -17,8 +18,9 @@ from typing import Optional, Tuple
 import torch
 
 from .bidirectional_ops import (chunk_generalized_bidirectional_op, chunk_hdla_bidirectional_op, direction,
-                                fused_recurrent_hdla_bidirectional_op, own_write, per_direction)
-from .custom_ops import chunk_generalized_op, chunk_hdla_op, fused_recurrent_hdla_op
+                                fused_recurrent_hdla_bidirectional_op, generalized_bidirectional_path, own_write,
+                                per_direction)
+from .custom_ops import _generalized_path, _hdla_path, chunk_generalized_op, chunk_hdla_op, fused_recurrent_hdla_op
 from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
 from .utils import (MAX_GRID_BATCH_HEADS, batch_slices, check_generalized_bidirectional_inputs,
@@ -100,7 +102,8 @@ def chunk_generalized(
         o, state = exportable_generalized(q, k, v, a, b, g, _scale(scale), initial_state, reverse)
         return o, _final(state, q, output_final_state)
     def op(q, k, v, a, b, g, initial_state):
-        return chunk_generalized_op(q, k, v, a, b, g, _scale(scale), initial_state, output_final_state, reverse)[:2]
+        return chunk_generalized_op(q, k, v, a, b, g, _scale(scale), initial_state, output_final_state, reverse,
+                                    _generalized_path(q, k, a, g.dim() == 3))[:2]
 
     o, state = per_batch_slice(op, dict(q=q, k=k, v=v, a=a, b=b, g=g, initial_state=initial_state), q.shape[2])
     return o, _final(state, q, output_final_state)
@@ -137,7 +140,8 @@ def chunk_hdla(
     def op(q, k, v, beta, g, initial_state):
         if recurrent:
             return fused_recurrent_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, reverse)
-        return chunk_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse)[:2]
+        return chunk_hdla_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse,
+                             _hdla_path(q))[:2]
 
     o, state = per_batch_slice(op, dict(q=q, k=k, v=v, beta=beta, g=g, initial_state=initial_state), q.shape[2])
     return o, _final(state, q, output_final_state)
@@ -205,7 +209,8 @@ def chunk_hdla_bidirectional(
     def op(q, k, v, beta, g, initial_state):
         if recurrent:
             return fused_recurrent_hdla_bidirectional_op(q, k, v, beta, g, _scale(scale), initial_state)
-        return chunk_hdla_bidirectional_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state)[:2]
+        return chunk_hdla_bidirectional_op(q, k, v, beta, g, _scale(scale), initial_state, output_final_state,
+                                           _hdla_path(q))[:2]
 
     y, state = _per_batch_slice_directions(op, dict(q=q, k=k, v=v), dict(beta=beta, g=g, initial_state=initial_state),
                                            q.shape[2])
@@ -255,8 +260,8 @@ def chunk_generalized_bidirectional(
         return y, _final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
 
     def op(q, k, v, a, b, g, initial_state):
-        return chunk_generalized_bidirectional_op(q, k, v, a, b, g, _scale(scale), initial_state,
-                                                  output_final_state)[:2]
+        return chunk_generalized_bidirectional_op(q, k, v, a, b, g, _scale(scale), initial_state, output_final_state,
+                                                  generalized_bidirectional_path(q, k, a, g))[:2]
 
     shared = dict(q=q)
     stacked = dict(g=g, initial_state=initial_state)

@@ -5,7 +5,8 @@ own opcheck is in tests/ops/):
   eager, forward and gradients;
 * the ops are single opaque nodes: no graph break, one node for the mixer's two scans in the forward
   and in the backward graph (the bidirectional op), and a graph whose size does not grow with the
-  sequence (the chunk loop is not unrolled into it).
+  sequence (the chunk loop is not unrolled into it);
+* the path each op takes is a constant of the graph (the kernel family set when it was traced).
 """
 import pytest
 import timm
@@ -40,6 +41,8 @@ def _graph_sizes(seq_len: int):
     assert len(capture.dynamo) == len(capture.forward) == len(capture.backward) == 1
     assert count_nodes(capture.forward, OPS.chunk_hdla_bidirectional.default) == 1  # both scan directions
     assert count_nodes(capture.backward, OPS.chunk_hdla_bidirectional_backward.default) == 1
+    assert _path_args(capture.forward, OPS.chunk_hdla_bidirectional.default) == ["form"]  # CPU: the chunk form
+    assert _path_args(capture.backward, OPS.chunk_hdla_bidirectional_backward.default) == ["form"]
     return tuple(len(gm.graph.nodes) for gm in (capture.dynamo[0], capture.forward[0], capture.backward[0]))
 
 
@@ -48,6 +51,59 @@ def test_ops_are_single_nodes_and_the_chunk_loop_is_not_unrolled():
     in the backward graph, and the same graphs at T = 20 (2 chunks of 16) and T = 150 (10 chunks)."""
     short, long = _graph_sizes(20), _graph_sizes(150)
     assert short == long and short[1] < 150, (short, long)
+
+
+def _path_args(graphs, op) -> list:
+    """The ``path`` argument (the last) of each node of ``graphs`` that calls ``op``."""
+    return [node.args[-1] for gm in graphs for node in gm.graph.nodes if node.target == op]
+
+
+def _fake_graph(fn, *inputs):
+    """``fn`` traced with fake tensors (no kernel runs) into an FX graph of aten and custom ops."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake")(*inputs)
+
+
+def _hdla_inputs(batch=1, seq_len=20, heads=1, dk=16, dirs=None):
+    lead = () if dirs is None else (dirs,)
+    q, v = torch.randn(batch, seq_len, heads, dk), torch.randn(batch, seq_len, heads, dk)
+    k = torch.nn.functional.normalize(torch.randn(batch, seq_len, heads, dk), dim=-1)
+    return q, k, v, torch.rand(*lead, batch, seq_len, heads), -torch.rand(*lead, batch, seq_len, heads, dk)
+
+
+@pytest.mark.parametrize("family", ["chunk16", "chunk64"])
+def test_graph_holds_the_kernel_family_as_a_constant(monkeypatch, family):
+    """The public ops pick the path and pass it to the custom op, so that a graph traced under one
+    HDLA_VISION_KERNELS differs from one traced under another, and the fake x has that family's shape.
+    With the path picked inside the op, inductor's cache handed a graph compiled under chunk16 (x [2, B, T,
+    H, 2, V]) to a process running chunk64 (h [2, B, H, NT, K, V]), which failed its stride assertion
+    (H200, 2026-11-28, benchmarks/results/NOTES.md)."""
+    from hdla_vision import kernels
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors on the Triton path (nothing runs: fake tensors)
+    monkeypatch.setenv("HDLA_VISION_KERNELS", family)
+    single = _fake_graph(lambda *x: kernels.chunk_hdla(*x)[0], *_hdla_inputs())
+    both = _fake_graph(lambda *x: kernels.chunk_hdla_bidirectional(*x)[0], *_hdla_inputs(dirs=2))
+    q, k, v, beta, g = _hdla_inputs()
+    ks, vs, a = k.unsqueeze(-2), v.unsqueeze(-2), torch.randn(1, 20, 1, 1, 16)
+    general = _fake_graph(lambda *x: kernels.chunk_generalized(*x)[0], q, ks, vs, a, a, g[..., 0])
+    assert _path_args([single], OPS.chunk_hdla.default) == [family]
+    assert _path_args([both], OPS.chunk_hdla_bidirectional.default) == [family]
+    assert _path_args([general], OPS.chunk_generalized.default) == [family]
+    x = [n for n in both.graph.nodes if n.target == OPS.chunk_hdla_bidirectional.default][0].meta["val"][2]
+    assert x.shape == ((2, 1, 20, 1, 2, 16) if family == "chunk16" else (2, 1, 1, 1, 16, 16))
+
+
+def test_a_path_the_inputs_cannot_take_is_refused():
+    q, k, v, beta, g = _hdla_inputs()
+    with pytest.raises(ValueError, match="path='chunk32' is not a path"):
+        OPS.chunk_hdla(q, k, v, beta, g, 1.0, None, False, False, "chunk32")
+    with pytest.raises(ValueError, match="path='chunk64' cannot run"):  # CPU tensors, no interpreter
+        OPS.chunk_hdla_bidirectional(q, k, v, torch.stack([beta] * 2), torch.stack([g] * 2), 1.0, None, False,
+                                     "chunk64")
+    o, _, _ = OPS.chunk_hdla(q, k, v, beta, g, 1.0, None, False, False, "form")
+    torch.testing.assert_close(o, OPS.chunk_hdla(q, k, v, beta, g, 1.0, None, False, False)[0])
 
 
 def _assert_compiled_equals_eager(module, inputs, rtol=1e-5, atol=1e-5):
