@@ -23,7 +23,7 @@ states ``[2, B, H, K, V]`` in the accumulation dtype when ``output_final_state``
 ``x`` (not differentiable): on the fused path the chunk64 states ``h [2, B, H, NT, K, V]``, else the
 two single-direction ops' ``x`` stacked (``[2, 0]`` on the PyTorch chunk form).
 
-Paths. Where the single-direction op would run the chunk64 kernels (``custom_ops._generalized_path``,
+Paths. Where the op's path is chunk64 (``custom_ops._generalized_path`` with ``bidirectional``,
 ``_hdla_path``), the fused path: every kernel launch covers both directions (a direction axis folded
 into the batch-head grid axis, generalized/directions.py), the output kernel writes y once with the
 correction, the backward reads dy once per direction and sums the shared inputs' gradients from
@@ -338,7 +338,7 @@ def generalized_bidirectional_path(q: Tensor, k: Tensor, a: Tensor, g: Tensor) -
     """The path the bidirectional generalized op takes for these inputs under the kernel setting
     (``custom_ops._path``; k, a shared or stacked, g ``[2, B, T, H(, K)]``)."""
     ks, as_ = (x[0] if per_direction(x, 5) else x for x in (k, a))
-    return _generalized_path(q, ks, as_, g.dim() == 4)
+    return _generalized_path(q, ks, as_, g.dim() == 4, bidirectional=True)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_bidirectional", mutates_args=())
@@ -350,7 +350,7 @@ def chunk_generalized_bidirectional_op(
     ``(y, state, x)``, see the module docstring; ``path`` as ``custom_ops.chunk_generalized_op``'s."""
     stacked = stacked_inputs(k, v, a, b)
     ks, vs, as_, bs = (x[0] if stacked[n] else x for n, x in dict(k=k, v=v, a=a, b=b).items())
-    path = _generalized_path(q, ks, as_, g.dim() == 4, path)
+    path = _generalized_path(q, ks, as_, g.dim() == 4, path, bidirectional=True)
     check_log_decay(g)
     if path == FUSED:
         return _fused_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state)
@@ -363,7 +363,7 @@ def chunk_generalized_bidirectional_op(
 @chunk_generalized_bidirectional_op.register_fake
 def _(q, k, v, a, b, g, scale, initial_state, output_final_state, path=AUTO):
     ks, as_ = k[0] if per_direction(k, 5) else k, a[0] if per_direction(a, 5) else a
-    path = _generalized_path(q, ks, as_, g.dim() == 4, path)
+    path = _generalized_path(q, ks, as_, g.dim() == 4, path, bidirectional=True)
     return _fake_bidirectional(q, v, output_final_state, path, as_.shape[-2], ks.shape[-2], scalar=g.dim() == 4)
 
 
@@ -378,7 +378,7 @@ def chunk_generalized_bidirectional_backward_op(
     stacked = stacked_inputs(k, v, a, b)
     inputs = dict(k=k, v=v, a=a, b=b)
     ks, vs, as_, bs = (t[0] if stacked[n] else t for n, t in inputs.items())
-    path = _generalized_path(q, ks, as_, g.dim() == 4, path)
+    path = _generalized_path(q, ks, as_, g.dim() == 4, path, bidirectional=True)
     if path == FUSED:
         from .generalized import bwd
 

@@ -26,9 +26,9 @@ eager chunk form, at the cost of a second forward in the backward.
 
 ``path`` (:data:`PATHS`) is where the op runs. The public functions (``ops.py``) pick it and pass it,
 a constant of a compiled graph; ``auto`` (the default) lets the op pick by the same rule: the Triton
-kernels where ``utils.use_triton`` says so, of the family ``utils.kernel_family`` names (env ``HDLA_VISION_KERNELS`` = ``auto``, the default: chunk64 from
-``utils.CHUNK64_MIN_TOKENS`` tokens on, chunk16 below; or ``chunk16`` / ``chunk64``), else the PyTorch
-chunk form. chunk16 cannot run the ranks ``utils.triton_supports_ranks`` excludes; chunk64 runs r_ab
+kernels where ``utils.use_triton`` says so, of the family ``utils.kernel_family`` names (env
+``HDLA_VISION_KERNELS`` = ``auto``, the default, :func:`_path`: chunk64 from ``utils.CHUNK64_MIN_TOKENS``
+tokens on, chunk16 below, with exceptions; or ``chunk16`` / ``chunk64``), else the PyTorch chunk form. chunk16 cannot run the ranks ``utils.triton_supports_ranks`` excludes; chunk64 runs r_ab
 0..4, r_kv 1..4 at every head dim (``utils.chunk64_supports_ranks``) but not float64 inputs (its
 kernels run fp32/bf16/fp16); ``auto`` then takes the other family, a named family the chunk form.
 The shape, dtype and device checks stay in the public functions, before the op is called; the value
@@ -72,32 +72,37 @@ def _runs_on(family: str, q: Tensor, r_kv: int, r_ab: int, hdla: bool) -> bool:
     return hdla or triton_supports_ranks(q.shape[-1], r_kv, r_ab)
 
 
-def _path(q: Tensor, r_kv: int, r_ab: int, hdla: bool = False, per_head_decay: bool = False) -> str:
+def _path(q: Tensor, r_kv: int, r_ab: int, hdla: bool = False, per_head_decay: bool = False,
+          bidirectional: bool = False) -> str:
     """Where an op runs: ``"chunk16"`` / ``"chunk64"`` (that Triton family) or ``FORM``. The setting
-    ``auto`` tries chunk64 first from ``utils.CHUNK64_MIN_TOKENS`` tokens on or with one log-decay per
-    head (``per_head_decay``) at any length, else chunk16 first, and takes the other family where the
-    first cannot run the ranks or dtype. Raises ValueError for a bad ``HDLA_VISION_KERNELS`` whatever
-    the device.
+    ``auto`` tries chunk64 first from ``utils.CHUNK64_MIN_TOKENS`` tokens on, or at any length with one
+    log-decay per head (``per_head_decay``) or for the bidirectional generalized op of rank r_ab >= 1
+    (``bidirectional``), else chunk16 first, and takes the other family where the first cannot run the
+    ranks or dtype. Raises ValueError for a bad ``HDLA_VISION_KERNELS`` whatever the device.
 
     Why per-head decay goes to chunk64: chunk16 runs it as K equal channels and sums their dg over K,
     terms that cancel; in bf16 on the GPU that dg was 1.06e-2 from float64 at T = 300 against 2.9e-3 on
-    chunk64's scalar-decay kernels (benchmarks/results/launch_configs_h200/README.md)."""
+    chunk64's scalar-decay kernels (benchmarks/results/launch_configs_h200/README.md). Why the bidirectional
+    generalized op does: its fused path (both directions in each launch) took 4.14 / 7.01 ms fwd+bwd at rank 1
+    against chunk16's 5.87 / 7.51 at (128, 196, 3, 64) / (256, 196, 3, 64) (H200, bf16,
+    benchmarks/results/family_crossover_h200); rank 0 was not timed there and keeps the length rule."""
     setting = kernel_family()
     if not use_triton(q):
         return FORM
     if setting == "auto":
-        chunk64_first = q.shape[1] >= CHUNK64_MIN_TOKENS or per_head_decay
+        chunk64_first = q.shape[1] >= CHUNK64_MIN_TOKENS or per_head_decay or (bidirectional and r_ab >= 1)
         order = ("chunk64", "chunk16") if chunk64_first else ("chunk16", "chunk64")
     else:
         order = (setting,)
     return next((family for family in order if _runs_on(family, q, r_kv, r_ab, hdla)), FORM)
 
 
-def _generalized_path(q: Tensor, k: Tensor, a: Tensor, per_head_decay: bool, path: str = AUTO) -> str:
-    """Where the generalized op runs: :func:`_path` for ``path`` = auto, else ``path`` checked
-    (:func:`_checked_path`); ``per_head_decay``: g holds one log-decay per head."""
+def _generalized_path(q: Tensor, k: Tensor, a: Tensor, per_head_decay: bool, path: str = AUTO,
+                      bidirectional: bool = False) -> str:
+    """Where the generalized op (``bidirectional``: its bidirectional op) runs: :func:`_path` for ``path`` =
+    auto, else ``path`` checked (:func:`_checked_path`); ``per_head_decay``: g holds one log-decay per head."""
     if path == AUTO:
-        return _path(q, k.shape[-2], a.shape[-2], per_head_decay=per_head_decay)
+        return _path(q, k.shape[-2], a.shape[-2], per_head_decay=per_head_decay, bidirectional=bidirectional)
     return _checked_path(path, q, k.shape[-2], a.shape[-2], hdla=False)
 
 

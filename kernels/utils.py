@@ -25,7 +25,8 @@ def use_triton(x: torch.Tensor) -> bool:
 #   chunk64: the chunk kernels of issue 11 (generalized/fwd.py, bwd.py): 32- or 64-token chunks, one
 #            [K x K] . [K x BV] product per chunk on the state chain, a chunk-local backward;
 #   auto (the default): chunk64 from CHUNK64_MIN_TOKENS tokens on, chunk16 below; a generalized op with one
-#            log-decay per head on chunk64 at every length (custom_ops._path: chunk16's per-head dg is less exact).
+#            log-decay per head, and the bidirectional generalized op of rank r_ab >= 1, on chunk64 at every
+#            length (custom_ops._path: chunk16's per-head dg is less exact; the fused bidirectional path is faster).
 KERNEL_FAMILY_ENV = "HDLA_VISION_KERNELS"
 KERNEL_FAMILIES = ("auto", "chunk16", "chunk64")
 DEFAULT_KERNEL_FAMILY = "auto"

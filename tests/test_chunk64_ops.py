@@ -149,6 +149,9 @@ def test_auto_family_by_length_ranks_and_dtype(monkeypatch):
     assert ranks(short.double(), 1, 1, per_head=True) == "chunk16"
     assert ranks(short[..., :1].expand(1, -1, 1, 16).contiguous(), 1, 3) == "chunk64"  # chunk16: no r_ab 3 at K 16
     assert ranks(long, 5, 1) == "chunk16"  # chunk64 takes r_kv <= 4
+    both = lambda q, r_ab: _generalized_path(  # noqa: E731  the bidirectional op: chunk64 from rank 1 at any length
+        q, torch.zeros(1, 1, 1, 1, 8), torch.zeros(1, 1, 1, r_ab, 8), False, bidirectional=True)
+    assert (both(short, 1), both(short, 0), both(long, 0)) == ("chunk64", "chunk16", "chunk64")
     monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk64")
     assert _hdla_path(short) == "chunk64" and _hdla_path(long.double()) == FORM
     monkeypatch.setenv("HDLA_VISION_KERNELS", "chunk16")
