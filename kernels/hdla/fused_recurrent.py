@@ -167,10 +167,11 @@ def _fused_recurrent_hdla_fwd_kernel(
 
 @triton.jit
 def _fused_recurrent_hdla_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, do_ptr, dht_ptr, ckpt_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, do_ptr, dht_ptr, ckpt_ptr, seg_ptr,
     dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dh0_ptr,
     scale, T, H, K, V, NCK,
     BK: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr, DIRS: tl.constexpr, REVERSE: tl.constexpr,
+    LEAN: tl.constexpr,
 ):
     """Every gradient of one (batch, head, V-block). dq, dk, dg [DIRS * NV, B, T, H, K] and dbeta
     [DIRS * NV, B, T, H] are this V-block's fp32 partial sums; dv [DIRS, B, T, H, V] (dv's dtype) and dh0
@@ -181,7 +182,11 @@ def _fused_recurrent_hdla_bwd_kernel(
     has none): both state chains then start from a load in the checkpoints' register layout (4 columns of 8
     rows per thread), which Triton keeps through the loops, so the sums over V are cheap and no [BK, BV]
     tile changes layout per token (tl.zeros would start one chain in the default layout, 1 column of 32 rows
-    per thread; with it the kernel ran 2550 instead of 2245 SASS instructions per token on sm_90a)."""
+    per thread; with it the kernel ran 2550 instead of 2245 SASS instructions per token on sm_90a).
+    LEAN: the walk back recomputes a segment's states once, keeping all but the last in seg [DIRS, B * H,
+    NV, CK - 1, BK, BV] fp32 scratch (CK - 1 steps a segment instead of CK (CK - 1) / 2), and takes each token
+    back by :func:`_bwd_token_lean`; else each token's S_{t-1} from the checkpoint (seg unused) and
+    :func:`_bwd_token`."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     n_v = tl.num_programs(0)
     i_b, i_h = i_bh // H, i_bh % H
@@ -196,6 +201,7 @@ def _fused_recurrent_hdla_bwd_kernel(
         dht_ptr += states
         dh0_ptr += states
         ckpt_ptr += i_d.to(tl.int64) * tl.num_programs(1) * n_v * NCK * BK * BV
+        seg_ptr += i_d.to(tl.int64) * tl.num_programs(1) * n_v * (CK - 1) * BK * BV
     else:
         rev = REVERSE
         own = 1.0
@@ -205,6 +211,7 @@ def _fused_recurrent_hdla_bwd_kernel(
     ms = mk[:, None] & mv[None, :]
     s_off = i_bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
     c_base = (i_bh.to(tl.int64) * n_v + i_v) * NCK * BK * BV
+    s_base = (i_bh.to(tl.int64) * n_v + i_v) * (CK - 1) * BK * BV
     c_off = ck[:, None] * BV + tl.arange(0, BV)[None, :]
     part = (i_d * n_v + i_v).to(tl.int64) * tl.num_programs(1) * T  # this block's partials: B * T * H rows each
 
@@ -231,20 +238,52 @@ def _fused_recurrent_hdla_bwd_kernel(
         j = NCK - 1 - jj
         x0 = tl.load(ckpt_ptr + c_base + j * BK * BV + c_off)
         end = tl.minimum(j * CK + CK, T)
-        for ii in range(0, end - j * CK):
-            p = end - 1 - ii
-            row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
-            q, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
-            do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
+        if LEAN:
+            # the states entering the segment's tokens j CK .. end - 2 into seg, the last one's kept in x
+            tl.debug_barrier()  # the previous segment's reads of seg are done (any thread's, whatever the layout)
             x = x0
-            for r in range(j * CK, p):  # S_{p-1} from the segment's checkpoint
-                row_r = ((i_b * T + _token(r, T, rev)) * H + i_h).to(tl.int64)
-                _, k_r, lam_r, v_r, beta_r = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_r, ck, cv, mk,
-                                                         mv, K, V)
-                x = _step(x, k_r, lam_r, beta_r, v_r)
-            y = _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale, own,
-                           ck, cv, mk, mv, K, V)
+            for r in range(j * CK, end - 1):
+                tl.store(seg_ptr + s_base + (r - j * CK) * BK * BV + c_off, x)
+                x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
+            tl.debug_barrier()  # the stores are visible to every thread of the program
+            y = _bwd_token_at(y, x, end - 1, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, do_ptr, dk_ptr, dv_ptr, dg_ptr,
+                              dbeta_ptr, part, scale, own, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
+            for ii in range(1, end - j * CK):
+                p = end - 1 - ii
+                x = tl.load(seg_ptr + s_base + (p - j * CK) * BK * BV + c_off)
+                y = _bwd_token_at(y, x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, do_ptr, dk_ptr, dv_ptr, dg_ptr,
+                                  dbeta_ptr, part, scale, own, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
+        else:
+            for ii in range(0, end - j * CK):
+                p = end - 1 - ii
+                row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
+                q, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
+                do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
+                x = x0
+                for r in range(j * CK, p):  # S_{p-1} from the segment's checkpoint
+                    x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
+                y = _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale,
+                               own, ck, cv, mk, mv, K, V)
     tl.store(dh0_ptr + s_off, y, mask=ms)
+
+
+@triton.jit
+def _step_at(x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V):
+    """S_p from x = S_{p-1}, p the scan step (its token loaded here)."""
+    row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
+    _, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
+    return _step(x, k, lam, beta, v)
+
+
+@triton.jit
+def _bwd_token_at(y, x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, do_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale,
+                  own, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V):
+    """:func:`_bwd_token_lean` at scan step p (its token and do loaded here), x = S_{p-1}: returns dS_{p-1}."""
+    row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
+    q, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
+    do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
+    return _bwd_token_lean(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale, own, ck,
+                           cv, mk, mv, K, V)
 
 
 @triton.jit
@@ -273,6 +312,40 @@ def _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_
 
 
 @triton.jit
+def _bwd_token_lean(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale, own, ck, cv, mk,
+                    mv, K, V):
+    """:func:`_bwd_token` in fewer [BK, BV] passes: b = lambda (.) a and da = lambda (.) db are never formed
+    (k^T b = (k lambda)^T x - beta (k^T Diag(lambda) k) k^T x, k^T da = (k lambda)^T db), and dk's four
+    write terms are two products with rank-1-plus-diagonal weights:
+
+        dk = rowsum(db (.) W1 + x (.) W2) + beta k (.) (ky.w + beta lambda (kx.ky)),   w = v - beta kb,
+        W1 = 1 w^T - beta lambda kx^T,   W2 = -beta (1 kda^T + lambda ky^T)
+
+    (expanding b, da and Y = db + beta k ky^T in :func:`_dk_write`'s terms). The same values up to rounding."""
+    kl = k * lam
+    kx = tl.sum(k[:, None] * x, axis=0)
+    kb = tl.sum(kl[:, None] * x, axis=0) - beta * tl.sum(k * kl) * kx
+    a = x - (beta * k)[:, None] * kx[None, :]
+    y += (q * scale)[:, None] * do[None, :]
+    db, ky = _house(y, k, beta)
+    dv = ky - (1.0 - own) * scale * tl.sum(q * k) * do
+    tl.store(dv_ptr + row * V + cv, dv.to(dv_ptr.dtype.element_ty), mask=mv)
+    dlam = tl.sum(db * a, axis=1)
+    kda = tl.sum(kl[:, None] * db, axis=0)
+    w = v - beta * kb
+    bl = beta * lam
+    w1 = w[None, :] - bl[:, None] * kx[None, :]
+    w2 = -(beta * kda)[None, :] - bl[:, None] * ky[None, :]
+    dk = (tl.sum(db * w1 + x * w2, axis=1) + (beta * k) * (tl.sum(ky * w) + bl * tl.sum(kx * ky))
+          - (1.0 - own) * scale * tl.sum(v * do) * q)
+    dbeta = -tl.sum(ky * kb) - tl.sum(kda * kx)
+    tl.store(dk_ptr + (part + row) * K + ck, dk, mask=mk)
+    tl.store(dg_ptr + (part + row) * K + ck, dlam * lam, mask=mk)
+    tl.store(dbeta_ptr + part + row, dbeta)
+    return lam[:, None] * db - (beta * k)[:, None] * kda[None, :]
+
+
+@triton.jit
 def _dk_write(db, ky, kb, v, beta, b, k):
     """The [BK, BV] terms of dk through S_t = H b + k v^T: Y v - beta (Y kb + b ky), Y = dS_t; with
     db = H Y, Y = db + beta k ky."""
@@ -284,6 +357,19 @@ def _dk_write(db, ky, kb, v, beta, b, k):
 # prefetch): one warp on 16 state columns was the fastest of 8-64 columns on 1-8 warps, and a checkpoint
 # every 4 tokens the fastest of 4, 8 and 16 (the backward's scratch: one fp32 state per 4 tokens).
 CHECKPOINT_EVERY = 4
+# The lean backward (the kernel's LEAN): the walk back recomputes each segment's states once into scratch instead
+# of each token's S_{t-1} from the checkpoint (3 instead of 6 steps per segment of 4 tokens) and takes each token
+# back in fewer tile passes (_bwd_token_lean). ``$HDLA_VISION_RECURRENT_LEAN=1``; off by default until a device
+# times it (tools/device_recurrent_lean.sh).
+LEAN_BACKWARD = False
+
+
+def lean_backward() -> bool:
+    """Whether the backward runs lean: ``$HDLA_VISION_RECURRENT_LEAN``, else :data:`LEAN_BACKWARD`."""
+    from ..generalized.fwd import _env_switch
+
+    return _env_switch("HDLA_VISION_RECURRENT_LEAN", LEAN_BACKWARD)
+
 # Warps of the backward resident per SM: it takes 255 registers a thread (ncu on the H100,
 # benchmarks/results/recurrent_h100/profile/ncu_recurrence_m224.txt), so 65536 / (256 * 32) = 8.
 BWD_RESIDENT_WARPS_PER_SM = 8
@@ -392,12 +478,14 @@ def _backward_occupancy(device: torch.device, heads: int, dk: int, dv: int, dirs
 
 def transient_bytes_per_batch(seq_len: int, heads: int, dk: int, dv: int, dirs: int) -> int:
     """Bytes the backward launch allocates per batch element beyond its outputs: the fp32 checkpoints (a
-    ``[BK, BV]`` block per V-block every ``CHECKPOINT_EVERY`` tokens), the fp32 V-block partials of dq, dk, dg
+    ``[BK, BV]`` block per V-block every ``CHECKPOINT_EVERY`` tokens, and ``CHECKPOINT_EVERY - 1`` more for a
+    segment's states with :func:`lean_backward`), the fp32 V-block partials of dq, dk, dg
     and dbeta, both directions' fp32 dv (``dirs`` = 2) and the one zero state it reads in place of h0 and / or
     dht."""
     block_k, block_v, _ = _bwd_config(dk, dv)
     n_v = cdiv(dv, block_v)
-    per_head = (n_v * cdiv(seq_len, CHECKPOINT_EVERY) * block_k * block_v + n_v * seq_len * (3 * dk + 1)
+    checkpoints = cdiv(seq_len, CHECKPOINT_EVERY) + (CHECKPOINT_EVERY - 1 if lean_backward() else 0)
+    per_head = (n_v * checkpoints * block_k * block_v + n_v * seq_len * (3 * dk + 1)
                 + (seq_len * dv if dirs == 2 else 0) + dk * dv)
     return 4 * dirs * heads * per_head
 
@@ -413,6 +501,8 @@ def _backward_launch(do, dht, q, k, v, beta, g, scale: float, initial_state, rev
     f32 = dict(device=q.device, dtype=torch.float32)
     lead = (dirs,) if dirs == 2 else ()
     ckpt = torch.empty(dirs * batch * heads * n_v * n_ck * block_k * block_v, **f32)
+    lean = lean_backward()
+    seg = torch.empty(dirs * batch * heads * n_v * (CHECKPOINT_EVERY - 1) * block_k * block_v if lean else 1, **f32)
     dq_p = torch.empty(dirs * n_v, batch, seq_len, heads, dk, **f32)
     dk_p, dg_p = torch.empty_like(dq_p), torch.empty_like(dq_p)
     dbeta_p = torch.empty(dirs * n_v, batch, seq_len, heads, **f32)
@@ -422,9 +512,10 @@ def _backward_launch(do, dht, q, k, v, beta, g, scale: float, initial_state, rev
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else zeros
     dht = dht.to(torch.float32).contiguous() if dht is not None else zeros
     _fused_recurrent_hdla_bwd_kernel[(n_v, batch * heads, dirs)](
-        q, k, v, beta, g, h0, do, dht, ckpt, dq_p, dk_p, dv_, dbeta_p, dg_p, dh0,
+        q, k, v, beta, g, h0, do, dht, ckpt, seg, dq_p, dk_p, dv_, dbeta_p, dg_p, dh0,
         scale, seq_len, heads, dk, dv, n_ck,
-        BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, DIRS=dirs, REVERSE=int(reverse), num_warps=warps)
+        BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, DIRS=dirs, REVERSE=int(reverse), LEAN=lean,
+        num_warps=warps)
 
     # the epilogue in one launch: the V-block partials summed (per direction for the gates, over both for the
     # inputs they share) and cast; dv of one direction is already in v's dtype
