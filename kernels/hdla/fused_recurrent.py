@@ -96,6 +96,17 @@ def _step(x, k, lam, beta, v):
 
 
 @triton.jit
+def _step_lean(x, k, lam, beta, v):
+    """:func:`_step` in three tile passes, its two reductions over K both taken from x (independent, so a step's
+    chain holds one reduction instead of two): H Diag(lam) H x + k v^T = lam (.) x - beta (lam k) kx^T + k w^T,
+    kx = k^T x, w = v - beta kb, kb = k^T Diag(lam) H x = (lam k)^T x - beta (k^T Diag(lam) k) kx."""
+    kl = k * lam
+    kx = tl.sum(k[:, None] * x, axis=0)
+    kb = tl.sum(kl[:, None] * x, axis=0) - beta * tl.sum(k * kl) * kx
+    return lam[:, None] * x - (beta * kl)[:, None] * kx[None, :] + k[:, None] * (v - beta * kb)[None, :]
+
+
+@triton.jit
 def _token(p, T, reverse):
     """Time index of scan step p: p, or T-1-p where ``reverse`` (a constexpr or a runtime 0/1)."""
     return p + reverse * (T - 1 - 2 * p)
@@ -127,11 +138,15 @@ def _fused_recurrent_hdla_fwd_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, o_ptr, ht_ptr,
     scale, T, H, K, V,
     BK: tl.constexpr, BV: tl.constexpr, DIRS: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
+    LEAN: tl.constexpr,
 ):
     """o [DIRS, B, T, H, V] and the final state ht [DIRS, B, H, K, V] (fp32). DIRS = 1: one scan
     (REVERSE); DIRS = 2: grid axis 2 is the direction, beta, g, h0 and o are stacked by direction and
     direction 1 scans t = T-1 .. 0 and leaves its own write out of its output (o_t = scale q_t^T
-    (S_t - k_t v_t^T): the bidirectional ops' correction, kernels/README.md §9)."""
+    (S_t - k_t v_t^T): the bidirectional ops' correction, kernels/README.md §9). LEAN: the step as
+    :func:`_step_lean` and o_t from S_{t-1} by a third independent reduction, o_t = (lam q)^T S_{t-1}
+    - beta (q^T Diag(lam) k) kx + (q.k) w (the terms of :func:`_step_lean`), so no reduction waits on
+    another within a step."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if DIRS == 2:
@@ -156,11 +171,20 @@ def _fused_recurrent_hdla_fwd_kernel(
     for p in range(0, T):
         row_n = ((i_b * T + _token(tl.minimum(p + 1, T - 1), T, rev)) * H + i_h).to(tl.int64)
         q_n, k_n, lam_n, v_n, beta_n = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_n, ck, cv, mk, mv, K, V)
-        a, _ = _house(s, k, beta)
-        s, _ = _house(lam[:, None] * a, k, beta)
-        o = tl.sum(q[:, None] * s, axis=0) + own * tl.sum(q * k) * v  # S_t = s + k v^T
+        if LEAN:
+            kl = k * lam
+            kx = tl.sum(k[:, None] * s, axis=0)
+            kb = tl.sum(kl[:, None] * s, axis=0) - beta * tl.sum(k * kl) * kx
+            w = v - beta * kb
+            qk = tl.sum(q * k)
+            o = tl.sum((q * lam)[:, None] * s, axis=0) - beta * tl.sum(q * kl) * kx + qk * w - (1.0 - own) * qk * v
+            s = lam[:, None] * s - (beta * kl)[:, None] * kx[None, :] + k[:, None] * w[None, :]
+        else:
+            a, _ = _house(s, k, beta)
+            s, _ = _house(lam[:, None] * a, k, beta)
+            o = tl.sum(q[:, None] * s, axis=0) + own * tl.sum(q * k) * v  # S_t = s + k v^T
+            s += k[:, None] * v[None, :]
         tl.store(o_ptr + row * V + cv, (o * scale).to(o_ptr.dtype.element_ty), mask=mv)
-        s += k[:, None] * v[None, :]
         row, q, k, lam, v, beta = row_n, q_n, k_n, lam_n, v_n, beta_n
     tl.store(ht_ptr + s_off, s, mask=mk[:, None] & mv[None, :])
 
@@ -226,7 +250,10 @@ def _fused_recurrent_hdla_bwd_kernel(
         do_n = tl.load(do_ptr + row_n * V + cv, mask=mv, other=0.0).to(tl.float32)
         if p % CK == 0:
             tl.store(ckpt_ptr + c_base + (p // CK) * BK * BV + c_off, s)
-        s = _step(s, k, lam, beta, v)
+        if LEAN:
+            s = _step_lean(s, k, lam, beta, v)
+        else:
+            s = _step(s, k, lam, beta, v)
         # dq = scale (S_t - (1 - own) k v^T) do needs no cotangent of the state: it is taken on the way forward
         dq = tl.sum(s * do[None, :], axis=1) - (1.0 - own) * k * tl.sum(v * do)
         tl.store(dq_ptr + (part + row) * K + ck, dq * scale, mask=mk)
@@ -244,7 +271,8 @@ def _fused_recurrent_hdla_bwd_kernel(
             x = x0
             for r in range(j * CK, end - 1):
                 tl.store(seg_ptr + s_base + (r - j * CK) * BK * BV + c_off, x)
-                x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
+                x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V,
+                             True)
             tl.debug_barrier()  # the stores are visible to every thread of the program
             y = _bwd_token_at(y, x, end - 1, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, do_ptr, dk_ptr, dv_ptr, dg_ptr,
                               dbeta_ptr, part, scale, own, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
@@ -261,18 +289,24 @@ def _fused_recurrent_hdla_bwd_kernel(
                 do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
                 x = x0
                 for r in range(j * CK, p):  # S_{p-1} from the segment's checkpoint
-                    x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
+                    x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V,
+                                 False)
                 y = _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale,
                                own, ck, cv, mk, mv, K, V)
     tl.store(dh0_ptr + s_off, y, mask=ms)
 
 
 @triton.jit
-def _step_at(x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V):
-    """S_p from x = S_{p-1}, p the scan step (its token loaded here)."""
+def _step_at(x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V,
+             LEAN: tl.constexpr):
+    """S_p from x = S_{p-1}, p the scan step (its token loaded here); LEAN: by :func:`_step_lean`."""
     row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
     _, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
-    return _step(x, k, lam, beta, v)
+    if LEAN:
+        x = _step_lean(x, k, lam, beta, v)
+    else:
+        x = _step(x, k, lam, beta, v)
+    return x
 
 
 @triton.jit
@@ -357,18 +391,29 @@ def _dk_write(db, ky, kb, v, beta, b, k):
 # prefetch): one warp on 16 state columns was the fastest of 8-64 columns on 1-8 warps, and a checkpoint
 # every 4 tokens the fastest of 4, 8 and 16 (the backward's scratch: one fp32 state per 4 tokens).
 CHECKPOINT_EVERY = 4
-# The lean backward (the kernel's LEAN): the walk back recomputes each segment's states once into scratch instead
-# of each token's S_{t-1} from the checkpoint (3 instead of 6 steps per segment of 4 tokens) and takes each token
-# back in fewer tile passes (_bwd_token_lean). ``$HDLA_VISION_RECURRENT_LEAN=1``; off by default until a device
-# times it (tools/device_recurrent_lean.sh).
+# The lean recurrence (the kernels' LEAN), off by default until a device times it (tools/device_recurrent_lean.sh):
+# the backward (``$HDLA_VISION_RECURRENT_LEAN=1``) steps in three tile passes with independent reductions
+# (_step_lean), recomputes each segment's states once into scratch instead of each token's S_{t-1} from the
+# checkpoint (3 instead of 6 steps per segment of 4 tokens) and takes each token back in fewer tile passes
+# (_bwd_token_lean); the forward (``$HDLA_VISION_RECURRENT_LEAN_FWD=1``) steps by _step_lean and reads o_t from
+# S_{t-1} (on sm_90a 451 against 437 SASS instructions per token and 160 against 136 registers, but no reduction
+# of a step waits on another: the forward's step is bound by latency).
 LEAN_BACKWARD = False
+LEAN_FORWARD = False
 
 
 def lean_backward() -> bool:
-    """Whether the backward runs lean: ``$HDLA_VISION_RECURRENT_LEAN``, else :data:`LEAN_BACKWARD`."""
+    """Whether the recurrence's backward runs lean: ``$HDLA_VISION_RECURRENT_LEAN``, else :data:`LEAN_BACKWARD`."""
     from ..generalized.fwd import _env_switch
 
     return _env_switch("HDLA_VISION_RECURRENT_LEAN", LEAN_BACKWARD)
+
+
+def lean_forward() -> bool:
+    """Whether the recurrence's forward runs lean: ``$HDLA_VISION_RECURRENT_LEAN_FWD``, else :data:`LEAN_FORWARD`."""
+    from ..generalized.fwd import _env_switch
+
+    return _env_switch("HDLA_VISION_RECURRENT_LEAN_FWD", LEAN_FORWARD)
 
 # Warps of the backward resident per SM: it takes 255 registers a thread (ncu on the H100,
 # benchmarks/results/recurrent_h100/profile/ncu_recurrence_m224.txt), so 65536 / (256 * 32) = 8.
@@ -402,7 +447,8 @@ def triton_fused_recurrent_hdla(q, k, v, beta, g, scale: Optional[float] = None,
     block_k, block_v, warps = _config(dk, dv)
     _fused_recurrent_hdla_fwd_kernel[(cdiv(dv, block_v), batch * heads, 1)](
         q, k, v, beta, g, h0, o, state, 1.0 if scale is None else float(scale), seq_len, heads, dk, dv,
-        BK=block_k, BV=block_v, DIRS=1, REVERSE=int(reverse), HAS_H0=initial_state is not None, num_warps=warps)
+        BK=block_k, BV=block_v, DIRS=1, REVERSE=int(reverse), HAS_H0=initial_state is not None, LEAN=lean_forward(),
+        num_warps=warps)
     return o, state
 
 
@@ -421,7 +467,8 @@ def triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale: float,
     block_k, block_v, warps = _config(dk, dv)
     _fused_recurrent_hdla_fwd_kernel[(cdiv(dv, block_v), batch * heads, 2)](
         q, k, v, beta, g, h0, o, states, float(scale), seq_len, heads, dk, dv,
-        BK=block_k, BV=block_v, DIRS=2, REVERSE=0, HAS_H0=initial_state is not None, num_warps=warps)
+        BK=block_k, BV=block_v, DIRS=2, REVERSE=0, HAS_H0=initial_state is not None, LEAN=lean_forward(),
+        num_warps=warps)
     return (o[0] + o[1]).to(q.dtype), states
 
 

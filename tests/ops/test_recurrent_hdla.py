@@ -234,11 +234,12 @@ def test_backward_in_batch_slices_equals_one_launch(backend, dirs, monkeypatch):
 
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
 @pytest.mark.parametrize("dirs", [1, 2])
-def test_lean_backward_equals_the_recompute_from_checkpoints(backend, dirs, monkeypatch):
-    """The lean backward (``$HDLA_VISION_RECURRENT_LEAN=1``: a segment's states kept in scratch, each token
-    taken back in fewer tile passes) gives the gradients of the default one, at a length with a partial
-    last segment, initial states and state cotangents, gates to -20, beta at 0 and 2 (the same sums in
-    another order: within 1e-5)."""
+def test_lean_recurrence_equals_the_default(backend, dirs, monkeypatch):
+    """The lean recurrence (``$HDLA_VISION_RECURRENT_LEAN=1`` and ``_FWD=1``: each step in three tile passes, the forward's
+    output from the state before the step, the backward's segment states kept in scratch and each token
+    taken back in fewer tile passes) gives the default kernels' outputs, final states and gradients, at a
+    length with a partial last segment, initial states and state cotangents, gates to -20, beta at 0 and 2
+    (the same sums in another order: within 1e-5), one reversed scan and both directions."""
     from hdla_vision.kernels.hdla import fused_recurrent as rec
 
     p = _bidirectional_inputs(backend, batch=2, seq_len=11, heads=1, dk=16, dv=20, g_min=-20.0)
@@ -246,16 +247,19 @@ def test_lean_backward_equals_the_recompute_from_checkpoints(backend, dirs, monk
     q, k, v = p["q"], p["k"], p["v"]
     if dirs == 2:
         args = (p["beta"], p["g"], 0.5, p["initial_state"])
+        forward = rec.triton_fused_recurrent_hdla_bidirectional
         backward = rec.triton_fused_recurrent_hdla_bidirectional_backward
     else:
-        args, reverse = (p["beta"][1], p["g"][1], 0.5, p["initial_state"][1]), True
-        backward = lambda *a: rec.triton_fused_recurrent_hdla_backward(*a, reverse=reverse)  # noqa: E731
+        args = (p["beta"][1], p["g"][1], 0.5, p["initial_state"][1])
+        forward = lambda *a: rec.triton_fused_recurrent_hdla(*a, reverse=True)  # noqa: E731
+        backward = lambda *a: rec.triton_fused_recurrent_hdla_backward(*a, reverse=True)  # noqa: E731
     do, dht = torch.randn_like(v), torch.randn_like(args[-1])
-    grads = {}
+    runs = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("HDLA_VISION_RECURRENT_LEAN", flag)
-        grads[flag] = backward(do, dht, q, k, v, *args)
-    for name, a, b in zip(("dq", "dk", "dv", "dbeta", "dg", "dh0"), grads["1"], grads["0"]):
+        monkeypatch.setenv("HDLA_VISION_RECURRENT_LEAN_FWD", flag)
+        runs[flag] = (*forward(q, k, v, *args), *backward(do, dht, q, k, v, *args))
+    for name, a, b in zip(("o", "state", "dq", "dk", "dv", "dbeta", "dg", "dh0"), runs["1"], runs["0"]):
         assert rel_err(a, b) < 1e-5, (name, rel_err(a, b))  # NaN fails
 
 
