@@ -84,9 +84,6 @@ VARIANTS = {
     # F1ab's registers capped (ptxas .maxnreg; fwd.launch_register_cap): 128 at 8 warps allows two blocks per SM, 168 at
     # 4 warps three, at the cost of spills
     "f1ab_reg128": {"maxnreg:F1ab": 128}, "f1ab_reg168_w4": {"maxnreg:F1ab": 168, "fwd:F1ab": 4},
-    # F1ab lean (fwd.f1_lean: sliced Gram products, no hoisting out of its loops), alone and capped at 128 registers
-    "f1_lean": {"env:HDLA_VISION_F1_LEAN": "1"},
-    "f1_lean_reg128": {"env:HDLA_VISION_F1_LEAN": "1", "maxnreg:F1ab": 128},
 }
 
 

@@ -379,33 +379,3 @@ def test_f1_gram_flag_rejects_other_values(monkeypatch):
     monkeypatch.setenv("HDLA_VISION_F1_GRAM", "yes")
     with pytest.raises(ValueError, match="HDLA_VISION_F1_GRAM"):
         fwd.f1_hdla_gram()
-
-
-# F1ab lean ($HDLA_VISION_F1_LEAN=1, chunk_intra_kernel's LEAN): the vector-decay Gram products over the key columns
-# batched over 16-column slices (fwd._gram; only K > 16 slices) and no hoisting out of the loops. The same sums in
-# another order: against the float64 loop and against the default F1 on the same inputs. HDLA with K = 32 / 80 (BK
-# 128, masked columns), chunks 16 / 32 / 64, reversed, beta 0 and 2, fast gates (the levels path) beside mild ones;
-# the generalized op at ranks (1, 1) and (2, 3).
-F1_LEAN_CASES = {
-    "hdla_c64_k32_rev": dict(seq_len=70, chunk=64, reverse=True, dk=32, dv=16, g_min=-0.3),
-    "hdla_c16_k80_beta2": dict(seq_len=45, chunk=16, dk=80, dv=8, g_min=-0.3, beta=2.0),
-    "hdla_c32_fast_beta0": dict(seq_len=37, chunk=32, dk=32, dv=16, g_min=-20.0, beta=0.0),
-}
-
-
-@pytest.mark.parametrize("case", list(F1_LEAN_CASES))
-def test_hdla_f1_lean(case, monkeypatch):
-    p, chunk, reverse = _hdla_switch_problem(F1_LEAN_CASES[case])
-    _check_switched("HDLA_VISION_F1_LEAN", p, reverse, chunk, monkeypatch)
-
-
-@pytest.mark.parametrize("r_ab,r_kv", [(1, 1), (2, 3)])
-def test_generalized_f1_lean(r_ab, r_kv, monkeypatch):
-    p = generalized_problem(1, 40, 2, 48, 16, r_kv, r_ab, g_min=-3.0)
-    _check_switched("HDLA_VISION_F1_LEAN", p, True, 16, monkeypatch)
-
-
-def test_f1_lean_flag_rejects_other_values(monkeypatch):
-    monkeypatch.setenv("HDLA_VISION_F1_LEAN", "yes")
-    with pytest.raises(ValueError, match="HDLA_VISION_F1_LEAN"):
-        fwd.f1_lean()

@@ -48,9 +48,7 @@ barrier. The inverse is never formed: W_n = T_nn (Bh_n - L_AB[n, <n] W_<n) (U li
 the inverse of the 16-token diagonal block by doubling, and W_m, U_m (m < n) read back from this
 program's own stores; then Qeff_n = Qh_n - M_QA[n, <=n] W_<=n, Mo_n = M_QK[n, <=n] - M_QA[n, <=n] U_<=n.
 Precision: Gram products with q in the input's 16-bit dtype, products with B, W, U, T in TF32 (exact
-fp32 for fp32 input; the 16-token inverse in exact fp32 at one rank slot), fp32 accumulation. With
-``$HDLA_VISION_F1_LEAN=1`` (:data:`F1_LEAN`) F1ab's vector-decay Gram products over the key columns are batched
-over 16-column slices and summed in fp32 (:func:`_gram`).
+fp32 for fp32 input; the 16-token inverse in exact fp32 at one rank slot), fp32 accumulation.
 
 Layout notes for the backward (bwd.py):
 * Stacks inside a chunk are token-major with the rank fastest: row ``i * r + l`` holds rank l of
@@ -86,9 +84,6 @@ from .directions import scan_time, split_direction
 
 LOG_ZERO = tl.constexpr(LOG_ZERO_FP32)
 SUB = tl.constexpr(16)  # tokens per row block (the exact diagonal block and the inverse's diagonal block)
-# F1's Gram products over the key columns (:func:`_gram`) reduce over slices of this many columns, one batch entry per
-# slice: a 16 x BK by BK x 16 product on mma.sync otherwise holds its whole BK-wide operands in every warp's registers
-GRAM_SLICE = tl.constexpr(16)
 CHUNKS = (16, 32, 64)
 # F1's diagonal blocks (vector decay) take one tensor-core product each where G's half range over the
 # 16-token block is below this (kernels/README.md §8 Numerics): factors <= e^35 ~ 1.6e15, entries outside
@@ -101,13 +96,6 @@ DIAG_LIMIT = 35.0
 F1_HDLA_GRAM = False
 
 
-# F1ab lean (chunk_intra_kernel's LEAN): the vector-decay Gram products over the key columns batched over 16-column
-# slices (:func:`_gram`) and no loop-invariant hoisting out of its loops (LLVM hoisted ~700 values, mostly shared
-# memory addresses of layout conversions, out of the row-block loop, all live across it). At the LM shape on sm_90a
-# (8 warps) F1ab then spills 8 B instead of 288 B (255 registers either way), 512 B instead of 1424 B capped at 128
-# registers. ``$HDLA_VISION_F1_LEAN=1``; off by default until a device times it (launch_configs variants f1_lean,
-# f1_lean_reg128): the same sums in another order, exact under the interpreter.
-F1_LEAN = False
 
 
 def _env_switch(name: str, default: bool) -> bool:
@@ -116,11 +104,6 @@ def _env_switch(name: str, default: bool) -> bool:
     if flag not in (None, "", "0", "1"):
         raise ValueError(f"{name} must be 0 or 1, got {flag!r}")
     return default if not flag else flag == "1"
-
-
-def f1_lean() -> bool:
-    """Whether F1ab runs lean: ``$HDLA_VISION_F1_LEAN``, else :data:`F1_LEAN`."""
-    return _env_switch("HDLA_VISION_F1_LEAN", F1_LEAN)
 
 
 def f1_hdla_gram() -> bool:
@@ -144,20 +127,9 @@ def _mm(x, y, F32: tl.constexpr, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _gram(x, y, F32: tl.constexpr, LOWP: tl.constexpr, LEAN: tl.constexpr):
-    """``x @ y^T`` (x ``[M, D]``, y ``[N, D]``) as :func:`_mm`; LEAN (:func:`f1_lean`): the reduction over D split
-    into slices of GRAM_SLICE columns, one batched product ``[D / GRAM_SLICE, M, N]`` then its sum over the slices
-    (fp32): the same sums in another order, each warp holding one slice of x and y instead of all D columns."""
-    M: tl.constexpr = x.shape[0]
-    N: tl.constexpr = y.shape[0]
-    D: tl.constexpr = x.shape[1]
-    if LEAN and D > GRAM_SLICE:
-        S: tl.constexpr = D // GRAM_SLICE
-        x3 = tl.permute(tl.reshape(x, (M, S, GRAM_SLICE)), (1, 0, 2))
-        y3 = tl.permute(tl.reshape(y, (N, S, GRAM_SLICE)), (1, 2, 0))
-        return tl.sum(_mm(x3, y3, F32, LOWP), 0)
-    else:
-        return _mm(x, tl.trans(y), F32, LOWP)
+def _gram(x, y, F32: tl.constexpr, LOWP: tl.constexpr):
+    """``x @ y^T`` (x ``[M, D]``, y ``[N, D]``) as :func:`_mm`."""
+    return _mm(x, tl.trans(y), F32, LOWP)
 
 
 @triton.jit
@@ -473,13 +445,13 @@ def _undo_reference(x, gx, ref, SCALAR: tl.constexpr):
 
 
 @triton.jit
-def _decayed_mm(x, gx, y, gy, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr, LEAN: tl.constexpr):
+def _decayed_mm(x, gx, y, gy, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.constexpr):
     """An off-diagonal Gram block ``x y^T``: vector decay has its factors in x and y already (:func:`_gram`); scalar
     decay multiplies by the exact decay matrix e^{gx_t - gy_i} (gx ``[rows, 1]``, gy ``[1, cols]``)."""
     if SCALAR:
         return _mm(x, tl.trans(y), F32, LOWP) * tl.exp(gx - gy)
     else:
-        return _gram(x, y, F32, LOWP, LEAN)
+        return _gram(x, y, F32, LOWP)
 
 
 @triton.jit
@@ -712,7 +684,7 @@ def chunk_intra_kernel(
     BK: tl.constexpr, SCALAR: tl.constexpr, HDLA: tl.constexpr, REVERSE: tl.constexpr,
     F32: tl.constexpr, LOWP: tl.constexpr, INV_EXACT: tl.constexpr,
     DIAG_LIMIT: tl.constexpr, DIAG_LOWP: tl.constexpr, RECORD_PATH: tl.constexpr, DIRS: tl.constexpr,
-    HDLA_GRAM: tl.constexpr = False, LEAN: tl.constexpr = False,
+    HDLA_GRAM: tl.constexpr = False,
 ):
     """F1a+F1b for chunk ``program_id(0)`` of head ``program_id(1)``, one 16-token row block n at a time
     (kernels/README.md §8, module docstring), in three steps per row block:
@@ -766,9 +738,8 @@ def chunk_intra_kernel(
     s_qk = s_qa + SUB * RA                                     # M_QK row block [16, C RKP]
     w_base = w_ptr + chunk * (C * RAP) * BK
     u_base = u_ptr + chunk * (C * RAP) * CK
-    # runtime bounds: rolled loops (ptxas would unroll constant ones); disable_licm: LLVM hoisted ~700 values (shared
-    # memory addresses of the layout conversions) out of the row-block loop, all live across it
-    for n in tl.range(n_blocks, disable_licm=LEAN):
+    # runtime bounds: rolled loops (ptxas would unroll constant ones)
+    for n in tl.range(n_blocks):
         n0 = n * SUB
         u_row = u_base + (rows_a + n * RA)[:, None] * CK
         # (a) the diagonal blocks, to scratch (L_KB's to U's row block n)
@@ -803,15 +774,14 @@ def chunk_intra_kernel(
                         _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
                                        u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh,
                                        sbr, sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols,
-                                       cmask, ref_d, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS, F32, DIAG_LOWP,
-                                       LEAN)
+                                       cmask, ref_d, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS, F32, DIAG_LOWP)
                     path = n * 0 + 1
                 else:
                     path = _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa, s_qk + n * RK,
                                         u_diag, sqb, sqt, sqh, skb, skt, skh, skr, sab, sat, sah, sar, sbb, sbt, sbh,
                                         sbr, sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols,
                                         cmask, RAB, RAP, RKV, RKP, C, BK, HDLA, REVERSE, DIRS, F32, DIAG_LOWP,
-                                        DIAG_LIMIT, LEAN)
+                                        DIAG_LIMIT)
                 if RECORD_PATH:
                     tl.store(path_ptr + chunk * (C // SUB) + n, path.to(tl.int8))
             else:  # DIAG_LIMIT = 0: the loop only (nothing else compiled; the launcher records 0s)
@@ -839,14 +809,14 @@ def chunk_intra_kernel(
                     xb = b_n * tl.exp(gbp - ref)
                 acc_w = -_undo_reference(xb, gbp, ref, SCALAR)  # L_AB[n, <n] W_<n - Bh_n
                 acc_u = tl.zeros([RA, CK], dtype=tl.float32)
-                for m in tl.range(n, disable_licm=LEAN):  # earlier column blocks, one at a time
+                for m in tl.range(n):  # earlier column blocks, one at a time
                     yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref,
                                           cols, cmask, RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
-                    tl.store(u_row + (rows_k + m * RK)[None, :], _decayed_mm(xb, gbp, yk, gk_m, SCALAR, F32, 0, LEAN))
+                    tl.store(u_row + (rows_k + m * RK)[None, :], _decayed_mm(xb, gbp, yk, gk_m, SCALAR, F32, 0))
                     ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
                                         beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c,
                                         m * SUB, T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
-                    l_ab = _decayed_mm(xb, gbp, ya, ga_m, SCALAR, F32, 0, LEAN)
+                    l_ab = _decayed_mm(xb, gbp, ya, ga_m, SCALAR, F32, 0)
                     w_m = tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :])
                     u_m = tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
                                   mask=(ucols < (m + 1) * RK)[None, :], other=0.0)
@@ -881,16 +851,16 @@ def chunk_intra_kernel(
                                              skb, skt, skh, sgb, sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n, T, NT,
                                              ref, cols, cmask, C, BK, REVERSE, DIRS, F32, LOWP)
         else:
-            for m in tl.range(n, disable_licm=LEAN):
+            for m in tl.range(n):
                 yk, gk_m = _key_block(k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, m * SUB, T, NT, ref, cols,
                                       cmask, RKV, RKP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
                 tl.store(s_qk + tq[:, None] * CK + (rows_k + m * RK)[None, :],
-                         _decayed_mm(xq, gq, yk, gk_m, SCALAR, F32, LOWP, LEAN))
+                         _decayed_mm(xq, gq, yk, gk_m, SCALAR, F32, LOWP))
                 if RAB > 0:
                     ya, ga_m = _a_block(a_ptr, sab, sat, sah, sar, b_ptr, sbb, sbt, sbh, sbr, k_ptr, skb, skt, skh,
                                         beta_ptr, sbeb, sbet, sbeh, g_ptr, sgb, sgt, sgh, gs_ptr, i_b, i_h, bh, c,
                                         m * SUB, T, NT, ref, cols, cmask, RAB, RAP, C, BK, SCALAR, HDLA, REVERSE, DIRS)
-                    m_qa = _decayed_mm(xq, gq, ya, ga_m, SCALAR, F32, LOWP, LEAN)
+                    m_qa = _decayed_mm(xq, gq, ya, ga_m, SCALAR, F32, LOWP)
                     acc_q += _mm(m_qa, tl.load(w_base + (rows_a + m * RA)[:, None] * BK + cols[None, :]), F32, 0)
                     acc_mo += _mm(m_qa, tl.load(u_base + (rows_a + m * RA)[:, None] * CK + ucols[None, :],
                                                 mask=(ucols < (m + 1) * RK)[None, :], other=0.0), F32, 0)
@@ -970,7 +940,7 @@ def _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_
                    sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask, ref,
                    RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, HDLA: tl.constexpr, REVERSE, DIRS: tl.constexpr, F32: tl.constexpr,
-                   DIAG_LOWP: tl.constexpr, LEAN: tl.constexpr):
+                   DIAG_LOWP: tl.constexpr):
     """The four diagonal 16 x 16 token blocks of row block n0 / 16 (vector decay) as one tensor-core
     product each, through the block's reference ref ``[BK]`` (:func:`_block_reference`, lim below the
     launch's limit): e^{X_t - G_i} = e^{X_t - ref} e^{ref - G_i}, every factor <= e^lim, so an entry
@@ -998,16 +968,16 @@ def _diag_factored(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_
                   cols[None, :], cmask[None, :], RKV, HDLA)
     ky = k_n * tl.exp(r - _cum(gs_ptr, bh, c, NT, (tok_k + n0)[:, None], cols[None, :], C, BK, False))
     qx = q_n * tl.exp(gq - r)
-    m_qk = _gram(qx, ky, F32, DIAG_LOWP, LEAN)
+    m_qk = _gram(qx, ky, F32, DIAG_LOWP)
     tl.store(s_qk + tq[:, None] * CK + rows_k[None, :], tl.where(tq[:, None] >= tok_k[None, :], m_qk, 0.0))
     if RAB > 0:
         ay = a_n * tl.exp(r - _cum(gs_ptr, bh, c, NT, (tok_a + n0)[:, None], cols[None, :], C, BK, False))
         bx = b_n * tl.exp(tl.where((tok_a > 0)[:, None], gbp - r, float("-inf")))
-        m_qa = _gram(qx, ay, F32, DIAG_LOWP, LEAN)
+        m_qa = _gram(qx, ay, F32, DIAG_LOWP)
         tl.store(s_qa + tq[:, None] * RA + rows_a[None, :], tl.where(tq[:, None] >= tok_a[None, :], m_qa, 0.0))
-        l_ab = _gram(bx, ay, F32, 0, LEAN)
+        l_ab = _gram(bx, ay, F32, 0)
         tl.store(s_ab + rows_a[:, None] * RA + rows_a[None, :], tl.where(tok_a[:, None] > tok_a[None, :], l_ab, 0.0))
-        l_kb = _gram(bx, ky, F32, 0, LEAN)
+        l_kb = _gram(bx, ky, F32, 0)
         tl.store(u_diag + rows_a[:, None] * CK + rows_k[None, :], tl.where(tok_a[:, None] > tok_k[None, :], l_kb, 0.0))
 
 
@@ -1017,7 +987,7 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
                  sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
                  RAB: tl.constexpr, RAP: tl.constexpr, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr,
                  BK: tl.constexpr, HDLA: tl.constexpr, REVERSE, DIRS: tl.constexpr, F32: tl.constexpr,
-                 DIAG_LOWP: tl.constexpr, LIMIT: tl.constexpr, LEAN: tl.constexpr):
+                 DIAG_LOWP: tl.constexpr, LIMIT: tl.constexpr):
     """The four diagonal 16 x 16 token blocks of row block n0 / 16 (vector decay) by levels
     (kernels/generalized/diag_levels.py), where one product through the block's reference could overflow
     (lim >= LIMIT): the cross levels 3 .. s_g, factors <= 1, and the group level s_g, factors within
@@ -1040,7 +1010,7 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
                              cols, cmask, LIMIT)
     # one Gram at a time, every operand loaded afresh per level (HDLA builds A, B again): few live tiles
     m_qk = tl.zeros([SUB, RK], dtype=tl.float32)
-    for lvl in tl.range(0, 5 - s_g, disable_licm=LEAN):
+    for lvl in tl.range(0, 5 - s_g):
         q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                             skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                             sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
@@ -1050,11 +1020,11 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
                       cols[None, :], cmask[None, :], RKV, HDLA)
         ky = k_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_k[:, None], cols[None, :], C, BK, False), tok_k,
                                         lvl, s_g, g_base, BK, cols, cmask)
-        m_qk += tl.where(levels.level_live(tok_q, tok_k, lvl, s_g, False), _gram(qx, ky, F32, DIAG_LOWP, LEAN), 0.0)
+        m_qk += tl.where(levels.level_live(tok_q, tok_k, lvl, s_g, False), _gram(qx, ky, F32, DIAG_LOWP), 0.0)
     tl.store(s_qk + tq[:, None] * CK + rows_k[None, :], m_qk)
     if RAB > 0:
         m_qa = tl.zeros([SUB, RA], dtype=tl.float32)
-        for lvl in tl.range(0, 5 - s_g, disable_licm=LEAN):
+        for lvl in tl.range(0, 5 - s_g):
             q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                                 skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                                 sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
@@ -1062,12 +1032,12 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
             qx = q_n * levels.level_row_exp(gq, tok_q, lvl, s_g, g_base, BK, cols, cmask, False)
             ay = a_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_a[:, None], cols[None, :], C, BK, False),
                                             tok_a, lvl, s_g, g_base, BK, cols, cmask)
-            m_qa += tl.where(levels.level_live(tok_q, tok_a, lvl, s_g, False), _gram(qx, ay, F32, DIAG_LOWP, LEAN),
+            m_qa += tl.where(levels.level_live(tok_q, tok_a, lvl, s_g, False), _gram(qx, ay, F32, DIAG_LOWP),
                              0.0)
         tl.store(s_qa + tq[:, None] * RA + rows_a[None, :], m_qa)
         l_ab = tl.zeros([RA, RA], dtype=tl.float32)
         l_kb = tl.zeros([RA, RK], dtype=tl.float32)
-        for lvl in tl.range(0, 5 - s_g, disable_licm=LEAN):
+        for lvl in tl.range(0, 5 - s_g):
             q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt, sqh,
                                                 skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb, sgt, sgh,
                                                 sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale, cols, cmask,
@@ -1075,20 +1045,10 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
             bx = b_n * levels.level_row_exp(gbp, tok_a, lvl, s_g, g_base, BK, cols, cmask, True)
             ay = a_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_a[:, None], cols[None, :], C, BK, False),
                                             tok_a, lvl, s_g, g_base, BK, cols, cmask)
-            l_ab += tl.where(levels.level_live(tok_a, tok_a, lvl, s_g, True), _gram(bx, ay, F32, 0, LEAN), 0.0)
-            if not LEAN:  # L_KB in the same pass (LEAN: in a loop of its own below, fewer live tiles)
-                l_kb += _level_kb(bx, k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, NT, t_k, v_k, rows_k, tok_a,
-                                  tok_k, lvl, s_g, g_base, cols, cmask, RKV, RKP, C, BK, HDLA, F32, LEAN)
+            l_ab += tl.where(levels.level_live(tok_a, tok_a, lvl, s_g, True), _gram(bx, ay, F32, 0), 0.0)
+            l_kb += _level_kb(bx, k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, NT, t_k, v_k, rows_k, tok_a,
+                              tok_k, lvl, s_g, g_base, cols, cmask, RKV, RKP, C, BK, HDLA, F32)
         tl.store(s_ab + rows_a[:, None] * RA + rows_a[None, :], l_ab)
-        if LEAN:
-            for lvl in tl.range(0, 5 - s_g, disable_licm=True):
-                q_n, gq, a_n, b_n, gbp = _row_block(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, sqb, sqt,
-                                                    sqh, skb, skt, skh, sab, sat, sah, sar, sbb, sbt, sbh, sbr, sgb,
-                                                    sgt, sgh, sbeb, sbet, sbeh, i_b, i_h, bh, c, n0, T, NT, scale,
-                                                    cols, cmask, RAB, RAP, C, BK, False, HDLA, REVERSE, DIRS)
-                bx = b_n * levels.level_row_exp(gbp, tok_a, lvl, s_g, g_base, BK, cols, cmask, True)
-                l_kb += _level_kb(bx, k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, NT, t_k, v_k, rows_k, tok_a,
-                                  tok_k, lvl, s_g, g_base, cols, cmask, RKV, RKP, C, BK, HDLA, F32, LEAN)
         tl.store(u_diag + rows_a[:, None] * CK + rows_k[None, :], l_kb)
     return 5 - s_g
 
@@ -1096,14 +1056,14 @@ def _diag_levels(q_ptr, k_ptr, a_ptr, b_ptr, g_ptr, beta_ptr, gs_ptr, s_ab, s_qa
 @triton.jit
 def _level_kb(bx, k_ptr, skb, skt, skh, skr, gs_ptr, i_b, i_h, bh, c, NT, t_k, v_k, rows_k, tok_a, tok_k, lvl, s_g,
               g_base, cols, cmask, RKV: tl.constexpr, RKP: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-              HDLA: tl.constexpr, F32: tl.constexpr, LEAN: tl.constexpr):
+              HDLA: tl.constexpr, F32: tl.constexpr):
     """Level ``lvl``'s share of the diagonal L_KB block (:func:`_diag_levels`): the B rows ``bx`` (their level
     factors applied) against the block's keys with theirs, masked to the pairs of that level."""
     k_n = _k_tile(k_ptr, skb, skt, skh, skr, i_b, i_h, t_k[:, None], v_k[:, None], (rows_k % RKP)[:, None],
                   cols[None, :], cmask[None, :], RKV, HDLA)
     ky = k_n * levels.level_col_exp(_cum(gs_ptr, bh, c, NT, tok_k[:, None], cols[None, :], C, BK, False), tok_k,
                                     lvl, s_g, g_base, BK, cols, cmask)
-    return tl.where(levels.level_live(tok_a, tok_k, lvl, s_g, True), _gram(bx, ky, F32, 0, LEAN), 0.0)
+    return tl.where(levels.level_live(tok_a, tok_k, lvl, s_g, True), _gram(bx, ky, F32, 0), 0.0)
 
 
 # ----------------------------------------------------------------------------- F2
@@ -1473,7 +1433,7 @@ def _prepare(q, k, v, a, b, g, scale, reverse, hdla_beta, c, num_warps, diag_lim
         *_direction_offsets(direction_strides, "q", "k", "a", "b", "g", "hdla_beta"), **ranks, **tiles,
         INV_EXACT=f32 or rap == 1,
         DIAG_LIMIT=float(diag_limit), DIAG_LOWP=int(q.dtype == torch.bfloat16), RECORD_PATH=record_path,
-        HDLA_GRAM=hdla and diag_limit > 0 and f1_hdla_gram(), LEAN=f1_lean(),
+        HDLA_GRAM=hdla and diag_limit > 0 and f1_hdla_gram(),
         num_warps=num_warps or launch_warps("F1ab", c, rap, rkp, bk), num_stages=1, **launch_register_cap("F1ab"),
     )
     chunk_nc_kernel[grid](
