@@ -68,6 +68,14 @@ RECURRENT_SHORT_TOKENS = 512
 RECURRENT_MAX_HEAD_DIM = 64  # measured at d = 64 only; wider heads (the LM's 128) keep the chunk kernels
 
 
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off setting from ``$name`` ("1" / "0"; unset or empty: ``default``); any other value is a ValueError."""
+    flag = os.environ.get(name)
+    if flag not in (None, "", "0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {flag!r}")
+    return default if not flag else flag == "1"
+
+
 def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether a gradient will flow from a call on ``tensors``: grad mode on and one of them requires it."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

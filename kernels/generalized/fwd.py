@@ -68,7 +68,6 @@ Status: exact under the interpreter (fp32, fp16); compiled for sm_90a without a 
 (``python -m benchmarks.kernel_stages --part aot`` prints registers, spills, shared memory per
 kernel); not yet run on a GPU.
 """
-import os
 from typing import Optional
 
 import torch
@@ -77,7 +76,7 @@ import triton.language as tl
 
 from triton.runtime.errors import OutOfResources
 
-from ..utils import LOG_ZERO_FP32, cdiv, next_power_of_2
+from ..utils import LOG_ZERO_FP32, cdiv, env_switch, next_power_of_2
 from . import diag_levels as levels
 from . import two_level
 from .directions import scan_time, split_direction
@@ -98,17 +97,9 @@ F1_HDLA_GRAM = False
 
 
 
-def _env_switch(name: str, default: bool) -> bool:
-    """An on/off setting from ``$name`` ("1" / "0"; unset or empty: ``default``); any other value is a ValueError."""
-    flag = os.environ.get(name)
-    if flag not in (None, "", "0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {flag!r}")
-    return default if not flag else flag == "1"
-
-
 def f1_hdla_gram() -> bool:
     """Whether F1 takes HDLA's Grams as one product: ``$HDLA_VISION_F1_GRAM``, else :data:`F1_HDLA_GRAM`."""
-    return _env_switch("HDLA_VISION_F1_GRAM", F1_HDLA_GRAM)
+    return env_switch("HDLA_VISION_F1_GRAM", F1_HDLA_GRAM)
 
 
 # ----------------------------------------------------------------------------- small helpers

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..generalized.bwd import scratch_batch_slices
 from ..generalized.two_level import device_sm_count
-from ..utils import cdiv, check_hdla_inputs, next_power_of_2, per_batch_slice
+from ..utils import cdiv, check_hdla_inputs, env_switch, next_power_of_2, per_batch_slice
 
 
 def torch_fused_recurrent_hdla(
@@ -404,16 +404,12 @@ LEAN_FORWARD = False
 
 def lean_backward() -> bool:
     """Whether the recurrence's backward runs lean: ``$HDLA_VISION_RECURRENT_LEAN``, else :data:`LEAN_BACKWARD`."""
-    from ..generalized.fwd import _env_switch
-
-    return _env_switch("HDLA_VISION_RECURRENT_LEAN", LEAN_BACKWARD)
+    return env_switch("HDLA_VISION_RECURRENT_LEAN", LEAN_BACKWARD)
 
 
 def lean_forward() -> bool:
     """Whether the recurrence's forward runs lean: ``$HDLA_VISION_RECURRENT_LEAN_FWD``, else :data:`LEAN_FORWARD`."""
-    from ..generalized.fwd import _env_switch
-
-    return _env_switch("HDLA_VISION_RECURRENT_LEAN_FWD", LEAN_FORWARD)
+    return env_switch("HDLA_VISION_RECURRENT_LEAN_FWD", LEAN_FORWARD)
 
 # Warps of the backward resident per SM: it takes 255 registers a thread (ncu on the H100,
 # benchmarks/results/recurrent_h100/profile/ncu_recurrence_m224.txt), so 65536 / (256 * 32) = 8.
