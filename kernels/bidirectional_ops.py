@@ -238,7 +238,7 @@ def _(dy, dht, q, k, v, beta, g, initial_state, x, state, scale, path=AUTO):
 
 def _hdla_bidirectional_backward(ctx, dy, dstate, dx):
     if dy is None and dstate is None:
-        return (None,) * 8
+        return (None,) * 9
     q, k, v, beta, g, h0, x, state = ctx.saved_tensors
     dy, dht = _cotangents(ctx, q, v, dy, dstate)
     *grads, dh0 = chunk_hdla_bidirectional_backward_op(dy, dht, q, k, v, beta, g, h0, x, state, ctx.scale, ctx.path)
@@ -421,7 +421,7 @@ def _(dy, dht, q, k, v, a, b, g, initial_state, x, state, scale, path=AUTO):
 
 def _generalized_bidirectional_backward(ctx, dy, dstate, dx):
     if dy is None and dstate is None:
-        return (None,) * 9
+        return (None,) * 10
     q, k, v, a, b, g, h0, x, state = ctx.saved_tensors
     dy, dht = _cotangents(ctx, q, v, dy, dstate)
     *grads, dh0 = chunk_generalized_bidirectional_backward_op(dy, dht, q, k, v, a, b, g, h0, x, state, ctx.scale,

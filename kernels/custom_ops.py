@@ -309,7 +309,7 @@ def _(do, dht, q, k, v, a, b, g, initial_state, x, state, scale, reverse, path=A
 
 def _generalized_backward(ctx, do, dstate, dx):
     if do is None and dstate is None:
-        return (None,) * 10
+        return (None,) * 11
     q, k, v, a, b, g, h0, x, state = ctx.saved_tensors
     do, dht = _cotangents(ctx, q, v, do, dstate)
     *grads, dh0 = chunk_generalized_backward_op(do, dht, q, k, v, a, b, g, h0, x, state, ctx.scale, ctx.reverse,
@@ -400,7 +400,7 @@ def _(do, dht, q, k, v, beta, g, initial_state, x, state, scale, reverse, path=A
 
 def _hdla_backward(ctx, do, dstate, dx):
     if do is None and dstate is None:
-        return (None,) * 9
+        return (None,) * 10
     q, k, v, beta, g, h0, x, state = ctx.saved_tensors
     do, dht = _cotangents(ctx, q, v, do, dstate)
     *grads, dh0 = chunk_hdla_backward_op(do, dht, q, k, v, beta, g, h0, x, state, ctx.scale, ctx.reverse, ctx.path)

@@ -106,6 +106,26 @@ def test_a_path_the_inputs_cannot_take_is_refused():
     torch.testing.assert_close(o, OPS.chunk_hdla(q, k, v, beta, g, 1.0, None, False, False)[0])
 
 
+def _backward_functions():
+    from hdla_vision.kernels import bidirectional_ops as bidir
+    from hdla_vision.kernels import custom_ops as ops
+
+    return [(OPS.chunk_generalized.default, ops._generalized_backward), (OPS.chunk_hdla.default, ops._hdla_backward),
+            (OPS.fused_recurrent_hdla.default, ops._fused_backward),
+            (OPS.fused_recurrent_generalized.default, ops._fused_generalized_backward),
+            (OPS.chunk_hdla_bidirectional.default, bidir._hdla_bidirectional_backward),
+            (OPS.fused_recurrent_hdla_bidirectional.default, bidir._fused_recurrent_backward),
+            (OPS.chunk_generalized_bidirectional.default, bidir._generalized_bidirectional_backward)]
+
+
+def test_backward_without_cotangents_returns_one_none_per_input():
+    """Each op's registered backward, given no cotangent for any output, returns one None per input of the
+    op's schema (autograd refuses another count; the inputs grew by ``path``)."""
+    for op, backward in _backward_functions():
+        inputs, outputs = len(op._schema.arguments), len(op._schema.returns)
+        assert backward(None, *([None] * outputs)) == (None,) * inputs, op
+
+
 def _assert_compiled_equals_eager(module, inputs, rtol=1e-5, atol=1e-5):
     """Forward and the gradients of the input and of every parameter: eager against
     ``torch.compile(fullgraph=True)`` (inductor on the CPU)."""
