@@ -235,14 +235,15 @@ def test_backward_in_batch_slices_equals_one_launch(backend, dirs, monkeypatch):
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
 @pytest.mark.parametrize("dirs", [1, 2])
 def test_lean_recurrence_equals_the_default(backend, dirs, monkeypatch):
-    """The lean recurrence (``$HDLA_VISION_RECURRENT_LEAN=1`` and ``_FWD=1``: each step in three tile passes, the forward's
-    output from the state before the step, the backward's segment states kept in scratch and each token
-    taken back in fewer tile passes) gives the default kernels' outputs, final states and gradients, at a
-    length with a partial last segment, initial states and state cotangents, gates to -20, beta at 0 and 2
-    (the same sums in another order: within 1e-5), one reversed scan and both directions."""
+    """The lean recurrence (``$HDLA_VISION_RECURRENT_LEAN=1`` and ``_FWD=1``: each step in three tile passes,
+    the forward's output from the state before the step, the backward's segment states kept in scratch and
+    each token taken back in fewer tile passes) gives the default kernels' outputs, final states and
+    gradients, at a length whose last segment holds one token, initial states and state cotangents, gates
+    to -20, beta at 0 and 2 (the same sums in another order: within 1e-5), one reversed scan and both
+    directions."""
     from hdla_vision.kernels.hdla import fused_recurrent as rec
 
-    p = _bidirectional_inputs(backend, batch=2, seq_len=11, heads=1, dk=16, dv=20, g_min=-20.0)
+    p = _bidirectional_inputs(backend, batch=2, seq_len=13, heads=1, dk=16, dv=20, g_min=-20.0)  # segments 4, 4, 4, 1
     p["beta"][:, :, 0::3], p["beta"][:, :, 1::3] = 0.0, 2.0
     q, k, v = p["q"], p["k"], p["v"]
     if dirs == 2:
