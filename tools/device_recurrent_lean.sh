@@ -41,10 +41,10 @@ for x in 0 1; do
   stamp "forward lean=$x done (rc $?)"
 done
 for x in 0 1; do
-  graphed "graphs_train_lean$x" "$x" 0 hdla_tiny train 224 20 60 40
-  graphed "graphs_infer_fwd$x" 0 "$x" hdla_tiny infer "224 1024" 20 60 40
+  graphed "graphs_train_lean$x" "$x" 0 hdla_tiny train 224 20 50 35
+  graphed "graphs_infer_fwd$x" 0 "$x" hdla_tiny infer "224 1024" 20 50 35
 done
-graphed graphs_deit 0 0 deit_tiny_patch16_224 "train infer" "224 1024" 20 60 45
+graphed graphs_deit 0 0 deit_tiny_patch16_224 "train infer" "224 1024" 20 50 40
 { cat "$OUT/timeline.txt"; tail -n 2 "$OUT/gpu_tests_lean.txt"
   for f in "$OUT"/bidir_lean*.txt "$OUT"/fwd_lean*.txt; do
     echo "== $(basename "$f")"; grep -E "^(bidir|vision|m224|m1024)" "$f"
