@@ -96,14 +96,22 @@ def _step(x, k, lam, beta, v):
 
 
 @triton.jit
-def _step_lean(x, k, lam, beta, v):
-    """:func:`_step` in three tile passes, its two reductions over K both taken from x (independent, so a step's
-    chain holds one reduction instead of two): H Diag(lam) H x + k v^T = lam (.) x - beta (lam k) kx^T + k w^T,
-    kx = k^T x, w = v - beta kb, kb = k^T Diag(lam) H x = (lam k)^T x - beta (k^T Diag(lam) k) kx."""
+def _lean_reads(x, k, lam, beta):
+    """``(k (.) lam [BK], kx = k^T x [BV], kb = k^T Diag(lam) H x [BV])`` for x = S_{t-1}, both reductions over
+    K taken from x (independent of each other): kb = (lam k)^T x - beta (k^T Diag(lam) k) kx."""
     kl = k * lam
     kx = tl.sum(k[:, None] * x, axis=0)
-    kb = tl.sum(kl[:, None] * x, axis=0) - beta * tl.sum(k * kl) * kx
-    return lam[:, None] * x - (beta * kl)[:, None] * kx[None, :] + k[:, None] * (v - beta * kb)[None, :]
+    return kl, kx, tl.sum(kl[:, None] * x, axis=0) - beta * tl.sum(k * kl) * kx
+
+
+@triton.jit
+def _step_lean(x, k, lam, beta, v):
+    """:func:`_step` in three tile passes from :func:`_lean_reads` (a step's chain holds one reduction instead
+    of two): H Diag(lam) H x + k v^T = lam (.) x - beta (lam k) kx^T + k w^T, w = v - beta kb. Returns
+    ``(S_t, k (.) lam, kx, w)``: the forward reads o_t from x with them."""
+    kl, kx, kb = _lean_reads(x, k, lam, beta)
+    w = v - beta * kb
+    return lam[:, None] * x - (beta * kl)[:, None] * kx[None, :] + k[:, None] * w[None, :], kl, kx, w
 
 
 @triton.jit
@@ -172,13 +180,10 @@ def _fused_recurrent_hdla_fwd_kernel(
         row_n = ((i_b * T + _token(tl.minimum(p + 1, T - 1), T, rev)) * H + i_h).to(tl.int64)
         q_n, k_n, lam_n, v_n, beta_n = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_n, ck, cv, mk, mv, K, V)
         if LEAN:
-            kl = k * lam
-            kx = tl.sum(k[:, None] * s, axis=0)
-            kb = tl.sum(kl[:, None] * s, axis=0) - beta * tl.sum(k * kl) * kx
-            w = v - beta * kb
+            s_new, kl, kx, w = _step_lean(s, k, lam, beta, v)
             qk = tl.sum(q * k)
             o = tl.sum((q * lam)[:, None] * s, axis=0) - beta * tl.sum(q * kl) * kx + qk * w - (1.0 - own) * qk * v
-            s = lam[:, None] * s - (beta * kl)[:, None] * kx[None, :] + k[:, None] * w[None, :]
+            s = s_new
         else:
             a, _ = _house(s, k, beta)
             s, _ = _house(lam[:, None] * a, k, beta)
@@ -251,7 +256,7 @@ def _fused_recurrent_hdla_bwd_kernel(
         if p % CK == 0:
             tl.store(ckpt_ptr + c_base + (p // CK) * BK * BV + c_off, s)
         if LEAN:
-            s = _step_lean(s, k, lam, beta, v)
+            s = _step_lean(s, k, lam, beta, v)[0]
         else:
             s = _step(s, k, lam, beta, v)
         # dq = scale (S_t - (1 - own) k v^T) do needs no cotangent of the state: it is taken on the way forward
@@ -303,7 +308,7 @@ def _step_at(x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck
     row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
     _, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
     if LEAN:
-        x = _step_lean(x, k, lam, beta, v)
+        x = _step_lean(x, k, lam, beta, v)[0]
     else:
         x = _step(x, k, lam, beta, v)
     return x
@@ -356,9 +361,7 @@ def _bwd_token_lean(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, d
         W1 = 1 w^T - beta lambda kx^T,   W2 = -beta (1 kda^T + lambda ky^T)
 
     (expanding b, da and Y = db + beta k ky^T in :func:`_dk_write`'s terms). The same values up to rounding."""
-    kl = k * lam
-    kx = tl.sum(k[:, None] * x, axis=0)
-    kb = tl.sum(kl[:, None] * x, axis=0) - beta * tl.sum(k * kl) * kx
+    kl, kx, kb = _lean_reads(x, k, lam, beta)
     a = x - (beta * k)[:, None] * kx[None, :]
     y += (q * scale)[:, None] * do[None, :]
     db, ky = _house(y, k, beta)
@@ -396,7 +399,7 @@ CHECKPOINT_EVERY = 4
 # (_step_lean), recomputes each segment's states once into scratch instead of each token's S_{t-1} from the
 # checkpoint (3 instead of 6 steps per segment of 4 tokens) and takes each token back in fewer tile passes
 # (_bwd_token_lean); the forward (``$HDLA_VISION_RECURRENT_LEAN_FWD=1``) steps by _step_lean and reads o_t from
-# S_{t-1} (on sm_90a 451 against 437 SASS instructions per token and 160 against 136 registers, but no reduction
+# S_{t-1} (on sm_90a 438 against 437 SASS instructions per token and 168 against 136 registers, but no reduction
 # of a step waits on another: the forward's step is bound by latency).
 LEAN_BACKWARD = False
 LEAN_FORWARD = False
