@@ -95,8 +95,6 @@ DIAG_LIMIT = 35.0
 F1_HDLA_GRAM = False
 
 
-
-
 def f1_hdla_gram() -> bool:
     """Whether F1 takes HDLA's Grams as one product: ``$HDLA_VISION_F1_GRAM``, else :data:`F1_HDLA_GRAM`."""
     return env_switch("HDLA_VISION_F1_GRAM", F1_HDLA_GRAM)
@@ -440,7 +438,7 @@ def _decayed_mm(x, gx, y, gy, SCALAR: tl.constexpr, F32: tl.constexpr, LOWP: tl.
     """An off-diagonal Gram block ``x y^T``: vector decay has its factors in x and y already (:func:`_gram`); scalar
     decay multiplies by the exact decay matrix e^{gx_t - gy_i} (gx ``[rows, 1]``, gy ``[1, cols]``)."""
     if SCALAR:
-        return _mm(x, tl.trans(y), F32, LOWP) * tl.exp(gx - gy)
+        return _gram(x, y, F32, LOWP) * tl.exp(gx - gy)
     else:
         return _gram(x, y, F32, LOWP)
 
