@@ -14,11 +14,7 @@ FAMILIES="auto chunk16 chunk64"
 (timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_training_compile.py > "$OUT/gpu_tests.txt" 2>&1
  stamp "engine CUDA-graph tests done (rc $?)") &
 for fam in $FAMILIES; do
-  for res in 224 512; do
-    (HDLA_VISION_KERNELS=$fam timeout 200 nice -n 10 python3 -m benchmarks.models --models hdla_tiny \
-       --resolutions $res --modes train --cuda-graphs --no-eager --warmup-ms 1 --rep-ms 1 \
-       --out "$OUT/warm_${fam}_$res" > "$OUT/warm_${fam}_$res.txt" 2>&1; stamp "warm $fam $res done (rc $?)") &
-  done
+  HDLA_VISION_KERNELS=$fam WARM_TAG=$fam warm_models 200 hdla_tiny "224 512" --modes train --cuda-graphs --no-eager
 done
 warm_models 200 deit_tiny_patch16_224 "224 512" --modes train --cuda-graphs --no-eager
 wait

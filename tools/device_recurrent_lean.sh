@@ -16,18 +16,19 @@ source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
 (HDLA_VISION_RECURRENT_LEAN=1 HDLA_VISION_RECURRENT_LEAN_FWD=1 timeout 180 python3 -m pytest -q -p no:cacheprovider \
    -m gpu tests/ops/test_recurrent_hdla.py > "$OUT/gpu_tests_lean.txt" 2>&1; stamp "gpu tests (lean) done (rc $?)") &
-graphed() {  # graphed NAME LEAN FWD MODEL MODE "RESOLUTIONS" WARMUP_MS REP_MS SECONDS
+graphed() {  # graphed NAME LEAN FWD MODEL MODE "RESOLUTIONS" WARMUP_MS REP_MS SECONDS: one timed CUDA-graph run
   mkdir -p "$OUT/$1"
-  HDLA_VISION_RECURRENT_LEAN=$2 HDLA_VISION_RECURRENT_LEAN_FWD=$3 timeout "$9" nice -n "${NICE:-0}" python3 -m \
-    benchmarks.models --models "$4" --modes $5 --resolutions $6 --cuda-graphs --no-eager --warmup-ms "$7" \
-    --rep-ms "$8" --out "$OUT/$1" > "$OUT/$1/models.txt" 2>&1
+  HDLA_VISION_RECURRENT_LEAN=$2 HDLA_VISION_RECURRENT_LEAN_FWD=$3 timeout "$9" python3 -m benchmarks.models \
+    --models "$4" --modes $5 --resolutions $6 --cuda-graphs --no-eager --warmup-ms "$7" --rep-ms "$8" \
+    --out "$OUT/$1" > "$OUT/$1/models.txt" 2>&1
   stamp "$1 done (rc $?)"
 }
 for x in 0 1; do
-  NICE=10 graphed "warm_train_$x" "$x" 0 hdla_tiny train 224 1 1 180 &
-  NICE=10 graphed "warm_infer_$x" 0 "$x" hdla_tiny infer "224 1024" 1 1 180 &
+  HDLA_VISION_RECURRENT_LEAN=$x WARM_TAG=train$x warm_models 180 hdla_tiny 224 --modes train --cuda-graphs --no-eager
+  HDLA_VISION_RECURRENT_LEAN_FWD=$x WARM_TAG=infer$x warm_models 180 hdla_tiny "224 1024" --modes infer --cuda-graphs \
+    --no-eager
 done
-NICE=10 graphed warm_deit 0 0 deit_tiny_patch16_224 "train infer" "224 1024" 1 1 180 &
+warm_models 180 deit_tiny_patch16_224 "224 1024" --cuda-graphs --no-eager
 wait
 rm -rf "$OUT"/warm_*
 for x in 0 1; do

@@ -24,15 +24,18 @@ pack() {
 }
 # warm_models SECONDS "MODELS" "RESOLUTIONS" [benchmarks.models flags ...]: in the background, one benchmarks.models
 # process per (model, resolution) with 1 ms timings, so that its compilations (Triton, inductor) fill the caches side
-# by side (compiling is CPU-bound) before a timed run; then `wait` for them and `rm -rf "$OUT"/warm_*`.
+# by side (compiling is CPU-bound) before a timed run; then `wait` for them and `rm -rf "$OUT"/warm_*`. WARM_TAG
+# (optional) names the outputs apart where the same cells warm under several settings (an environment variable
+# set for the call, e.g. `HDLA_VISION_KERNELS=chunk16 WARM_TAG=chunk16 warm_models ...`).
 warm_models() {
-  local limit=$1 models=$2 resolutions=$3 model res
+  local limit=$1 models=$2 resolutions=$3 model res name
   shift 3
   for model in $models; do
     for res in $resolutions; do
+      name=warm_${WARM_TAG:+${WARM_TAG}_}${model}_$res
       (timeout "$limit" nice -n 10 python3 -m benchmarks.models --models "$model" --resolutions "$res" "$@" \
-         --warmup-ms 1 --rep-ms 1 --out "$OUT/warm_${model}_$res" > "$OUT/warm_${model}_$res.txt" 2>&1
-       stamp "warm $model $res done (rc $?)") &
+         --warmup-ms 1 --rep-ms 1 --out "$OUT/$name" > "$OUT/$name.txt" 2>&1
+       stamp "$name done (rc $?)") &
     done
   done
 }
