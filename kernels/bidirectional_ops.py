@@ -334,11 +334,11 @@ def _fused_generalized(q, k, v, a, b, g, scale, initial_state, output_final_stat
     return _contiguous(y, state, h.view(2, q.shape[0], *h.shape[1:]))
 
 
-def generalized_bidirectional_path(q: Tensor, k: Tensor, a: Tensor, g: Tensor) -> str:
-    """The path the bidirectional generalized op takes for these inputs under the kernel setting
-    (``custom_ops._path``; k, a shared or stacked, g ``[2, B, T, H(, K)]``)."""
+def generalized_bidirectional_path(q: Tensor, k: Tensor, a: Tensor, g: Tensor, path: str = AUTO) -> str:
+    """The path the bidirectional generalized op takes for these inputs (``custom_ops._generalized_path``: auto
+    picks under the kernel setting, another ``path`` is checked; k, a shared or stacked, g ``[2, B, T, H(, K)]``)."""
     ks, as_ = (x[0] if per_direction(x, 5) else x for x in (k, a))
-    return _generalized_path(q, ks, as_, g.dim() == 4, bidirectional=True)
+    return _generalized_path(q, ks, as_, g.dim() == 4, path, bidirectional=True)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_bidirectional", mutates_args=())
@@ -349,8 +349,7 @@ def chunk_generalized_bidirectional_op(
     """The bidirectional generalized op on checked inputs (``ops.chunk_generalized_bidirectional``):
     ``(y, state, x)``, see the module docstring; ``path`` as ``custom_ops.chunk_generalized_op``'s."""
     stacked = stacked_inputs(k, v, a, b)
-    ks, vs, as_, bs = (x[0] if stacked[n] else x for n, x in dict(k=k, v=v, a=a, b=b).items())
-    path = _generalized_path(q, ks, as_, g.dim() == 4, path, bidirectional=True)
+    path = generalized_bidirectional_path(q, k, a, g, path)
     check_log_decay(g)
     if path == FUSED:
         return _fused_generalized(q, k, v, a, b, g, scale, initial_state, output_final_state)
@@ -362,9 +361,8 @@ def chunk_generalized_bidirectional_op(
 
 @chunk_generalized_bidirectional_op.register_fake
 def _(q, k, v, a, b, g, scale, initial_state, output_final_state, path=AUTO):
-    ks, as_ = k[0] if per_direction(k, 5) else k, a[0] if per_direction(a, 5) else a
-    path = _generalized_path(q, ks, as_, g.dim() == 4, path, bidirectional=True)
-    return _fake_bidirectional(q, v, output_final_state, path, as_.shape[-2], ks.shape[-2], scalar=g.dim() == 4)
+    path = generalized_bidirectional_path(q, k, a, g, path)
+    return _fake_bidirectional(q, v, output_final_state, path, a.shape[-2], k.shape[-2], scalar=g.dim() == 4)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::chunk_generalized_bidirectional_backward", mutates_args=())
@@ -377,8 +375,7 @@ def chunk_generalized_bidirectional_backward_op(
     the forward's."""
     stacked = stacked_inputs(k, v, a, b)
     inputs = dict(k=k, v=v, a=a, b=b)
-    ks, vs, as_, bs = (t[0] if stacked[n] else t for n, t in inputs.items())
-    path = _generalized_path(q, ks, as_, g.dim() == 4, path, bidirectional=True)
+    path = generalized_bidirectional_path(q, k, a, g, path)
     if path == FUSED:
         from .generalized import bwd
 
