@@ -43,12 +43,12 @@ def runs(tmp_path_factory, data_dir):
     return out
 
 
-def _assert_same_weights(got_dir, expected_dir):
+def _assert_same_weights(got_dir, expected_dir, atol=1e-6):
     for name in ("model.safetensors", "model_ema.safetensors"):
         expected, got = load_file(str(expected_dir / name)), load_file(str(got_dir / name))
         assert got.keys() == expected.keys()
         for key in expected:
-            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=1e-6, msg=f"{name}:{key}")
+            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=atol, msg=f"{name}:{key}")
 
 
 def test_compiled_training_equals_eager(runs):
@@ -94,35 +94,60 @@ def test_unknown_compile_backend_is_refused(data_dir, tmp_path):
         _config(data_dir, True, compile_backend="in ductor")
 
 
-def test_compile_mode_is_checked_against_backend_and_accumulation(data_dir):
-    """An unknown mode, a mode with a backend other than inductor, and CUDA graphs with gradient accumulation
-    are refused by the schema, each naming its key."""
+def test_compile_mode_is_checked_against_backend(data_dir):
+    """An unknown mode and a mode with a backend other than inductor are refused by the schema, each naming
+    its key; CUDA graphs with gradient accumulation are accepted (runner.grads_in_place)."""
     with pytest.raises(ValueError, match="config key 'train.compile_mode' must be one of 'default', "
                                          "'reduce-overhead'.*got 'fast'"):
         _config(data_dir, True, compile_mode="fast")
     with pytest.raises(ValueError, match="config key 'train.compile_mode' must be 'default' unless "
                                          "train.compile_backend is 'inductor'"):
         _config(data_dir, True, compile_mode="reduce-overhead")  # _config's backend is aot_eager
-    with pytest.raises(ValueError, match="config key 'train.grad_accum_steps' must be 1 with "
-                                         "train.compile_mode='reduce-overhead'.*got 2"):
-        _config(data_dir, True, compile_backend="inductor", compile_mode="reduce-overhead", grad_accum_steps=2)
-    assert _config(data_dir, False, compile_mode="max-autotune-no-cudagraphs",
-                   compile_backend="inductor", grad_accum_steps=2).train.grad_accum_steps == 2
+    graphs = _config(data_dir, True, compile_backend="inductor", compile_mode="reduce-overhead", grad_accum_steps=2)
+    assert runner.grads_in_place(graphs)
+    assert not runner.grads_in_place(_config(data_dir, True, compile_backend="inductor",
+                                             compile_mode="reduce-overhead"))
+    assert not runner.grads_in_place(_config(data_dir, True, compile_backend="inductor",
+                                             compile_mode="max-autotune-no-cudagraphs", grad_accum_steps=2))
+
+
+def test_gradients_kept_in_place_accumulate_as_freed_ones(data_dir, tmp_path, monkeypatch):
+    """``grads_in_place`` (what CUDA graphs with accumulation run: every .grad allocated up front, zeroed instead
+    of freed) trains a 2-micro-step run to the same weights, bit for bit, as .grad freed after each update; and
+    the .grad tensors are the ones allocated before the first step."""
+    runs, allocate = {}, runner.allocate_grads
+    for in_place in (False, True):
+        reset_accelerate_state()
+        monkeypatch.setattr(runner, "grads_in_place", lambda config, in_place=in_place: in_place)
+        allocated = {}
+
+        def allocate_and_keep(model, allocated=allocated):
+            allocate(model)
+            allocated.update(model=model, grads={name: p.grad for name, p in model.named_parameters()})
+        monkeypatch.setattr(runner, "allocate_grads", allocate_and_keep)
+        runs[in_place] = tmp_path / f"in_place_{in_place}"
+        runner.train(_config(data_dir, False, grad_accum_steps=2), runs[in_place])
+        assert bool(allocated) == in_place
+        if in_place:
+            assert all(p.grad is allocated["grads"][name] for name, p in allocated["model"].named_parameters())
+    _assert_same_weights(runs[True], runs[False], atol=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_graph_training_equals_eager(data_dir, tmp_path):
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_cuda_graph_training_equals_eager(data_dir, tmp_path, accumulation):
     """``train.compile_mode=reduce-overhead`` on CUDA: the step replays CUDA graphs (none skipped) and trains
-    as the eager run does (fp32, 7 steps; inductor's fused kernels round differently from eager's)."""
+    as the eager run does (fp32, 7 steps; inductor's fused kernels round differently from eager's), also with
+    the gradients of two micro-steps accumulated (``runner.grads_in_place``)."""
     dirs = {}
     for compile_ in (False, True):
         reset_accelerate_state()
         torch._dynamo.reset()
         counters.clear()
         dirs[compile_] = tmp_path / f"compile_{compile_}"
-        runner.train(_config(data_dir, compile_, compile_backend="inductor", compile_mode="reduce-overhead"),
-                     dirs[compile_])
+        runner.train(_config(data_dir, compile_, compile_backend="inductor", compile_mode="reduce-overhead",
+                             grad_accum_steps=accumulation), dirs[compile_])
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert counters["stats"]["unique_graphs"] == 1
     eager, graphed = (read_metrics(dirs[c] / "metrics.jsonl") for c in (False, True))

@@ -257,11 +257,6 @@ def validate(config: Config) -> None:
          "one of " + ", ".join(map(repr, COMPILE_MODES))),
         (config.train.compile_mode == "default" or config.train.compile_backend == "inductor", "train.compile_mode",
          "'default' unless train.compile_backend is 'inductor' (the modes are inductor's)"),
-        # CUDA graph trees hand out .grad from their pool and the next micro-step's replay overwrites it
-        # (pytorch/pytorch#169545): accumulation over micro-steps would silently lose gradients
-        (not (config.train.compile and config.train.compile_mode in CUDA_GRAPH_MODES)
-         or config.train.grad_accum_steps == 1, "train.grad_accum_steps",
-         f"1 with train.compile_mode={config.train.compile_mode!r} (CUDA graphs overwrite accumulated gradients)"),
     ]
     for ok, key, expected in checks:
         if not ok:

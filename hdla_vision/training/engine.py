@@ -38,6 +38,8 @@ class TrainParts:
     record_indices: bool = False  # keep every sample index trained on (train.consistency_checks)
     compiled: Optional[torch.nn.Module] = None  # torch.compile(model) (train.compile): the training step's forward;
     # it wraps ``model`` and shares its parameters, so checkpoints, exports and evaluation use ``model`` itself
+    grads_in_place: bool = False  # .grad stays allocated across steps (zeroed, never set to None): micro-steps add
+    # into it. Needed by CUDA graphs with accumulation, see runner.keep_grads_in_place
 
 
 @dataclass
@@ -167,7 +169,7 @@ def _train_step(parts: TrainParts, images: torch.Tensor, targets: torch.Tensor) 
         if acc.sync_gradients and parts.clip_grad:
             acc.clip_grad_norm_(parts.model.parameters(), parts.clip_grad)
         parts.optimizer.step()
-        parts.optimizer.zero_grad(set_to_none=True)
+        parts.optimizer.zero_grad(set_to_none=not parts.grads_in_place)
     return loss
 
 

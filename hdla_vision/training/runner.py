@@ -16,7 +16,7 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 
 from hdla_vision.training import checkpoint as ckpt
-from hdla_vision.training.config import Config
+from hdla_vision.training.config import CUDA_GRAPH_MODES, Config
 from hdla_vision.training.data import build_data, resolve_data_root
 from hdla_vision.training.engine import TrainParts, evaluate, train_one_epoch
 from hdla_vision.training.interrupt import StopOnInterrupt, TrainingInterrupted
@@ -102,9 +102,32 @@ def setup(config: Config, data_dir: Optional[str] = None, output_dir: Optional[P
         record_indices=config.train.consistency_checks,
         compiled=(compile_for_training(model, config.train.compile_backend, config.train.compile_mode)
                   if config.train.compile else None),
+        grads_in_place=grads_in_place(config),
     )
+    if parts.grads_in_place:
+        allocate_grads(model)
     return Setup(accelerator, parts, val_loader, per_process, peak_lr, data.num_classes,
                  data.train_order.num_samples)
+
+
+def grads_in_place(config: Config) -> bool:
+    """Whether the run keeps every ``.grad`` allocated across steps (``TrainParts.grads_in_place``): where the
+    step replays CUDA graphs (``train.compile_mode`` reduce-overhead or max-autotune) and accumulates gradients.
+
+    Under CUDA graph trees the backward's gradients are outputs of the recorded graph, in its memory pool.
+    Autograd installs a gradient as ``.grad`` where ``.grad`` is None, so the next micro-step's replay would
+    overwrite the gradient accumulated so far (pytorch/pytorch#169545). With ``.grad`` allocated outside the
+    pool (:func:`allocate_grads`) and zeroed instead of freed after each optimizer step, autograd adds each
+    micro-step's gradient into it."""
+    t = config.train
+    return t.compile and t.compile_mode in CUDA_GRAPH_MODES and t.grad_accum_steps > 1
+
+
+def allocate_grads(model: torch.nn.Module) -> None:
+    """A zero ``.grad`` for every trainable parameter that has none (outside any CUDA graph pool)."""
+    for param in model.parameters():
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)
 
 
 def check_compile_backend(name: str) -> None:
