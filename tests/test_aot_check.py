@@ -59,26 +59,6 @@ def test_generalized_decoding_kernel_compiles_for_the_h100_without_spills(dk, r_
     assert 0 < record["reg"] <= 255 and record["stack"] == 0 and record["local"] == 0, format_records(records)
 
 
-def test_lean_recurrence_kernels_compile_for_the_h100_without_spills(monkeypatch):
-    """The recurrence's lean forward and backward (``$HDLA_VISION_RECURRENT_LEAN_FWD`` / ``_LEAN``, both directions,
-    d = 64, bf16): the interpreter runs them without Triton's type checks (a loop-carried variable whose type
-    changed passed it and failed to compile), so they are compiled here."""
-    from hdla_vision.kernels.hdla import fused_recurrent as rec
-
-    monkeypatch.setenv("HDLA_VISION_RECURRENT_LEAN", "1")
-    monkeypatch.setenv("HDLA_VISION_RECURRENT_LEAN_FWD", "1")
-    batch, seq_len, heads, dk = 1, 9, 1, 64
-    q, k, v, do = (torch.zeros(batch, seq_len, heads, dk, dtype=torch.bfloat16) for _ in range(4))
-    beta, g = torch.zeros(2, batch, seq_len, heads, dtype=torch.bfloat16), torch.zeros(2, batch, seq_len, heads, dk)
-    with compile_only() as records:
-        rec.triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, 1.0, None)
-        rec.triton_fused_recurrent_hdla_bidirectional_backward(do, None, q, k, v, beta, g, 1.0, None)
-    lean = {r["kernel"]: r for r in records if r["constexprs"].get("LEAN")}
-    assert set(lean) == {"_fused_recurrent_hdla_fwd_kernel", "_fused_recurrent_hdla_bwd_kernel"}, format_records(records)
-    assert all(0 < r["reg"] <= 255 and r["stack"] == 0 and r["local"] == 0 for r in lean.values()), \
-        format_records(records)
-
-
 @pytest.mark.parametrize("diag_limit, record_path", [(35.0, False), (0.0, False), (35.0, True)])
 def test_forward_intra_kernel_compiles_for_the_h100(diag_limit, record_path):
     """F1ab (``chunk_intra_kernel``) with its factored diagonal blocks and their levels (limit 35, the

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..generalized.bwd import scratch_batch_slices
 from ..generalized.two_level import device_sm_count
-from ..utils import cdiv, check_hdla_inputs, env_switch, next_power_of_2, per_batch_slice
+from ..utils import cdiv, check_hdla_inputs, next_power_of_2, per_batch_slice
 
 
 def torch_fused_recurrent_hdla(
@@ -96,25 +96,6 @@ def _step(x, k, lam, beta, v):
 
 
 @triton.jit
-def _lean_reads(x, k, lam, beta):
-    """``(k (.) lam [BK], kx = k^T x [BV], kb = k^T Diag(lam) H x [BV])`` for x = S_{t-1}, both reductions over
-    K taken from x (independent of each other): kb = (lam k)^T x - beta (k^T Diag(lam) k) kx."""
-    kl = k * lam
-    kx = tl.sum(k[:, None] * x, axis=0)
-    return kl, kx, tl.sum(kl[:, None] * x, axis=0) - beta * tl.sum(k * kl) * kx
-
-
-@triton.jit
-def _step_lean(x, k, lam, beta, v):
-    """:func:`_step` in three tile passes from :func:`_lean_reads` (a step's chain holds one reduction instead
-    of two): H Diag(lam) H x + k v^T = lam (.) x - beta (lam k) kx^T + k w^T, w = v - beta kb. Returns
-    ``(S_t, k (.) lam, kx, w)``: the forward reads o_t from x with them."""
-    kl, kx, kb = _lean_reads(x, k, lam, beta)
-    w = v - beta * kb
-    return lam[:, None] * x - (beta * kl)[:, None] * kx[None, :] + k[:, None] * w[None, :], kl, kx, w
-
-
-@triton.jit
 def _token(p, T, reverse):
     """Time index of scan step p: p, or T-1-p where ``reverse`` (a constexpr or a runtime 0/1)."""
     return p + reverse * (T - 1 - 2 * p)
@@ -146,15 +127,11 @@ def _fused_recurrent_hdla_fwd_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, o_ptr, ht_ptr,
     scale, T, H, K, V,
     BK: tl.constexpr, BV: tl.constexpr, DIRS: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
-    LEAN: tl.constexpr,
 ):
     """o [DIRS, B, T, H, V] and the final state ht [DIRS, B, H, K, V] (fp32). DIRS = 1: one scan
     (REVERSE); DIRS = 2: grid axis 2 is the direction, beta, g, h0 and o are stacked by direction and
     direction 1 scans t = T-1 .. 0 and leaves its own write out of its output (o_t = scale q_t^T
-    (S_t - k_t v_t^T): the bidirectional ops' correction, kernels/README.md §9). LEAN: the step as
-    :func:`_step_lean` and o_t from S_{t-1} by a third independent reduction, o_t = (lam q)^T S_{t-1}
-    - beta (q^T Diag(lam) k) kx + (q.k) w (the terms of :func:`_step_lean`), so no reduction waits on
-    another within a step."""
+    (S_t - k_t v_t^T): the bidirectional ops' correction, kernels/README.md §9)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     if DIRS == 2:
@@ -179,16 +156,10 @@ def _fused_recurrent_hdla_fwd_kernel(
     for p in range(0, T):
         row_n = ((i_b * T + _token(tl.minimum(p + 1, T - 1), T, rev)) * H + i_h).to(tl.int64)
         q_n, k_n, lam_n, v_n, beta_n = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_n, ck, cv, mk, mv, K, V)
-        if LEAN:
-            s_new, kl, kx, w = _step_lean(s, k, lam, beta, v)
-            qk = tl.sum(q * k)
-            o = tl.sum((q * lam)[:, None] * s, axis=0) - beta * tl.sum(q * kl) * kx + qk * w - (1.0 - own) * qk * v
-            s = s_new
-        else:
-            a, _ = _house(s, k, beta)
-            s, _ = _house(lam[:, None] * a, k, beta)
-            o = tl.sum(q[:, None] * s, axis=0) + own * tl.sum(q * k) * v  # S_t = s + k v^T
-            s += k[:, None] * v[None, :]
+        a, _ = _house(s, k, beta)
+        s, _ = _house(lam[:, None] * a, k, beta)
+        o = tl.sum(q[:, None] * s, axis=0) + own * tl.sum(q * k) * v  # S_t = s + k v^T
+        s += k[:, None] * v[None, :]
         tl.store(o_ptr + row * V + cv, (o * scale).to(o_ptr.dtype.element_ty), mask=mv)
         row, q, k, lam, v, beta = row_n, q_n, k_n, lam_n, v_n, beta_n
     tl.store(ht_ptr + s_off, s, mask=mk[:, None] & mv[None, :])
@@ -196,11 +167,10 @@ def _fused_recurrent_hdla_fwd_kernel(
 
 @triton.jit
 def _fused_recurrent_hdla_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, do_ptr, dht_ptr, ckpt_ptr, seg_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, h0_ptr, do_ptr, dht_ptr, ckpt_ptr,
     dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dh0_ptr,
     scale, T, H, K, V, NCK,
     BK: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr, DIRS: tl.constexpr, REVERSE: tl.constexpr,
-    LEAN: tl.constexpr,
 ):
     """Every gradient of one (batch, head, V-block). dq, dk, dg [DIRS * NV, B, T, H, K] and dbeta
     [DIRS * NV, B, T, H] are this V-block's fp32 partial sums; dv [DIRS, B, T, H, V] (dv's dtype) and dh0
@@ -211,11 +181,7 @@ def _fused_recurrent_hdla_bwd_kernel(
     has none): both state chains then start from a load in the checkpoints' register layout (4 columns of 8
     rows per thread), which Triton keeps through the loops, so the sums over V are cheap and no [BK, BV]
     tile changes layout per token (tl.zeros would start one chain in the default layout, 1 column of 32 rows
-    per thread; with it the kernel ran 2550 instead of 2245 SASS instructions per token on sm_90a).
-    LEAN: the walk back recomputes a segment's states once, keeping all but the last in seg [DIRS, B * H,
-    NV, CK - 1, BK, BV] fp32 scratch (CK - 1 steps a segment instead of CK (CK - 1) / 2), and takes each token
-    back by :func:`_bwd_token_lean`; else each token's S_{t-1} from the checkpoint (seg unused) and
-    :func:`_bwd_token`."""
+    per thread; with it the kernel ran 2550 instead of 2245 SASS instructions per token on sm_90a)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     n_v = tl.num_programs(0)
     i_b, i_h = i_bh // H, i_bh % H
@@ -230,7 +196,6 @@ def _fused_recurrent_hdla_bwd_kernel(
         dht_ptr += states
         dh0_ptr += states
         ckpt_ptr += i_d.to(tl.int64) * tl.num_programs(1) * n_v * NCK * BK * BV
-        seg_ptr += i_d.to(tl.int64) * tl.num_programs(1) * n_v * (CK - 1) * BK * BV
     else:
         rev = REVERSE
         own = 1.0
@@ -240,7 +205,6 @@ def _fused_recurrent_hdla_bwd_kernel(
     ms = mk[:, None] & mv[None, :]
     s_off = i_bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
     c_base = (i_bh.to(tl.int64) * n_v + i_v) * NCK * BK * BV
-    s_base = (i_bh.to(tl.int64) * n_v + i_v) * (CK - 1) * BK * BV
     c_off = ck[:, None] * BV + tl.arange(0, BV)[None, :]
     part = (i_d * n_v + i_v).to(tl.int64) * tl.num_programs(1) * T  # this block's partials: B * T * H rows each
 
@@ -255,10 +219,7 @@ def _fused_recurrent_hdla_bwd_kernel(
         do_n = tl.load(do_ptr + row_n * V + cv, mask=mv, other=0.0).to(tl.float32)
         if p % CK == 0:
             tl.store(ckpt_ptr + c_base + (p // CK) * BK * BV + c_off, s)
-        if LEAN:
-            s = _step_lean(s, k, lam, beta, v)[0]
-        else:
-            s = _step(s, k, lam, beta, v)
+        s = _step(s, k, lam, beta, v)
         # dq = scale (S_t - (1 - own) k v^T) do needs no cotangent of the state: it is taken on the way forward
         dq = tl.sum(s * do[None, :], axis=1) - (1.0 - own) * k * tl.sum(v * do)
         tl.store(dq_ptr + (part + row) * K + ck, dq * scale, mask=mk)
@@ -270,59 +231,25 @@ def _fused_recurrent_hdla_bwd_kernel(
         j = NCK - 1 - jj
         x0 = tl.load(ckpt_ptr + c_base + j * BK * BV + c_off)
         end = tl.minimum(j * CK + CK, T)
-        if LEAN:
-            # the states entering the segment's tokens j CK .. end - 2 into seg, the last one's kept in x
-            tl.debug_barrier()  # the previous segment's reads of seg are done (any thread's, whatever the layout)
+        for ii in range(0, end - j * CK):
+            p = end - 1 - ii
+            row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
+            q, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
+            do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
             x = x0
-            for r in range(j * CK, end - 1):
-                tl.store(seg_ptr + s_base + (r - j * CK) * BK * BV + c_off, x)
-                x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V,
-                             True)
-            tl.debug_barrier()  # the stores are visible to every thread of the program
-            y = _bwd_token_at(y, x, end - 1, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, do_ptr, dk_ptr, dv_ptr, dg_ptr,
-                              dbeta_ptr, part, scale, own, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
-            for ii in range(1, end - j * CK):
-                p = end - 1 - ii
-                x = tl.load(seg_ptr + s_base + (p - j * CK) * BK * BV + c_off)
-                y = _bwd_token_at(y, x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, do_ptr, dk_ptr, dv_ptr, dg_ptr,
-                                  dbeta_ptr, part, scale, own, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
-        else:
-            for ii in range(0, end - j * CK):
-                p = end - 1 - ii
-                row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
-                q, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
-                do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
-                x = x0
-                for r in range(j * CK, p):  # S_{p-1} from the segment's checkpoint
-                    x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V,
-                                 False)
-                y = _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale,
-                               own, ck, cv, mk, mv, K, V)
+            for r in range(j * CK, p):  # S_{p-1} from the segment's checkpoint
+                x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
+            y = _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale, own,
+                           ck, cv, mk, mv, K, V)
     tl.store(dh0_ptr + s_off, y, mask=ms)
 
 
 @triton.jit
-def _step_at(x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V,
-             LEAN: tl.constexpr):
-    """S_p from x = S_{p-1}, p the scan step (its token loaded here); LEAN: by :func:`_step_lean`."""
+def _step_at(x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V):
+    """S_p from x = S_{p-1}, p the scan step (its token loaded here)."""
     row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
     _, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
-    if LEAN:
-        x = _step_lean(x, k, lam, beta, v)[0]
-    else:
-        x = _step(x, k, lam, beta, v)
-    return x
-
-
-@triton.jit
-def _bwd_token_at(y, x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, do_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale,
-                  own, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V):
-    """:func:`_bwd_token_lean` at scan step p (its token and do loaded here), x = S_{p-1}: returns dS_{p-1}."""
-    row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
-    q, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
-    do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
-    return _bwd_token_lean(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale, own, ck,
-                           cv, mk, mv, K, V)
+    return _step(x, k, lam, beta, v)
 
 
 @triton.jit
@@ -351,38 +278,6 @@ def _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_
 
 
 @triton.jit
-def _bwd_token_lean(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale, own, ck, cv, mk,
-                    mv, K, V):
-    """:func:`_bwd_token` in fewer [BK, BV] passes: b = lambda (.) a and da = lambda (.) db are never formed
-    (k^T b = (k lambda)^T x - beta (k^T Diag(lambda) k) k^T x, k^T da = (k lambda)^T db), and dk's four
-    write terms are two products with rank-1-plus-diagonal weights:
-
-        dk = rowsum(db (.) W1 + x (.) W2) + beta k (.) (ky.w + beta lambda (kx.ky)),   w = v - beta kb,
-        W1 = 1 w^T - beta lambda kx^T,   W2 = -beta (1 kda^T + lambda ky^T)
-
-    (expanding b, da and Y = db + beta k ky^T in :func:`_dk_write`'s terms). The same values up to rounding."""
-    kl, kx, kb = _lean_reads(x, k, lam, beta)
-    a = x - (beta * k)[:, None] * kx[None, :]
-    y += (q * scale)[:, None] * do[None, :]
-    db, ky = _house(y, k, beta)
-    dv = ky - (1.0 - own) * scale * tl.sum(q * k) * do
-    tl.store(dv_ptr + row * V + cv, dv.to(dv_ptr.dtype.element_ty), mask=mv)
-    dlam = tl.sum(db * a, axis=1)
-    kda = tl.sum(kl[:, None] * db, axis=0)
-    w = v - beta * kb
-    bl = beta * lam
-    w1 = w[None, :] - bl[:, None] * kx[None, :]
-    w2 = -(beta * kda)[None, :] - bl[:, None] * ky[None, :]
-    dk = (tl.sum(db * w1 + x * w2, axis=1) + (beta * k) * (tl.sum(ky * w) + bl * tl.sum(kx * ky))
-          - (1.0 - own) * scale * tl.sum(v * do) * q)
-    dbeta = -tl.sum(ky * kb) - tl.sum(kda * kx)
-    tl.store(dk_ptr + (part + row) * K + ck, dk, mask=mk)
-    tl.store(dg_ptr + (part + row) * K + ck, dlam * lam, mask=mk)
-    tl.store(dbeta_ptr + part + row, dbeta)
-    return lam[:, None] * db - (beta * k)[:, None] * kda[None, :]
-
-
-@triton.jit
 def _dk_write(db, ky, kb, v, beta, b, k):
     """The [BK, BV] terms of dk through S_t = H b + k v^T: Y v - beta (Y kb + b ky), Y = dS_t; with
     db = H Y, Y = db + beta k ky."""
@@ -394,26 +289,6 @@ def _dk_write(db, ky, kb, v, beta, b, k):
 # prefetch): one warp on 16 state columns was the fastest of 8-64 columns on 1-8 warps, and a checkpoint
 # every 4 tokens the fastest of 4, 8 and 16 (the backward's scratch: one fp32 state per 4 tokens).
 CHECKPOINT_EVERY = 4
-# The lean recurrence (the kernels' LEAN), off by default until a device times it (tools/device_recurrent_lean.sh):
-# the backward (``$HDLA_VISION_RECURRENT_LEAN=1``) steps in three tile passes with independent reductions
-# (_step_lean), recomputes each segment's states once into scratch instead of each token's S_{t-1} from the
-# checkpoint (3 instead of 6 steps per segment of 4 tokens) and takes each token back in fewer tile passes
-# (_bwd_token_lean); the forward (``$HDLA_VISION_RECURRENT_LEAN_FWD=1``) steps by _step_lean and reads o_t from
-# S_{t-1} (on sm_90a 438 against 437 SASS instructions per token and 168 against 136 registers, but no reduction
-# of a step waits on another: the forward's step is bound by latency).
-LEAN_BACKWARD = False
-LEAN_FORWARD = False
-
-
-def lean_backward() -> bool:
-    """Whether the recurrence's backward runs lean: ``$HDLA_VISION_RECURRENT_LEAN``, else :data:`LEAN_BACKWARD`."""
-    return env_switch("HDLA_VISION_RECURRENT_LEAN", LEAN_BACKWARD)
-
-
-def lean_forward() -> bool:
-    """Whether the recurrence's forward runs lean: ``$HDLA_VISION_RECURRENT_LEAN_FWD``, else :data:`LEAN_FORWARD`."""
-    return env_switch("HDLA_VISION_RECURRENT_LEAN_FWD", LEAN_FORWARD)
-
 # Warps of the backward resident per SM: it takes 255 registers a thread (ncu on the H100,
 # benchmarks/results/recurrent_h100/profile/ncu_recurrence_m224.txt), so 65536 / (256 * 32) = 8.
 BWD_RESIDENT_WARPS_PER_SM = 8
@@ -446,8 +321,7 @@ def triton_fused_recurrent_hdla(q, k, v, beta, g, scale: Optional[float] = None,
     block_k, block_v, warps = _config(dk, dv)
     _fused_recurrent_hdla_fwd_kernel[(cdiv(dv, block_v), batch * heads, 1)](
         q, k, v, beta, g, h0, o, state, 1.0 if scale is None else float(scale), seq_len, heads, dk, dv,
-        BK=block_k, BV=block_v, DIRS=1, REVERSE=int(reverse), HAS_H0=initial_state is not None, LEAN=lean_forward(),
-        num_warps=warps)
+        BK=block_k, BV=block_v, DIRS=1, REVERSE=int(reverse), HAS_H0=initial_state is not None, num_warps=warps)
     return o, state
 
 
@@ -466,8 +340,7 @@ def triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, scale: float,
     block_k, block_v, warps = _config(dk, dv)
     _fused_recurrent_hdla_fwd_kernel[(cdiv(dv, block_v), batch * heads, 2)](
         q, k, v, beta, g, h0, o, states, float(scale), seq_len, heads, dk, dv,
-        BK=block_k, BV=block_v, DIRS=2, REVERSE=0, HAS_H0=initial_state is not None, LEAN=lean_forward(),
-        num_warps=warps)
+        BK=block_k, BV=block_v, DIRS=2, REVERSE=0, HAS_H0=initial_state is not None, num_warps=warps)
     return (o[0] + o[1]).to(q.dtype), states
 
 
@@ -524,14 +397,12 @@ def _backward_occupancy(device: torch.device, heads: int, dk: int, dv: int, dirs
 
 def transient_bytes_per_batch(seq_len: int, heads: int, dk: int, dv: int, dirs: int) -> int:
     """Bytes the backward launch allocates per batch element beyond its outputs: the fp32 checkpoints (a
-    ``[BK, BV]`` block per V-block every ``CHECKPOINT_EVERY`` tokens, and ``CHECKPOINT_EVERY - 1`` more for a
-    segment's states with :func:`lean_backward`), the fp32 V-block partials of dq, dk, dg
+    ``[BK, BV]`` block per V-block every ``CHECKPOINT_EVERY`` tokens), the fp32 V-block partials of dq, dk, dg
     and dbeta, both directions' fp32 dv (``dirs`` = 2) and the one zero state it reads in place of h0 and / or
     dht."""
     block_k, block_v, _ = _bwd_config(dk, dv)
     n_v = cdiv(dv, block_v)
-    checkpoints = cdiv(seq_len, CHECKPOINT_EVERY) + (CHECKPOINT_EVERY - 1 if lean_backward() else 0)
-    per_head = (n_v * checkpoints * block_k * block_v + n_v * seq_len * (3 * dk + 1)
+    per_head = (n_v * cdiv(seq_len, CHECKPOINT_EVERY) * block_k * block_v + n_v * seq_len * (3 * dk + 1)
                 + (seq_len * dv if dirs == 2 else 0) + dk * dv)
     return 4 * dirs * heads * per_head
 
@@ -547,8 +418,6 @@ def _backward_launch(do, dht, q, k, v, beta, g, scale: float, initial_state, rev
     f32 = dict(device=q.device, dtype=torch.float32)
     lead = (dirs,) if dirs == 2 else ()
     ckpt = torch.empty(dirs * batch * heads * n_v * n_ck * block_k * block_v, **f32)
-    lean = lean_backward()
-    seg = torch.empty(dirs * batch * heads * n_v * (CHECKPOINT_EVERY - 1) * block_k * block_v if lean else 1, **f32)
     dq_p = torch.empty(dirs * n_v, batch, seq_len, heads, dk, **f32)
     dk_p, dg_p = torch.empty_like(dq_p), torch.empty_like(dq_p)
     dbeta_p = torch.empty(dirs * n_v, batch, seq_len, heads, **f32)
@@ -558,10 +427,9 @@ def _backward_launch(do, dht, q, k, v, beta, g, scale: float, initial_state, rev
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else zeros
     dht = dht.to(torch.float32).contiguous() if dht is not None else zeros
     _fused_recurrent_hdla_bwd_kernel[(n_v, batch * heads, dirs)](
-        q, k, v, beta, g, h0, do, dht, ckpt, seg, dq_p, dk_p, dv_, dbeta_p, dg_p, dh0,
+        q, k, v, beta, g, h0, do, dht, ckpt, dq_p, dk_p, dv_, dbeta_p, dg_p, dh0,
         scale, seq_len, heads, dk, dv, n_ck,
-        BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, DIRS=dirs, REVERSE=int(reverse), LEAN=lean,
-        num_warps=warps)
+        BK=block_k, BV=block_v, CK=CHECKPOINT_EVERY, DIRS=dirs, REVERSE=int(reverse), num_warps=warps)
 
     # the epilogue in one launch: the V-block partials summed (per direction for the gates, over both for the
     # inputs they share) and cast; dv of one direction is already in v's dtype

@@ -232,38 +232,6 @@ def test_backward_in_batch_slices_equals_one_launch(backend, dirs, monkeypatch):
         assert a.shape == b.shape and rel_err(a, b) < 1e-6, name  # NaN fails
 
 
-@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
-@pytest.mark.parametrize("dirs", [1, 2])
-def test_lean_recurrence_equals_the_default(backend, dirs, monkeypatch):
-    """The lean recurrence (``$HDLA_VISION_RECURRENT_LEAN=1`` and ``_FWD=1``: each step in three tile passes,
-    the forward's output from the state before the step, the backward's segment states kept in scratch and
-    each token taken back in fewer tile passes) gives the default kernels' outputs, final states and
-    gradients, at a length whose last segment holds one token, initial states and state cotangents, gates
-    to -20, beta at 0 and 2 (the same sums in another order: within 1e-5), one reversed scan and both
-    directions."""
-    from hdla_vision.kernels.hdla import fused_recurrent as rec
-
-    p = _bidirectional_inputs(backend, batch=2, seq_len=13, heads=1, dk=16, dv=20, g_min=-20.0)  # segments 4, 4, 4, 1
-    p["beta"][:, :, 0::3], p["beta"][:, :, 1::3] = 0.0, 2.0
-    q, k, v = p["q"], p["k"], p["v"]
-    if dirs == 2:
-        args = (p["beta"], p["g"], 0.5, p["initial_state"])
-        forward = rec.triton_fused_recurrent_hdla_bidirectional
-        backward = rec.triton_fused_recurrent_hdla_bidirectional_backward
-    else:
-        args = (p["beta"][1], p["g"][1], 0.5, p["initial_state"][1])
-        forward = lambda *a: rec.triton_fused_recurrent_hdla(*a, reverse=True)  # noqa: E731
-        backward = lambda *a: rec.triton_fused_recurrent_hdla_backward(*a, reverse=True)  # noqa: E731
-    do, dht = torch.randn_like(v), torch.randn_like(args[-1])
-    runs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("HDLA_VISION_RECURRENT_LEAN", flag)
-        monkeypatch.setenv("HDLA_VISION_RECURRENT_LEAN_FWD", flag)
-        runs[flag] = (*forward(q, k, v, *args), *backward(do, dht, q, k, v, *args))
-    for name, a, b in zip(("o", "state", "dq", "dk", "dv", "dbeta", "dg", "dh0"), runs["1"], runs["0"]):
-        assert rel_err(a, b) < 1e-5, (name, rel_err(a, b))  # NaN fails
-
-
 @pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
 @pytest.mark.parametrize("h0", [True, False])
 def test_bidirectional_recurrence_opcheck(backend, h0):
