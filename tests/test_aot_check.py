@@ -59,6 +59,26 @@ def test_generalized_decoding_kernel_compiles_for_the_h100_without_spills(dk, r_
     assert 0 < record["reg"] <= 255 and record["stack"] == 0 and record["local"] == 0, format_records(records)
 
 
+def test_recurrence_kernels_compile_for_the_h100():
+    """The recurrence's forward and backward, both directions in one launch, d = 64, bf16: the interpreter runs
+    them without Triton's type checks (a loop-carried variable whose type changes passes it and fails to
+    compile), so they are compiled here. The forward keeps its state in registers with no spill; the backward
+    takes all 255 registers with a few bytes of stack (8 on 2026-11-29, Triton 3.6; kernels/README.md §11 has
+    its profile): a change that spills more fails here."""
+    from hdla_vision.kernels.hdla import fused_recurrent as rec
+
+    batch, seq_len, heads, dk = 1, 9, 1, 64
+    q, k, v, do = (torch.zeros(batch, seq_len, heads, dk, dtype=torch.bfloat16) for _ in range(4))
+    beta, g = torch.zeros(2, batch, seq_len, heads, dtype=torch.bfloat16), torch.zeros(2, batch, seq_len, heads, dk)
+    with compile_only() as records:
+        rec.triton_fused_recurrent_hdla_bidirectional(q, k, v, beta, g, 1.0, None)
+        rec.triton_fused_recurrent_hdla_bidirectional_backward(do, None, q, k, v, beta, g, 1.0, None)
+    by_name = {r["kernel"]: r for r in records}
+    fwd, bwd = by_name["_fused_recurrent_hdla_fwd_kernel"], by_name["_fused_recurrent_hdla_bwd_kernel"]
+    assert 0 < fwd["reg"] <= 255 and fwd["stack"] == 0 and fwd["local"] == 0, format_records(records)
+    assert 0 < bwd["reg"] <= 255 and bwd["stack"] <= 64, format_records(records)
+
+
 @pytest.mark.parametrize("diag_limit, record_path", [(35.0, False), (0.0, False), (35.0, True)])
 def test_forward_intra_kernel_compiles_for_the_h100(diag_limit, record_path):
     """F1ab (``chunk_intra_kernel``) with its factored diagonal blocks and their levels (limit 35, the
