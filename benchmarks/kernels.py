@@ -34,6 +34,10 @@ SHAPES = {
     "hires": (8, 4096, 3, 64),
     "lm": (4, 4096, 16, 128),
     "long": (2, 16384, 3, 64),  # the 2048 px backbone's shape: few programs
+    # one scan over both directions' sequences of a bidirectional block at benchmarks/models.py's batches: the
+    # work of hdla_tiny's scan op per block at 224 px (batch 256) and 1024 px (batch 16)
+    "b224": (512, 196, 3, 64),
+    "b1024": (32, 4096, 3, 64),
 }
 
 
