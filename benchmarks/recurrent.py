@@ -11,10 +11,11 @@ Per shape (do_bench medians, benchmarks/timing.py; ms):
   bidir_chunk / bidir_recurrent: the forward of chunk_hdla_bidirectional (two directions) on each path;
   the baselines (fla_kda, sdpa): (fwd, fwd+bwd).
 
-    python -m benchmarks.recurrent --shapes vision,m224 --bwd-configs 16x1,16x2,16x4 --no-parity
+    python -m benchmarks.recurrent --shapes vision,m224 --bwd-configs 16x1,16x2,16x4,16x1x2 --no-parity
 
 times the recurrence's backward launch alone (``triton_fused_recurrent_hdla_backward``) at each
-(state columns per program)x(warps) and checks its bf16 gradients on the reversed fast-gate case;
+(state columns per program)x(warps)[x(tokens per checkpoint)] and checks its bf16 gradients on the reversed
+fast-gate case;
 
     python -m benchmarks.recurrent --bidir-train b224,b512,b1024
 
@@ -105,15 +106,18 @@ def parity(shape, dtype, reverse, fast_forgetting):
 
 
 def backward_configs(shapes, dtype, configs):
-    """{config: {shape: backward ms, "parity": errors}} for each "BVxWARPS" of ``configs``."""
+    """{config: {shape: backward ms, "parity": errors}} for each "BVxWARPS" or "BVxWARPSxCK" of ``configs`` (CK:
+    a checkpoint every CK tokens, ``fused_recurrent.CHECKPOINT_EVERY``; the module's value where not given)."""
     out = {}
     for config in configs:
-        block_v, warps = (int(x) for x in config.split("x"))
+        block_v, warps, *every = (int(x) for x in config.split("x"))
 
         def pinned(dk, dv, block_v=block_v, warps=warps):
             return triton.next_power_of_2(dk), block_v, warps
 
-        with mock.patch.object(fused_recurrent, "_bwd_config", pinned):
+        every = every[0] if every else fused_recurrent.CHECKPOINT_EVERY
+        with mock.patch.object(fused_recurrent, "_bwd_config", pinned), \
+                mock.patch.object(fused_recurrent, "CHECKPOINT_EVERY", every):
             row = out[config] = {"parity": parity(SHAPES["vision"], dtype, True, True)}
             for name in shapes:
                 q, k, v, beta, g = (x.detach() for x in make_inputs(*ALL_SHAPES[name], dtype, "cuda"))

@@ -200,6 +200,21 @@ def test_bidirectional_recurrence_gradients_equal_its_definition(backend, case):
 
 
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+@pytest.mark.parametrize("every", [1, 2, 3, 8])
+def test_any_checkpoint_interval_gives_the_float64_gradients(backend, every, monkeypatch):
+    """The backward with a checkpoint every ``every`` tokens (``CHECKPOINT_EVERY``, a launch setting that
+    benchmarks.recurrent's --bwd-configs times): every state stored (1), segments that do not divide T = 13 (2,
+    3, 8), reversed, gates to -20, beta at 0 and 2, against the float64 loop."""
+    from hdla_vision.kernels.hdla import fused_recurrent as rec
+
+    monkeypatch.setattr(rec, "CHECKPOINT_EVERY", every)
+    problem = _beta_ends(hdla_problem(batch=1, seq_len=13, heads=2, dk=16, dv=24, g_min=-20.0, h0=True))
+    tol = 1e-4 if backend == "interpreter" else CUDA_TOL
+    errors = compare_with_loop(hdla_recurrence, "hdla", on_backend(problem, backend), dtype=F32, reverse=True)
+    assert all(err < tol for err in errors.values()), errors  # NaN fails
+
+
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
 @pytest.mark.parametrize("dirs", [1, 2])
 def test_backward_in_batch_slices_equals_one_launch(backend, dirs, monkeypatch):
     """A batch whose transient exceeds the scratch budget runs the backward in slices of the batch (here a
