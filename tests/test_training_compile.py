@@ -103,8 +103,8 @@ def test_compile_mode_is_checked_against_backend(data_dir):
     with pytest.raises(ValueError, match="config key 'train.compile_mode' must be 'default' unless "
                                          "train.compile_backend is 'inductor'"):
         _config(data_dir, True, compile_mode="reduce-overhead")  # _config's backend is aot_eager
-    graphs = _config(data_dir, True, compile_backend="inductor", compile_mode="reduce-overhead", grad_accum_steps=2)
-    assert runner.grads_in_place(graphs)
+    assert runner.grads_in_place(_config(data_dir, True, compile_backend="inductor", compile_mode="reduce-overhead",
+                                         grad_accum_steps=2))
     assert not runner.grads_in_place(_config(data_dir, True, compile_backend="inductor",
                                              compile_mode="reduce-overhead"))
     assert not runner.grads_in_place(_config(data_dir, True, compile_backend="inductor",

@@ -39,7 +39,7 @@ class TrainParts:
     compiled: Optional[torch.nn.Module] = None  # torch.compile(model) (train.compile): the training step's forward;
     # it wraps ``model`` and shares its parameters, so checkpoints, exports and evaluation use ``model`` itself
     grads_in_place: bool = False  # .grad stays allocated across steps (zeroed, never set to None): micro-steps add
-    # into it. Needed by CUDA graphs with accumulation, see runner.keep_grads_in_place
+    # into it. Needed by CUDA graphs with accumulation, see runner.grads_in_place
 
 
 @dataclass
