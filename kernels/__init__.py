@@ -34,6 +34,8 @@ else:
     from .gated_norm.naive import naive_gated_rms_norm
     from .prologue.fused import mixer_prologue
     from .prologue.naive import naive_mixer_prologue
+    from .short_conv.fused import causal_conv1d
+    from .short_conv.naive import naive_causal_conv1d
 
     __all__ = [
         "chunk_generalized",
@@ -56,4 +58,6 @@ else:
         "naive_gated_rms_norm",
         "mixer_prologue",
         "naive_mixer_prologue",
+        "causal_conv1d",
+        "naive_causal_conv1d",
     ]

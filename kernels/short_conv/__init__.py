@@ -1,0 +1,1 @@
+"""The causal depthwise convolution over time (short_conv/fused.py) and its PyTorch definition (short_conv/naive.py)."""
