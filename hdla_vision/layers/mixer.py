@@ -91,7 +91,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from hdla_vision.kernels import gated_rms_norm
+from hdla_vision.kernels import causal_conv1d, gated_rms_norm
 
 from .gates import GateModule, LevelScales
 
@@ -404,10 +404,11 @@ class LinearAttentionMixer(nn.Module):
                 module.init_weights()
 
     def short_conv(self, proj: torch.Tensor, cache: Optional[MixerCache]) -> torch.Tensor:
-        """Depthwise causal conv over time of ``proj [B, T, C]``, continuing the cached window."""
-        width = self.short_conv_size - 1
-        seq = proj.transpose(1, 2)  # [B, C, T]
-        seq = F.pad(seq, (width, 0)) if cache is None else cache.conv_input(seq, width)
+        """Depthwise causal conv over time of ``proj [B, T, C]``, continuing the cached window: without a cache
+        one ``causal_conv1d`` (Triton, token-major), with one ``F.conv1d`` over the window and the new tokens."""
+        if cache is None:
+            return causal_conv1d(proj, self.conv.weight[:, 0])
+        seq = cache.conv_input(proj.transpose(1, 2), self.short_conv_size - 1)  # [B, C, K - 1 + T]
         return F.conv1d(seq, self.conv.weight, groups=seq.shape[1]).transpose(1, 2)
 
     def projections(self, x: torch.Tensor, cache: Optional[MixerCache] = None):

@@ -37,6 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..kernels import causal_conv1d
 from ..layers import create_mixer
 
 ZOOLOGY_INIT_STD = 0.02
@@ -84,7 +85,9 @@ class BaseConv(nn.Module):
         self.conv = nn.Conv1d(dim, dim, kernel_size, groups=dim, padding=kernel_size - 1)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        conv = self.conv(u.transpose(1, 2))[..., :u.shape[1]].transpose(1, 2)  # causal: drop the right padding
+        """``u [B, T, C]``; the conv is causal (``nn.Conv1d`` padded on both sides with its right end dropped, as
+        Zoology computes it), in one ``causal_conv1d``."""
+        conv = causal_conv1d(u, self.conv.weight[:, 0], self.conv.bias)
         return conv * self.projection(u) + u
 
 
