@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device call (one H100 or H200, <= 300 s): the short convolution's Triton op (kernels/short_conv/fused.py) on the
+# Device call (one H100 or H200, <= 420 s): the short convolution's Triton op (kernels/short_conv/fused.py) on the
 # GPU, and what it changes in MQAR's training step, whose eager profile on an H200 (2026-11-28, 21883ea,
 # benchmarks/results/mqar_step_h200/mqar_step_profile.json: hdla at L = 256, 15.8 ms a step) spent 1.36 ms in
 # PyTorch's depthwise conv kernels and 1.29 ms in strided copies.
@@ -15,7 +15,7 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_causa
 stamp "gpu tests done (rc $?)"
 timeout 60 python3 -m benchmarks.short_conv --out "$OUT" > "$OUT/short_conv.txt" 2>&1
 stamp "short_conv done (rc $?)"
-timeout 100 python3 -m benchmarks.mqar_step --mixers hdla gated_deltanet --lengths 256 --steps 30 --top 8 --compile-step \
+timeout 220 python3 -m benchmarks.mqar_step --mixers hdla gated_deltanet --lengths 256 --steps 30 --top 8 --compile-step \
   --out "$OUT/mqar_step.json" > "$OUT/mqar_step.txt" 2>&1
 stamp "mqar_step done (rc $?)"
 cat "$OUT/timeline.txt"
