@@ -79,6 +79,25 @@ def test_recurrence_kernels_compile_for_the_h100():
     assert 0 < bwd["reg"] <= 255 and bwd["stack"] <= 64, format_records(records)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_short_convolution_kernels_compile_for_the_h100_without_spills(with_bias):
+    """causal_conv1d's forward and backward (bf16 x, fp32 filter, 4 taps): the interpreter does not type-check
+    them, and the mixers run them on every CUDA training step."""
+    from hdla_vision.kernels.short_conv import fused
+
+    x = torch.zeros(2, 45, 200, dtype=torch.bfloat16)
+    weight, bias = torch.zeros(200, 4), torch.zeros(200) if with_bias else None
+    with compile_only() as records:
+        fused.causal_conv_fwd_kernel[fused._grid(x)](x, weight, x if bias is None else bias, x, 45, 200, K=4,
+                                                      HAS_BIAS=with_bias, BT=fused.BLOCK_T, BC=fused.BLOCK_C,
+                                                      num_warps=4)
+        part = torch.zeros(8, 4, 200)
+        fused.causal_conv_bwd_kernel[fused._grid(x)](x, weight, x, x, part, part[:, 0], 45, 200, K=4,
+                                                      BT=fused.BLOCK_T, BC=fused.BLOCK_C, num_warps=4)
+    assert {r["kernel"] for r in records} == {"causal_conv_fwd_kernel", "causal_conv_bwd_kernel"}
+    assert all(0 < r["reg"] <= 255 and r["stack"] == 0 and r["local"] == 0 for r in records), format_records(records)
+
+
 @pytest.mark.parametrize("diag_limit, record_path", [(35.0, False), (0.0, False), (35.0, True)])
 def test_forward_intra_kernel_compiles_for_the_h100(diag_limit, record_path):
     """F1ab (``chunk_intra_kernel``) with its factored diagonal blocks and their levels (limit 35, the
