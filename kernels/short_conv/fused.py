@@ -134,12 +134,12 @@ def causal_conv1d_backward_op(dy: Tensor, x: Tensor, weight: Tensor) -> Tuple[Te
     db_part = torch.empty(grid[0] * grid[2], channels, dtype=torch.float32, device=x.device)
     causal_conv_bwd_kernel[grid](x, weight.contiguous(), dy, dx, dw_part, db_part, x.shape[1], channels, K=taps,
                                  BT=BLOCK_T, BC=BLOCK_C, num_warps=4)
-    return dx, dw_part.sum(0).t().to(weight.dtype), db_part.sum(0)
+    return dx, dw_part.sum(0).t().contiguous().to(weight.dtype), db_part.sum(0)  # the fake's strides
 
 
 @causal_conv1d_backward_op.register_fake
 def _(dy, x, weight):
-    return (torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight),
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), weight.new_empty(weight.shape),
             x.new_empty(x.shape[-1], dtype=_accumulation(x)))
 
 

@@ -86,9 +86,11 @@ def test_bad_input_raises():
             causal_conv1d(*args)
 
 
-@pytest.mark.parametrize("backend", backends("torch", "cuda"), indirect=True)
+@pytest.mark.parametrize("backend", backends(), indirect=True)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_opcheck(backend, with_bias):
+    """The custom ops' fakes (shapes, dtypes, strides) and autograd against their implementations, the Triton
+    ones included (interpreter, CUDA)."""
     x, weight, bias = conv_problem(2, 5, 8, 4, device_of(backend))
     args = (x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_() if with_bias else None)
     torch.library.opcheck(fused.causal_conv1d_op, args)
