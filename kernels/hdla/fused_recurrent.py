@@ -159,8 +159,8 @@ def _fused_recurrent_hdla_fwd_kernel(
         a, _ = _house(s, k, beta)
         s, _ = _house(lam[:, None] * a, k, beta)
         o = tl.sum(q[:, None] * s, axis=0) + own * tl.sum(q * k) * v  # S_t = s + k v^T
-        s += k[:, None] * v[None, :]
         tl.store(o_ptr + row * V + cv, (o * scale).to(o_ptr.dtype.element_ty), mask=mv)
+        s += k[:, None] * v[None, :]
         row, q, k, lam, v, beta = row_n, q_n, k_n, lam_n, v_n, beta_n
     tl.store(ht_ptr + s_off, s, mask=mk[:, None] & mv[None, :])
 
@@ -238,18 +238,13 @@ def _fused_recurrent_hdla_bwd_kernel(
             do = tl.load(do_ptr + row * V + cv, mask=mv, other=0.0).to(tl.float32)
             x = x0
             for r in range(j * CK, p):  # S_{p-1} from the segment's checkpoint
-                x = _step_at(x, r, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V)
+                row_r = ((i_b * T + _token(r, T, rev)) * H + i_h).to(tl.int64)
+                _, k_r, lam_r, v_r, beta_r = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row_r, ck, cv, mk,
+                                                         mv, K, V)
+                x = _step(x, k_r, lam_r, beta_r, v_r)
             y = _bwd_token(y, x, row, q, k, lam, v, beta, do, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, part, scale, own,
                            ck, cv, mk, mv, K, V)
     tl.store(dh0_ptr + s_off, y, mask=ms)
-
-
-@triton.jit
-def _step_at(x, p, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, i_b, i_h, T, H, rev, ck, cv, mk, mv, K, V):
-    """S_p from x = S_{p-1}, p the scan step (its token loaded here)."""
-    row = ((i_b * T + _token(p, T, rev)) * H + i_h).to(tl.int64)
-    _, k, lam, v, beta = _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, row, ck, cv, mk, mv, K, V)
-    return _step(x, k, lam, beta, v)
 
 
 @triton.jit
