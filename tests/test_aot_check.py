@@ -91,9 +91,10 @@ def test_short_convolution_kernels_compile_for_the_h100_without_spills(with_bias
         fused.causal_conv_fwd_kernel[fused._grid(x)](x, weight, x if bias is None else bias, x, 45, 200, K=4,
                                                       HAS_BIAS=with_bias, BT=fused.BLOCK_T, BC=fused.BLOCK_C,
                                                       num_warps=4)
-        part = torch.zeros(8, 4, 200)
-        fused.causal_conv_bwd_kernel[fused._grid(x)](x, weight, x, x, part, part[:, 0], 45, 200, K=4,
-                                                      BT=fused.BLOCK_T, BC=fused.BLOCK_C, num_warps=4)
+        part = torch.zeros(2, 200, 4)
+        fused.causal_conv_bwd_kernel[fused._grid(x, fused.SEG_TILES)](x, weight, x, x, part, part[..., 0], 45, 200,
+                                                                       K=4, BT=fused.BLOCK_T, BC=fused.BLOCK_C,
+                                                                       SEG_TILES=fused.SEG_TILES, num_warps=4)
     assert {r["kernel"] for r in records} == {"causal_conv_fwd_kernel", "causal_conv_bwd_kernel"}
     assert all(0 < r["reg"] <= 255 and r["stack"] == 0 and r["local"] == 0 for r in records), format_records(records)
 

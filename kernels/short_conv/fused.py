@@ -11,8 +11,8 @@ for the output's cotangent ``dy``:
     dx[b, s, c] = sum_{i < K} w[c, i] dy[b, s + (K - 1) - i, c]       (dy = 0 from t = T on)
     dw[c, i]    = sum_{b, t} dy[b, t, c] x[b, t - (K - 1) + i, c],    dbias[c] = sum_{b, t} dy[b, t, c]
 
-with dw and dbias summed per program in fp32, then over the programs. Every tap reads its shifted tile of the
-input (K loads of a tile, K <= MAX_TAPS, served by the cache). Paths: the Triton kernels for CUDA tensors and,
+with dw and dbias summed in fp32 per program over a segment of SEG_TILES tiles of tokens, then over the programs.
+Every tap reads its shifted tile of the input (K loads of a tile, K <= MAX_TAPS, served by the cache). Paths: the Triton kernels for CUDA tensors and,
 under ``TRITON_INTERPRET=1``, CPU tensors (fp32, bf16, fp16); the PyTorch definition for CPU tensors otherwise,
 float64 and ONNX export. The decoding path of the mixers (a cached window before the new tokens) keeps
 ``F.conv1d``.
@@ -33,6 +33,7 @@ from .naive import naive_causal_conv1d
 # 272 bytes; tests/test_aot_check.py)
 BLOCK_T, BLOCK_C = 16, 128
 MAX_TAPS = 16
+SEG_TILES = 16  # time tiles per backward program (256 tokens): the filter gradient's sums over them in registers
 
 
 @triton.jit
@@ -63,25 +64,34 @@ def causal_conv_fwd_kernel(x, w, bias, y, T, C, K: tl.constexpr, HAS_BIAS: tl.co
 
 @triton.jit
 def causal_conv_bwd_kernel(x, w, dy, dx, dw_part, db_part, T, C, K: tl.constexpr, BT: tl.constexpr,
-                           BC: tl.constexpr):
-    """dx [B, T, C]; this program's partial sums dw_part [P, K, C] and db_part [P, C] (fp32), P = B cdiv(T, BT)
-    programs along the rows: grid (cdiv(T, BT), cdiv(C, BC), B)."""
-    i_t = tl.program_id(0)
-    rows = i_t * BT + tl.arange(0, BT)
+                           BC: tl.constexpr, SEG_TILES: tl.constexpr):
+    """dx [B, T, C]; this program's partial sums dw_part [P, C, K] and db_part [P, C] (fp32) over its segment of
+    SEG_TILES * BT tokens, P = B cdiv(T, SEG_TILES BT) programs along the rows: grid (cdiv(T, SEG_TILES BT),
+    cdiv(C, BC), B). Each sum stays a [BT, BC] tile over the segment and is reduced over the rows once at its end
+    (a reduction per tile and tap made the kernel a chain of short dependent steps: 6x the forward's time)."""
+    i_s = tl.program_id(0)
+    first = i_s * SEG_TILES * BT
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     mc = cols < C
     base = tl.program_id(2).to(tl.int64) * T * C
-    part = tl.program_id(2).to(tl.int64) * tl.num_programs(0) + i_t
-    dyt = _shifted(dy, base, rows, 0, cols, mc, T, C)
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
+    part = tl.program_id(2).to(tl.int64) * tl.num_programs(0) + i_s
+    db = tl.zeros([BT, BC], dtype=tl.float32)
+    for j in range(SEG_TILES):
+        rows = first + j * BT + tl.arange(0, BT)
+        db += _shifted(dy, base, rows, 0, cols, mc, T, C)
+        acc = tl.zeros([BT, BC], dtype=tl.float32)
+        for i in tl.static_range(K):
+            tap = tl.load(w + cols * K + i, mask=mc, other=0.0).to(tl.float32)
+            acc += _shifted(dy, base, rows, (K - 1) - i, cols, mc, T, C) * tap[None, :]
+        mask = (rows < T)[:, None] & mc[None, :]
+        tl.store(dx + base + rows[:, None] * C + cols[None, :], acc.to(dx.dtype.element_ty), mask=mask)
+    tl.store(db_part + part * C + cols, tl.sum(db, axis=0), mask=mc)
     for i in tl.static_range(K):
-        tap = tl.load(w + cols * K + i, mask=mc, other=0.0).to(tl.float32)
-        acc += _shifted(dy, base, rows, (K - 1) - i, cols, mc, T, C) * tap[None, :]
-        dw_i = tl.sum(dyt * _shifted(x, base, rows, i - (K - 1), cols, mc, T, C), axis=0)
-        tl.store(dw_part + (part * K + i) * C + cols, dw_i, mask=mc)
-    tl.store(db_part + part * C + cols, tl.sum(dyt, axis=0), mask=mc)
-    mask = (rows < T)[:, None] & mc[None, :]
-    tl.store(dx + base + rows[:, None] * C + cols[None, :], acc.to(dx.dtype.element_ty), mask=mask)
+        dw = tl.zeros([BT, BC], dtype=tl.float32)
+        for j in range(SEG_TILES):
+            rows = first + j * BT + tl.arange(0, BT)
+            dw += _shifted(dy, base, rows, 0, cols, mc, T, C) * _shifted(x, base, rows, i - (K - 1), cols, mc, T, C)
+        tl.store(dw_part + (part * C + cols) * K + i, tl.sum(dw, axis=0), mask=mc)
 
 
 def _triton_runs(x: Tensor, weight: Tensor) -> bool:
@@ -93,9 +103,9 @@ def _accumulation(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _grid(x: Tensor) -> Tuple[int, int, int]:
+def _grid(x: Tensor, tiles_per_program: int = 1) -> Tuple[int, int, int]:
     batch, seq_len, channels = x.shape
-    return cdiv(seq_len, BLOCK_T), cdiv(channels, BLOCK_C), batch
+    return cdiv(seq_len, BLOCK_T * tiles_per_program), cdiv(channels, BLOCK_C), batch
 
 
 @torch.library.custom_op(f"{NAMESPACE}::causal_conv1d", mutates_args=())
@@ -127,14 +137,14 @@ def causal_conv1d_backward_op(dy: Tensor, x: Tensor, weight: Tensor) -> Tuple[Te
             grads = torch.autograd.grad(naive_causal_conv1d(*inputs, bias), [*inputs, bias], dy)
             return tuple(g.contiguous() for g in grads)
     x, dy = x.contiguous(), dy.contiguous()
-    grid = _grid(x)
+    grid = _grid(x, SEG_TILES)
     channels, taps = weight.shape
     dx = torch.empty_like(x)
-    dw_part = torch.empty(grid[0] * grid[2], taps, channels, dtype=torch.float32, device=x.device)
+    dw_part = torch.empty(grid[0] * grid[2], channels, taps, dtype=torch.float32, device=x.device)
     db_part = torch.empty(grid[0] * grid[2], channels, dtype=torch.float32, device=x.device)
     causal_conv_bwd_kernel[grid](x, weight.contiguous(), dy, dx, dw_part, db_part, x.shape[1], channels, K=taps,
-                                 BT=BLOCK_T, BC=BLOCK_C, num_warps=4)
-    return dx, dw_part.sum(0).t().contiguous().to(weight.dtype), db_part.sum(0)  # the fake's strides
+                                 BT=BLOCK_T, BC=BLOCK_C, SEG_TILES=SEG_TILES, num_warps=4)
+    return dx, dw_part.sum(0).to(weight.dtype), db_part.sum(0)
 
 
 @causal_conv1d_backward_op.register_fake

@@ -33,7 +33,8 @@ def rel(a, b):
 
 CASES = {  # (B, T, C, K, bias)
     "torch": [(2, 7, 12, 4, False), (1, 5, 6, 3, True)],
-    "interpreter": [(2, 45, 200, 4, False), (1, 3, 130, 5, True), (1, 33, 64, 1, True), (3, 70, 24, 3, False)],
+    "interpreter": [(2, 45, 200, 4, False), (1, 3, 130, 5, True), (1, 33, 64, 1, True), (3, 70, 24, 3, False),
+                    (2, 300, 20, 4, True)],  # T > 256: two segments of the backward's programs
     "cuda": [(256, 256, 384, 4, False), (256, 256, 128, 3, True), (1, 4097, 200, 4, True)],
 }
 
