@@ -35,9 +35,10 @@ SHAPES = {
     "lm": (4, 4096, 16, 128),
     "long": (2, 16384, 3, 64),  # the 2048 px backbone's shape: few programs
     # one scan over both directions' sequences of a bidirectional block at benchmarks/models.py's batches: the
-    # work of hdla_tiny's scan op per block at 224 px (batch 256) and 1024 px (batch 16)
+    # work of hdla_tiny's scan op per block at 224 px (batch 256), 1024 px (batch 16) and 2048 px (batch 2)
     "b224": (512, 196, 3, 64),
     "b1024": (32, 4096, 3, 64),
+    "b2048": (4, 16384, 3, 64),
 }
 
 

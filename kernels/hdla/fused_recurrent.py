@@ -281,10 +281,11 @@ def _dk_write(db, ky, kb, v, beta, b, k):
 
 
 # The launch configuration, from an H100 sweep at d = 64 in bf16 (benchmarks/results/recurrent_h100/variants,
-# prefetch): one warp on 16 state columns was the fastest of 8-64 columns on 1-8 warps, and a checkpoint
-# every 4 tokens the fastest of 4, 8 and 16 (the backward's scratch: one fp32 state per 4 tokens). Every 1 or 2
-# tokens (fewer recomputed steps, more scratch traffic) is untimed: ``benchmarks.recurrent --bwd-configs 16x1x2``.
-CHECKPOINT_EVERY = 4
+# prefetch): one warp on 16 state columns was the fastest of 8-64 columns on 1-8 warps. A checkpoint every 2
+# tokens (the backward's scratch: one fp32 state per 2 tokens, within the scratch budget's slices) was the
+# fastest of 1, 2, 4, 8 and 16: the backward at (512, 196, 3, 64) 5.24 ms against 5.74 (1) and 5.62 (4) on the H200
+# (benchmarks/results/op_floor_h200), 4 against 8 and 16 on the H100.
+CHECKPOINT_EVERY = 2
 # Warps of the backward resident per SM: it takes 255 registers a thread (ncu on the H100,
 # benchmarks/results/recurrent_h100/profile/ncu_recurrence_m224.txt), so 65536 / (256 * 32) = 8.
 BWD_RESIDENT_WARPS_PER_SM = 8
