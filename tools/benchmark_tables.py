@@ -218,9 +218,11 @@ RENDERERS: dict[str, Callable[[str], str]] = {
 
 
 def render(source: str) -> str:
-    """The table for a README block's ``source`` (a result file name, or ``index``)."""
+    """The table for a README block's ``source`` (a result file name, or ``index``): the renderer its path or,
+    in a folder named after the call (``op_floor_h200/kernels.json``), its file name starts with."""
     for prefix, renderer in RENDERERS.items():
-        if source == prefix or source.startswith((prefix + "_", prefix + "/")):
+        if source == prefix or source.startswith((prefix + "_", prefix + "/")) or \
+                source.rsplit("/", 1)[-1].startswith((prefix + "_", prefix + ".")):
             return renderer(source)
     raise ValueError(f"benchmarks/README.md: no table renderer for '{source}' (known: {sorted(RENDERERS)})")
 
