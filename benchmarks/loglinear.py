@@ -19,8 +19,11 @@ data, fwd and fwd+bwd), all in one process so that the ratios compare like with 
   * ``check``: our log-linear HDLA in bf16 against the float64 token loop (``naive_loglinear_hdla``),
     and our Mamba-2 case against fla's ``chunk_log_linear_attn`` and the float64 loop (outputs and
     every gradient), each a relative error ``|a - b| / |b|``.
-  * ``paths``: ``chunk_loglinear_hdla`` through the one PyTorch chunk form (``kernels/loglinear/torch_chunk.py``) and
-    through the per-level calls (``$HDLA_VISION_LOGLINEAR``), each against ``chunk_hdla``, at ``--paths-shapes``.
+  * ``paths``: ``chunk_loglinear_hdla`` through the one PyTorch chunk form (``kernels/loglinear/torch_chunk.py``),
+    through the per-level calls (``$HDLA_VISION_LOGLINEAR``) and through the chunk form compiled by inductor
+    (``$HDLA_VISION_LOGLINEAR_COMPILE=1``; the first call's compilation is not timed: the timings warm up), each
+    against ``chunk_hdla``, at ``--paths-shapes``. Its forward column is a call without gradients, which takes F1's
+    terms on CUDA whatever the path.
 The level weights are ``softplus`` of random logits, with ``L = bit_length(T - 1) + 1`` levels (one per
 bucket). fla is an optional baseline, never a dependency: without it the ``fla`` part is skipped.
 """
@@ -108,33 +111,36 @@ def ours_part(dtype, device) -> dict:
 
 def paths_part(dtype, device, shapes) -> dict:
     """``chunk_loglinear_hdla`` on each of its paths (``$HDLA_VISION_LOGLINEAR``: the one PyTorch chunk form,
-    then the per-level linear-op calls) against ``chunk_hdla``, at the named shapes (or ``BxTxHxD``): fwd /
+    then the per-level linear-op calls, then the chunk form compiled by inductor) against ``chunk_hdla``, at the named shapes (or ``BxTxHxD``): fwd /
     fwd+bwd ms (CPU: wall-clock medians, :func:`benchmarks.timing.cpu_median_ms`) and, on CUDA, the fwd+bwd's peak
     memory above the inputs (MiB)."""
-    from hdla_vision.kernels.loglinear.chunk import PATH_ENV
+    from hdla_vision.kernels.loglinear.chunk import COMPILE_ENV, PATH_ENV
     table = dict(SHAPES, **{f"T{t}": (SWEEP_TOKENS // t, t, 4, 64) for t in SWEEP_LENGTHS})
     median = cpu_median_ms if device == "cpu" else median_ms
     specs = {name: table[name] if name in table else _shape_spec(name, table) for name in shapes}  # before any run
-    saved = os.environ.get(PATH_ENV)
+    saved = {name: os.environ.get(name) for name in (PATH_ENV, COMPILE_ENV)}
     result = {}
     for name, (batch, seq_len, heads, dim) in specs.items():
         q, k, v, beta, g = make_inputs(batch, seq_len, heads, dim, dtype, device)
         inputs = [q, k, v, beta, g, level_scales_like(q, heads)]
         row = result[name] = dict(bthd=[batch, seq_len, heads, dim])
         for label, path, fn in (("chunk_form", "chunk_form", hdla_loglinear), ("linear", None, hdla_linear),
-                                ("levels", "levels", hdla_loglinear)):
+                                ("levels", "levels", hdla_loglinear),
+                                ("chunk_form_compiled", "chunk_form", hdla_loglinear)):
             os.environ[PATH_ENV] = path or "auto"
+            os.environ[COMPILE_ENV] = "1" if label == "chunk_form_compiled" else "0"
             row[label] = dict(zip(("fwd", "fwd_bwd"), time_fwd_bwd(fn, inputs, median)))
             if device != "cpu":
                 row[label]["peak_mib"] = peak_memory_mib(fn, inputs)
             print(f"paths {name:7s} {label:10s} fwd {row[label]['fwd']:8.3f} ms  fwd+bwd {row[label]['fwd_bwd']:8.3f} ms",
                   flush=True)
-        for label in ("chunk_form", "levels"):
+        for label in ("chunk_form", "levels", "chunk_form_compiled"):
             row[f"{label}_over_linear"] = row[label]["fwd_bwd"] / row["linear"]["fwd_bwd"]
-    if saved is None:
-        os.environ.pop(PATH_ENV, None)
-    else:
-        os.environ[PATH_ENV] = saved
+    for env, value in saved.items():
+        if value is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = value
     return result
 
 

@@ -21,6 +21,7 @@ A call without a cache or final state takes instead the one chunk form of ``torc
 the Triton interpreter; :data:`PATH_ENV` to force either path), kernels/README.md §7; without gradients, with
 each chunk's terms from the linear op's F1 kernel (``triton_chunk.py``).
 """
+import functools
 import os
 from typing import Callable, Dict, Optional, Tuple
 
@@ -28,7 +29,7 @@ import torch
 
 from ..hdla.naive import hdla_decay_factors
 from ..ops import chunk_generalized, chunk_hdla
-from ..utils import check_generalized_inputs, check_hdla_inputs, use_triton
+from ..utils import check_generalized_inputs, check_hdla_inputs, env_switch, use_triton
 from .checks import check_loglinear_inputs
 from .levels import initial_level, max_level
 from .torch_chunk import chunk_form_loglinear
@@ -52,6 +53,29 @@ def one_chunk_form(q: torch.Tensor, offset: int, initial_state, output_final_sta
     if initial_state is not None or output_final_state or path == "levels":
         return False
     return path == "chunk_form" or not (use_triton(q) and q.device.type == "cpu")
+
+# Whether the one chunk form runs compiled by inductor (``torch.compile`` of torch_chunk.chunk_form_loglinear, one
+# graph: its pairwise decays, masks and products fused), "1" / "0", for the calls that take it (on a Triton device
+# those a gradient flows through: the others take F1's terms, triton_chunk.py). Off until a GPU times it (`python
+# -m benchmarks.loglinear --parts paths`, its chunk_form_compiled column); on a 2-core CPU (fp32, fwd+bwd at (1, 256,
+# 2, 32), 2026-11-29) 4.3 ms against 17.6 eager. A call inside a running trace takes the eager form, which the
+# caller's compilation takes in.
+COMPILE_ENV = "HDLA_VISION_LOGLINEAR_COMPILE"
+COMPILE_BACKEND = "inductor"
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(backend) -> Callable:
+    return torch.compile(chunk_form_loglinear, backend=backend, fullgraph=True, dynamic=False)  # bit_length of T
+
+
+def chunk_form() -> Callable:
+    """:func:`.torch_chunk.chunk_form_loglinear`, compiled by :data:`COMPILE_BACKEND` where :data:`COMPILE_ENV`
+    says so and no trace is running."""
+    if env_switch(COMPILE_ENV, False) and not torch.compiler.is_compiling():
+        return _compiled(COMPILE_BACKEND)
+    return chunk_form_loglinear
+
 
 # op(tokens, initial_state) -> (o [B', T', H, V], final state [B', H, K, V]); tokens maps names to [B', T', H, ...]
 LinearOp = Callable[[Dict[str, torch.Tensor], Optional[torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]
@@ -228,7 +252,7 @@ def chunk_loglinear_generalized(
     if one_chunk_form(q, offset, initial_state, output_final_state):
         if triton_terms_apply(q, k.shape[3], a.shape[3], k, v, a, b, g, level_scales):  # no gradient: F1's terms
             return triton_chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale, offset), None
-        return chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale, offset), None
+        return chunk_form()(q, k, v, a, b, g, level_scales, scale, offset), None
 
     def op(t, state):
         return chunk_generalized(t["q"], t["k"], t["v"], t["a"], t["b"], t["g"], scale, state, True)
@@ -271,7 +295,7 @@ def chunk_loglinear_hdla(
         if triton_terms_apply(q, 1, 2, k, v, beta, g, level_scales):  # no gradient: F1's terms, HDLA's builder
             return triton_chunk_form_loglinear(q, k, v, None, None, g, level_scales, scale, offset, hdla_beta=beta), None
         a, b = hdla_decay_factors(k, beta, g)
-        return chunk_form_loglinear(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, level_scales, scale, offset), None
+        return chunk_form()(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, level_scales, scale, offset), None
 
     def op(t, state):
         return chunk_hdla(t["q"], t["k"], t["v"], t["beta"], t["g"], scale, state, True)

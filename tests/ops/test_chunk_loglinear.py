@@ -167,6 +167,72 @@ def test_one_chunk_form_on_cuda(backend, kind, dtype, only_chunk_form):
     assert max(errors.values()) < CUDA_TOL, errors
 
 
+# ----------------------------------------------------------------------------- the chunk form compiled (COMPILE_ENV)
+@pytest.fixture
+def compiled_chunk_form(monkeypatch):
+    """The one chunk form through ``torch.compile`` (``chunk.COMPILE_ENV`` on), with a backend that keeps each graph
+    dynamo hands it and runs it as it is (on CPU no inductor build; on CUDA the tests take inductor itself):
+    the list of graphs."""
+    graphs = []
+
+    def keep_graph(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setenv(chunk_module.COMPILE_ENV, "1")
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(chunk_module, "COMPILE_BACKEND", keep_graph)
+    yield graphs
+    torch._dynamo.reset()
+
+
+COMPILED_NAMES = ("hdla_T16_unbounded", "hdla_T40_L6_rev_gates-20", "hdla_T33_L5_offset11", "hdla_T129_unbounded_mild",
+                  "generalized_T40_L6_rkv2_rab3", "generalized_T50_unbounded_rab0_offset64")
+COMPILED_CASES = [case for case in CHUNK_FORM_CASES if case.name in COMPILED_NAMES]
+
+
+def test_compiled_cases_exist():
+    assert len(COMPILED_CASES) == len(COMPILED_NAMES)
+
+
+@pytest.mark.parametrize("backend", backends("torch"), indirect=True)
+@pytest.mark.parametrize("case", COMPILED_CASES, ids=case_name)
+def test_compiled_chunk_form_matches_definition(backend, case, only_chunk_form, compiled_chunk_form):
+    """Output and every gradient against the float64 loop through one traced graph (fullgraph, static shapes: each
+    case's shapes and offset a graph of their own)."""
+    errors = compare_with_definition(case.problem["kind"], loglinear_problem(**case.problem), final_state=False,
+                                     **case.op)
+    assert max(errors.values()) < case.tol, errors
+    assert len(compiled_chunk_form) == 1  # the call took the compiled form, in one graph
+
+
+def test_compiled_chunk_form_stays_eager_inside_a_trace(compiled_chunk_form):
+    """Inside a caller's compilation the op hands its trace the chunk form itself (no nested torch.compile)."""
+    assert chunk_module.chunk_form() is not chunk_module.chunk_form_loglinear
+    seen = []
+    torch.compile(lambda: seen.append(chunk_module.chunk_form()), backend="eager", fullgraph=False)()
+    assert seen == [chunk_module.chunk_form_loglinear]
+
+
+def test_compile_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(chunk_module.COMPILE_ENV, "yes")
+    with pytest.raises(ValueError, match="HDLA_VISION_LOGLINEAR_COMPILE must be 0 or 1"):
+        chunk_module.chunk_form()
+
+
+@pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
+@pytest.mark.parametrize("kind,dtype", [("hdla", torch.bfloat16), ("hdla", torch.float32),
+                                        ("generalized", torch.bfloat16)])
+def test_compiled_chunk_form_on_cuda(backend, kind, dtype, only_chunk_form, compiled_chunk_form):
+    """The chunk form compiled by inductor against the float64 loop, as test_one_chunk_form_on_cuda."""
+    p = loglinear_problem(kind, 3 * 64 + 17, UNBOUNDED, batch=2, heads=3, dk=64, dv=64, r_ab=2, g_min=-20.0)
+    p.pop("initial_state")
+    errors = compare_with_definition(kind, on_backend({**p, "initial_state": None}, backend), dtype=dtype,
+                                     final_state=False)
+    assert max(errors.values()) < CUDA_TOL, errors
+
+
 # ----------------------------------------------------------------------------- no gradient: F1's terms (triton_chunk.py)
 TRITON_TERMS_CASES = [  # the linear op's F1 gives each chunk's terms (C = 16 or 32 here: several chunks)
     _case("hdla", "T33_unbounded_offset11", 33, UNBOUNDED, offset=11, scale=0.5),
