@@ -111,9 +111,9 @@ def ours_part(dtype, device) -> dict:
 
 def paths_part(dtype, device, shapes) -> dict:
     """``chunk_loglinear_hdla`` on each of its paths (``$HDLA_VISION_LOGLINEAR``: the one PyTorch chunk form,
-    then the per-level linear-op calls, then the chunk form compiled by inductor) against ``chunk_hdla``, at the named shapes (or ``BxTxHxD``): fwd /
-    fwd+bwd ms (CPU: wall-clock medians, :func:`benchmarks.timing.cpu_median_ms`) and, on CUDA, the fwd+bwd's peak
-    memory above the inputs (MiB)."""
+    then the per-level linear-op calls, then the chunk form compiled by inductor) against ``chunk_hdla``, at the
+    named shapes (or ``BxTxHxD``): fwd / fwd+bwd ms (CPU: wall-clock medians,
+    :func:`benchmarks.timing.cpu_median_ms`) and, on CUDA, the fwd+bwd's peak memory above the inputs (MiB)."""
     from hdla_vision.kernels.loglinear.chunk import COMPILE_ENV, PATH_ENV
     table = dict(SHAPES, **{f"T{t}": (SWEEP_TOKENS // t, t, 4, 64) for t in SWEEP_LENGTHS})
     median = cpu_median_ms if device == "cpu" else median_ms

@@ -12,9 +12,9 @@ for the output's cotangent ``dy``:
     dw[c, i]    = sum_{b, t} dy[b, t, c] x[b, t - (K - 1) + i, c],    dbias[c] = sum_{b, t} dy[b, t, c]
 
 with dw and dbias summed in fp32 per program over a segment of SEG_TILES tiles of tokens, then over the programs.
-Every tap reads its shifted tile of the input (K loads of a tile, K <= MAX_TAPS, served by the cache). Paths: the Triton kernels for CUDA tensors and,
-under ``TRITON_INTERPRET=1``, CPU tensors (fp32, bf16, fp16); the PyTorch definition for CPU tensors otherwise,
-float64 and ONNX export. The decoding path of the mixers (a cached window before the new tokens) keeps
+Every tap reads its shifted tile of the input (K loads of a tile, K <= MAX_TAPS, served by the cache). Paths: the
+Triton kernels for CUDA tensors and, under ``TRITON_INTERPRET=1``, CPU tensors (fp32, bf16, fp16); the PyTorch
+definition for CPU tensors otherwise, float64 and ONNX export. The decoding path of the mixers (a cached window before the new tokens) keeps
 ``F.conv1d``.
 """
 from typing import Optional, Tuple

@@ -169,20 +169,23 @@ def test_one_chunk_form_on_cuda(backend, kind, dtype, only_chunk_form):
 
 # ----------------------------------------------------------------------------- the chunk form compiled (COMPILE_ENV)
 @pytest.fixture
-def compiled_chunk_form(monkeypatch):
+def compiled_chunk_form(monkeypatch, request):
     """The one chunk form through ``torch.compile`` (``chunk.COMPILE_ENV`` on), with a backend that keeps each graph
-    dynamo hands it and runs it as it is (on CPU no inductor build; on CUDA the tests take inductor itself):
-    the list of graphs."""
+    dynamo hands it: on the "cuda" backend inductor compiles it, elsewhere it runs as traced (no inductor build on
+    CPU). The list of graphs."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    on_cuda = "backend" in request.fixturenames and request.getfixturevalue("backend") == "cuda"
+    inner = lookup_backend("inductor") if on_cuda else None
     graphs = []
 
     def keep_graph(graph_module, example_inputs):
         graphs.append(graph_module)
-        return graph_module.forward
+        return inner(graph_module, example_inputs) if inner else graph_module.forward
 
     torch._dynamo.reset()
     monkeypatch.setenv(chunk_module.COMPILE_ENV, "1")
-    if not torch.cuda.is_available():
-        monkeypatch.setattr(chunk_module, "COMPILE_BACKEND", keep_graph)
+    monkeypatch.setattr(chunk_module, "COMPILE_BACKEND", keep_graph)
     yield graphs
     torch._dynamo.reset()
 
@@ -231,6 +234,7 @@ def test_compiled_chunk_form_on_cuda(backend, kind, dtype, only_chunk_form, comp
     errors = compare_with_definition(kind, on_backend({**p, "initial_state": None}, backend), dtype=dtype,
                                      final_state=False)
     assert max(errors.values()) < CUDA_TOL, errors
+    assert len(compiled_chunk_form) == 1  # inductor compiled the call's one graph
 
 
 # ----------------------------------------------------------------------------- no gradient: F1's terms (triton_chunk.py)
