@@ -9,8 +9,10 @@ the forward and forward+backward of: our ``chunk_hdla``; fla's exact HDLA as
 (diagonal + one Householder); PyTorch SDPA (causal, same B, T, H, D). All in one process,
 bf16 inputs. It also records the wall time of our first call at each new shape (compile),
 checks our output against a float64 token loop, and reports achieved TFLOP/s on the matmul
-FLOPs of the chunk algorithm (``hdla_chunk_flops``). Results: a table on stdout and JSON
-under ``$OUT`` (or ``--out``).
+FLOPs of the chunk algorithm (``hdla_chunk_flops``). ``--cuda-graphs`` also times each op's forward and
+forward+backward as the replay of one CUDA graph (``fwd_graph`` / ``fwd_bwd_graph``): the kernels alone, none of
+the host's launch work, as a CUDA-graph training step runs them; at small shapes the eager timings measure the host.
+Results: a table on stdout and JSON under ``$OUT`` (or ``--out``).
 """
 import argparse
 import json
@@ -152,6 +154,8 @@ def main():
     parser.add_argument("--profile", default="", help="shape names: per-kernel breakdown of our fwd+bwd there")
     parser.add_argument("--profile-fwd", default="", help="shape names: per-kernel breakdown of our forward alone")
     parser.add_argument("--no-check", action="store_true", help="skip the (slow) float64 token-loop checks")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="also time each op's fwd and fwd+bwd as CUDA-graph replays (no host work in them)")
     args = parser.parse_args()
     device = "cuda"
     if args.autotune_rep_ms:
@@ -178,6 +182,11 @@ def main():
             result["timings_ms"][f"{name}/{op}"] = {"fwd": t_fwd, "fwd_bwd": t_all, "wall_s": time.perf_counter() - t0,
                                                     "peak_mib": peak_memory_mib(OPS[op], inputs)}
             print(f"{name:7s} {op:9s} fwd {t_fwd:8.3f} ms  fwd+bwd {t_all:8.3f} ms", flush=True)
+            if args.cuda_graphs:
+                graph_times = graphed_times(OPS[op], inputs)
+                result["timings_ms"][f"{name}/{op}"].update(graph_times)
+                print(f"{name:7s} {op:9s} graphed fwd {graph_times['fwd_graph']:8.3f} ms  fwd+bwd "
+                      f"{graph_times['fwd_bwd_graph']:8.3f} ms", flush=True)
         if "ours" in ops and name in args.fast_gates.split(","):
             t_fwd, t_all = time_fwd_bwd(ours, make_inputs(*shape, dtype, device, fast_forgetting=True))
             result["timings_ms"][f"{name}/ours_fast_gates"] = {"fwd": t_fwd, "fwd_bwd": t_all}
@@ -201,6 +210,17 @@ def main():
         result["fla_oracle"] = check_fla_oracle(device)
     write_json(result, args.out)
     print_table(result)
+
+
+def graphed_times(op, inputs) -> dict:
+    """``{"fwd_graph", "fwd_bwd_graph"}`` ms of ``op`` replayed as CUDA graphs (:func:`benchmarks.timing.graphed`),
+    NaN with ``"graph_error"`` where capturing fails (an op that synchronises with the host cannot be captured)."""
+    try:
+        t_fwd, t_all = time_fwd_bwd(op, inputs, cuda_graphs=True)
+        return {"fwd_graph": t_fwd, "fwd_bwd_graph": t_all}
+    except RuntimeError as error:
+        torch.cuda.synchronize()
+        return {"fwd_graph": float("nan"), "fwd_bwd_graph": float("nan"), "graph_error": str(error)[:200]}
 
 
 def write_json(result, out_dir):
@@ -228,9 +248,13 @@ def print_table(result):
     print(f"{'shape':8s}{'op':16s}{'fwd ms':>10s}{'f+b ms':>10s}{'ours/op f+b':>13s}{'peak MiB':>10s}")
     for key, t in result["timings_ms"].items():
         shape, op = key.split("/")
-        ours_t = result["timings_ms"].get(f"{shape}/ours", {}).get("fwd_bwd", float("nan"))
+        ours_t = result["timings_ms"].get(f"{shape}/ours", {})
         peak = t.get("peak_mib", float("nan"))
-        print(f"{shape:8s}{op:16s}{t['fwd']:10.3f}{t['fwd_bwd']:10.3f}{ours_t / t['fwd_bwd']:13.2f}{peak:10.0f}")
+        print(f"{shape:8s}{op:16s}{t['fwd']:10.3f}{t['fwd_bwd']:10.3f}"
+              f"{ours_t.get('fwd_bwd', float('nan')) / t['fwd_bwd']:13.2f}{peak:10.0f}")
+        if "fwd_bwd_graph" in t:
+            ratio = ours_t.get("fwd_bwd_graph", float("nan")) / t["fwd_bwd_graph"]
+            print(f"{'':8s}{op + ' graphed':16s}{t['fwd_graph']:10.3f}{t['fwd_bwd_graph']:10.3f}{ratio:13.2f}")
     for shape, tf in result.get("tflops", {}).items():
         print(f"{shape:8s} ours TFLOP/s fwd {tf['fwd']:.1f} fwd+bwd {tf['fwd_bwd']:.1f}; first call {result['first_call_s'][shape]:.1f} s")
     for key in ("check_bf16", "check_fp32", "fla_oracle"):

@@ -22,10 +22,11 @@ def cpu_median_ms(fn, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def time_fwd_bwd(fn, inputs, median=median_ms):
+def time_fwd_bwd(fn, inputs, median=median_ms, cuda_graphs: bool = False):
     """(fwd ms, fwd+bwd ms) of ``fn(*inputs) -> o``: the forward under no_grad, then forward and the
     gradients of every input tensor that requires one (unused ones allowed: SDPA ignores beta, g).
-    ``median``: :func:`median_ms`, or :func:`cpu_median_ms` for CPU tensors."""
+    ``median``: :func:`median_ms`, or :func:`cpu_median_ms` for CPU tensors. ``cuda_graphs``: each of the
+    two timed as the replay of one CUDA graph (:func:`graphed`), so that the host's launch work is not in it."""
     grad = torch.randn_like(fn(*inputs))
     wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
 
@@ -36,7 +37,26 @@ def time_fwd_bwd(fn, inputs, median=median_ms):
     def fwd_bwd():
         torch.autograd.grad(fn(*inputs), wrt, grad, allow_unused=True)
 
-    return median(fwd), median(fwd_bwd)
+    if not cuda_graphs:
+        return median(fwd), median(fwd_bwd)
+    return tuple(median(graphed(step)) for step in (fwd, fwd_bwd))
+
+
+def graphed(step, warmup_calls: int = 3):
+    """``step`` (no arguments) captured as one CUDA graph: a function that replays it. The warm-up calls run on a
+    side stream first (autotuning and compilation happen there, outside the capture). A replay runs the captured
+    kernels with none of the host's work (argument handling, launches, allocation), as a CUDA-graph training step
+    does (``train.compile_mode=reduce-overhead``)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup_calls):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 def profile_steps(step, steps: int, cpu: bool = False, record_shapes: bool = False):

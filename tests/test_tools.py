@@ -129,6 +129,21 @@ def test_models_table_shows_the_engine_rows_when_a_run_has_them(tmp_path, monkey
     assert table.startswith("`results/models_x.json`: NVIDIA H100 80GB HBM3, 2026-11-22")
 
 
+def test_kernels_table_shows_the_cuda_graph_columns_when_a_run_has_them(tmp_path, monkeypatch):
+    from tools import benchmark_tables
+
+    result = json.loads((benchmark_tables.RESULTS / "op_floor_h200" / "kernels.json").read_text())
+    plain = benchmark_tables.render("op_floor_h200/kernels.json")
+    result["timings_ms"]["b224/ours"].update(fwd_graph=0.5, fwd_bwd_graph=5.0)
+    (tmp_path / "call").mkdir()
+    (tmp_path / "call" / "kernels.json").write_text(json.dumps(result))
+    monkeypatch.setattr(benchmark_tables, "RESULTS", tmp_path)
+    table = benchmark_tables.render("call/kernels.json")
+    assert "CUDA graph" not in plain and "| fwd ms, CUDA graph | fwd+bwd ms, CUDA graph |" in table
+    assert "| b224 | ours | 0.636 | 6.265 | 0.500 | 5.000 | 121.5 / 37.0 |" in table
+    assert "| b224 | sdpa | 0.079 | 0.366 |  |  |  |" in table
+
+
 def test_benchmark_provenance_names_device_date_and_commit(monkeypatch):
     import datetime
     import subprocess
@@ -258,3 +273,22 @@ def test_launch_configs_summary_lines(tmp_path):
     assert "OutOfResources" in lines[1]
     assert lines[2] == "base 1 512 177.42 ms 360.7 img/s 7863 MiB"
     assert summary_lines(str(tmp_path / "none.json")) == [f"missing {tmp_path / 'none.json'}"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graphed_timing_replays_the_step_and_times_our_op():
+    """benchmarks.timing.graphed: a replay reruns the captured kernels on the inputs' current values; the chunk op's
+    forward and forward+backward capture and time (benchmarks.kernels --cuda-graphs)."""
+    from benchmarks.kernels import graphed_times, make_inputs, ours
+    from benchmarks.timing import graphed
+
+    x = torch.randn(64, 64, device="cuda")
+    out = torch.empty_like(x)
+    replay = graphed(lambda: out.copy_(x @ x))
+    x.copy_(2 * torch.eye(64, device="cuda"))
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, 4 * torch.eye(64, device="cuda"))
+    times = graphed_times(ours, make_inputs(2, 700, 2, 64, torch.bfloat16, "cuda"))  # the chunk kernels
+    assert "graph_error" not in times and 0 < times["fwd_graph"] < times["fwd_bwd_graph"], times

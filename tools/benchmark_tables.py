@@ -63,13 +63,16 @@ def ms(value) -> str:
 def render_kernels(name: str) -> str:
     """Forward and forward+backward median ms per shape and op (``benchmarks.kernels``)."""
     result = load(name)
+    graphs = any("fwd_bwd_graph" in timing for timing in result["timings_ms"].values())
     rows = []
     for key, timing in result["timings_ms"].items():
         shape, op = key.split("/", 1)
         tflops = result.get("tflops", {}).get(shape, {}) if op == "ours" else {}
-        rows.append([shape, op, ms(timing.get("fwd")), ms(timing.get("fwd_bwd")),
+        graph_cells = [ms(timing.get("fwd_graph")), ms(timing.get("fwd_bwd_graph"))] if graphs else []
+        rows.append([shape, op, ms(timing.get("fwd")), ms(timing.get("fwd_bwd")), *graph_cells,
                      f"{tflops['fwd']:.1f} / {tflops['fwd_bwd']:.1f}" if tflops else ""])
-    table = markdown(["shape", "op", "fwd ms", "fwd+bwd ms", "ours TFLOP/s fwd / fwd+bwd"], rows)
+    graph_heads = ["fwd ms, CUDA graph", "fwd+bwd ms, CUDA graph"] if graphs else []
+    table = markdown(["shape", "op", "fwd ms", "fwd+bwd ms", *graph_heads, "ours TFLOP/s fwd / fwd+bwd"], rows)
     return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{table}\n"
 
 
