@@ -13,6 +13,7 @@ from hdla_vision.kernels.short_conv import fused
 from hdla_vision.layers import create_mixer
 from hdla_vision.lm.zoology_lm import BaseConv
 from tests.backends import CUDA_TOL, backend_cases, backends, device_of
+from tests.oracle import rel_err
 from tests.ops.compiled import assert_compiled_equals_eager
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
@@ -25,10 +26,6 @@ def conv_problem(batch, seq_len, channels, taps, device="cpu", seed=0):
     weight = torch.randn(channels, taps, generator=gen) / taps ** 0.5
     bias = torch.randn(channels, generator=gen)
     return [t.to(device) for t in (x, weight, bias)]
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 CASES = {  # (B, T, C, K, bias)
@@ -56,7 +53,7 @@ def test_matches_float64_definition(backend, case, dtype):
     assert out.dtype == dtype and [g.dtype for g in grads] == [t.dtype for t in leaves]
     tol = (1e-5 if backend != "cuda" else 1e-4) if dtype == F32 else CUDA_TOL
     names = ("out", "dx", "dweight", "dbias")
-    errors = {name: rel(a, b) for name, a, b in zip(names, (out, *grads), (ref, *refs))}
+    errors = {name: rel_err(a, b) for name, a, b in zip(names, (out, *grads), (ref, *refs))}
     assert all(e < tol for e in errors.values()), errors  # NaN fails
 
 
@@ -72,8 +69,8 @@ def test_definition_is_the_padded_depthwise_conv(taps):
         conv.bias.copy_(bias)
     zoology = conv(x.transpose(1, 2))[..., :9].transpose(1, 2)
     mixer = F.conv1d(F.pad(x.transpose(1, 2), (taps - 1, 0)), weight[:, None], groups=6).transpose(1, 2)
-    assert rel(naive_causal_conv1d(x, weight, bias), zoology) < 1e-14
-    assert rel(naive_causal_conv1d(x, weight), mixer) < 1e-14
+    assert rel_err(naive_causal_conv1d(x, weight, bias), zoology) < 1e-14
+    assert rel_err(naive_causal_conv1d(x, weight), mixer) < 1e-14
 
 
 def test_bad_input_raises():
@@ -114,12 +111,12 @@ def test_mixer_short_conv_equals_its_conv1d_form():
     proj = torch.randn(2, 7, mixer.conv.weight.shape[0], dtype=F64)
     out = mixer.short_conv(proj, None)
     ref = F.conv1d(F.pad(proj.transpose(1, 2), (3, 0)), mixer.conv.weight, groups=proj.shape[-1]).transpose(1, 2)
-    assert rel(out, ref) < 1e-14
+    assert rel_err(out, ref) < 1e-14
     grad, = torch.autograd.grad(mixer.short_conv(proj, None).square().sum(), mixer.conv.weight)
     grad_ref, = torch.autograd.grad(
         F.conv1d(F.pad(proj.transpose(1, 2), (3, 0)), mixer.conv.weight, groups=proj.shape[-1]).square().sum(),
         mixer.conv.weight)
-    assert rel(grad, grad_ref) < 1e-12
+    assert rel_err(grad, grad_ref) < 1e-12
 
 
 def test_base_conv_equals_zoologys_form():
@@ -138,4 +135,4 @@ def test_base_conv_equals_zoologys_form():
         out = fn(u)
         runs.append((out.detach(), torch.autograd.grad(out.square().sum(), list(layer.parameters()))))
     (out, grads), (ref, refs) = runs
-    assert rel(out, ref) < 1e-14 and all(rel(a, b) < 1e-12 for a, b in zip(grads, refs))
+    assert rel_err(out, ref) < 1e-14 and all(rel_err(a, b) < 1e-12 for a, b in zip(grads, refs))
