@@ -56,10 +56,12 @@ def one_chunk_form(q: torch.Tensor, offset: int, initial_state, output_final_sta
 
 # Whether the one chunk form runs compiled by inductor (``torch.compile`` of torch_chunk.chunk_form_loglinear, one
 # graph: its pairwise decays, masks and products fused), "1" / "0", for the calls that take it (on a Triton device
-# those a gradient flows through: the others take F1's terms, triton_chunk.py). Off until a GPU times it (`python
-# -m benchmarks.loglinear --parts paths`, its chunk_form_compiled column); on a 2-core CPU (fp32, fwd+bwd at (1, 256,
-# 2, 32), 2026-11-29) 4.3 ms against 17.6 eager. A call inside a running trace takes the eager form, which the
-# caller's compilation takes in.
+# those a gradient flows through: the others take F1's terms, triton_chunk.py). Unset: on for CUDA tensors, off on the
+# CPU (inductor's C++ build per shape). On an H200 (bf16, fwd+bwd, 2026-11-29, benchmarks/results/loglinear_compiled_h200)
+# 15.4 ms against 32.8 eager at (8, 4096, 3, 64) and 20.2 against 42.9 at (8, 4096, 4, 64); on a 2-core CPU (fp32,
+# fwd+bwd at (1, 256, 2, 32)) 4.3 ms against 17.6. One graph per shape, dtype and offset (static shapes: the levels
+# come from bit_length(offset + T - 1)); past dynamo's recompile limit a new one runs eagerly. A call inside a running
+# trace takes the eager form, which the caller's compilation takes in.
 COMPILE_ENV = "HDLA_VISION_LOGLINEAR_COMPILE"
 COMPILE_BACKEND = "inductor"
 
@@ -69,11 +71,22 @@ def _compiled(backend) -> Callable:
     return torch.compile(chunk_form_loglinear, backend=backend, fullgraph=True, dynamic=False)  # bit_length of T
 
 
-def chunk_form() -> Callable:
-    """:func:`.torch_chunk.chunk_form_loglinear`, compiled by :data:`COMPILE_BACKEND` where :data:`COMPILE_ENV`
-    says so and no trace is running."""
-    if env_switch(COMPILE_ENV, False) and not torch.compiler.is_compiling():
-        return _compiled(COMPILE_BACKEND)
+def _compiled_or_eager(*args):
+    """The compiled chunk form, or the eager one for a call that would need a graph past dynamo's recompile limit
+    (with fullgraph, dynamo raises there instead of falling back)."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    try:
+        return _compiled(COMPILE_BACKEND)(*args)
+    except FailOnRecompileLimitHit:
+        return chunk_form_loglinear(*args)
+
+
+def chunk_form(q: torch.Tensor) -> Callable:
+    """:func:`.torch_chunk.chunk_form_loglinear` for a call on ``q``, compiled by :data:`COMPILE_BACKEND` where
+    :data:`COMPILE_ENV` says so (unset: ``q`` on CUDA) and no trace is running."""
+    if env_switch(COMPILE_ENV, q.is_cuda) and not torch.compiler.is_compiling():
+        return _compiled_or_eager
     return chunk_form_loglinear
 
 
@@ -252,7 +265,7 @@ def chunk_loglinear_generalized(
     if one_chunk_form(q, offset, initial_state, output_final_state):
         if triton_terms_apply(q, k.shape[3], a.shape[3], k, v, a, b, g, level_scales):  # no gradient: F1's terms
             return triton_chunk_form_loglinear(q, k, v, a, b, g, level_scales, scale, offset), None
-        return chunk_form()(q, k, v, a, b, g, level_scales, scale, offset), None
+        return chunk_form(q)(q, k, v, a, b, g, level_scales, scale, offset), None
 
     def op(t, state):
         return chunk_generalized(t["q"], t["k"], t["v"], t["a"], t["b"], t["g"], scale, state, True)
@@ -295,7 +308,7 @@ def chunk_loglinear_hdla(
         if triton_terms_apply(q, 1, 2, k, v, beta, g, level_scales):  # no gradient: F1's terms, HDLA's builder
             return triton_chunk_form_loglinear(q, k, v, None, None, g, level_scales, scale, offset, hdla_beta=beta), None
         a, b = hdla_decay_factors(k, beta, g)
-        return chunk_form()(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, level_scales, scale, offset), None
+        return chunk_form(q)(q, k.unsqueeze(-2), v.unsqueeze(-2), a, b, g, level_scales, scale, offset), None
 
     def op(t, state):
         return chunk_hdla(t["q"], t["k"], t["v"], t["beta"], t["g"], scale, state, True)

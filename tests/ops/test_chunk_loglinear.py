@@ -157,9 +157,10 @@ def test_one_chunk_form_matches_definition(backend, case, only_chunk_form):
 @pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
 @pytest.mark.parametrize("kind,dtype", [("hdla", torch.bfloat16), ("hdla", torch.float32),
                                         ("generalized", torch.bfloat16)])
-def test_one_chunk_form_on_cuda(backend, kind, dtype, only_chunk_form):
-    """The default form on CUDA (auto: the one chunk form) against the float64 loop at a realistic size:
+def test_one_chunk_form_on_cuda(backend, kind, dtype, only_chunk_form, monkeypatch):
+    """The default form on CUDA (auto: the one chunk form), eager, against the float64 loop at a realistic size:
     three chunks and a tail, head dims 64, gates to -20, output and every gradient."""
+    monkeypatch.setenv(chunk_module.COMPILE_ENV, "0")
     p = loglinear_problem(kind, 3 * 64 + 17, UNBOUNDED, batch=2, heads=3, dk=64, dv=64, r_ab=2, g_min=-20.0)
     p.pop("initial_state")
     errors = compare_with_definition(kind, on_backend({**p, "initial_state": None}, backend), dtype=dtype,
@@ -212,16 +213,37 @@ def test_compiled_chunk_form_matches_definition(backend, case, only_chunk_form, 
 
 def test_compiled_chunk_form_stays_eager_inside_a_trace(compiled_chunk_form):
     """Inside a caller's compilation the op hands its trace the chunk form itself (no nested torch.compile)."""
-    assert chunk_module.chunk_form() is not chunk_module.chunk_form_loglinear
+    q = torch.zeros(1)
+    assert chunk_module.chunk_form(q) is not chunk_module.chunk_form_loglinear
     seen = []
-    torch.compile(lambda: seen.append(chunk_module.chunk_form()), backend="eager", fullgraph=False)()
+    torch.compile(lambda: seen.append(chunk_module.chunk_form(q)), backend="eager", fullgraph=False)()
     assert seen == [chunk_module.chunk_form_loglinear]
 
 
 def test_compile_setting_is_checked(monkeypatch):
     monkeypatch.setenv(chunk_module.COMPILE_ENV, "yes")
     with pytest.raises(ValueError, match="HDLA_VISION_LOGLINEAR_COMPILE must be 0 or 1"):
-        chunk_module.chunk_form()
+        chunk_module.chunk_form(torch.zeros(1))
+
+
+def test_compiled_by_default_on_cuda_only(monkeypatch):
+    """Unset, the setting compiles the chunk form for CUDA tensors and leaves CPU calls eager."""
+    monkeypatch.delenv(chunk_module.COMPILE_ENV, raising=False)
+    assert chunk_module.chunk_form(torch.zeros(1)) is chunk_module.chunk_form_loglinear
+    assert chunk_module.chunk_form(torch.zeros(1, device="meta")) is chunk_module.chunk_form_loglinear
+    if torch.cuda.is_available():
+        assert chunk_module.chunk_form(torch.zeros(1, device="cuda")) is not chunk_module.chunk_form_loglinear
+
+
+def test_compiled_chunk_form_runs_eagerly_past_the_recompile_limit(only_chunk_form, compiled_chunk_form, monkeypatch):
+    """Shapes past dynamo's recompile limit (which fullgraph makes a hard error) run the eager form, exactly."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    for seq_len in (5, 9, 17):  # three shapes, three levels counts
+        p = loglinear_problem("hdla", seq_len, UNBOUNDED)
+        p.pop("initial_state")
+        errors = compare_with_definition("hdla", {**p, "initial_state": None}, final_state=False)
+        assert max(errors.values()) < 1e-4, (seq_len, errors)
+    assert len(compiled_chunk_form) == 2  # the first two shapes compiled, the third ran eagerly
 
 
 @pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
