@@ -532,6 +532,29 @@ def test_cpu_and_cuda_paths_agree():
     assert err < 3e-2, f"bf16 relative error {err:.3g}"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["loglinear_hdla_tiny", "loglinear_gdn_tiny"])
+def test_loglinear_model_on_cuda_matches_cpu(name, monkeypatch):
+    """A log-linear model's training step on CUDA, where its scan takes the chunk form compiled by inductor (the
+    default there), gives the CPU's (eager chunk form) logits and gradients."""
+    from hdla_vision.kernels.loglinear import chunk as loglinear_chunk
+
+    monkeypatch.delenv(loglinear_chunk.COMPILE_ENV, raising=False)
+    cpu_model = small_model(name, img_size=64, num_classes=10).train()
+    cuda_model = small_model(name, img_size=64, num_classes=10).train().cuda()
+    cuda_model.load_state_dict(cpu_model.state_dict())
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    out_cpu = cpu_model(x)
+    fixed_projection(out_cpu).square().mean().backward()
+    out_cuda = cuda_model(x.cuda())
+    fixed_projection(out_cuda.cpu()).square().mean().backward()
+    assert (out_cuda.cpu() - out_cpu).norm() / out_cpu.norm() < 1e-3
+    for (param, p_cpu), p_cuda in zip(cpu_model.named_parameters(), cuda_model.parameters()):
+        err = (p_cuda.grad.cpu() - p_cpu.grad).norm() / p_cpu.grad.norm()  # TF32 products: each gradient as a whole
+        assert err < 1e-2, f"{param}: gradient relative error {err:.3g}"
+
+
 # ------------------------------------------------------- checkpoints of the first layout
 V0_CHECKPOINTS = Path(__file__).parent / "data" / "backbone_layout_v0.pt"
 
