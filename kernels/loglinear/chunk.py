@@ -23,6 +23,7 @@ each chunk's terms from the linear op's F1 kernel (``triton_chunk.py``).
 """
 import functools
 import os
+import warnings
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -71,14 +72,26 @@ def _compiled(backend) -> Callable:
     return torch.compile(chunk_form_loglinear, backend=backend, fullgraph=True, dynamic=False)  # bit_length of T
 
 
+_compile_failed = []  # the first BackendCompilerFailed of this process: later calls run eagerly
+
+
 def _compiled_or_eager(*args):
     """The compiled chunk form, or the eager one for a call that would need a graph past dynamo's recompile limit
-    (with fullgraph, dynamo raises there instead of falling back)."""
-    from torch._dynamo.exc import FailOnRecompileLimitHit
+    (with fullgraph, dynamo raises there instead of falling back) and, with a warning, for every call once the
+    backend failed to compile a graph (the same function, unfused: slower, never wrong)."""
+    from torch._dynamo.exc import BackendCompilerFailed, FailOnRecompileLimitHit
 
+    if _compile_failed:
+        return chunk_form_loglinear(*args)
     try:
         return _compiled(COMPILE_BACKEND)(*args)
     except FailOnRecompileLimitHit:
+        return chunk_form_loglinear(*args)
+    except BackendCompilerFailed as error:
+        _compile_failed.append(error)
+        cause = type(error.inner_exception).__name__
+        warnings.warn(f"log-linear chunk form: the compiler failed ({cause}); it runs eagerly from now on "
+                      f"({COMPILE_ENV}=0 skips the attempt)", RuntimeWarning)
         return chunk_form_loglinear(*args)
 
 

@@ -6,6 +6,8 @@ ValueError before any launch. They run the linear chunk ops, so their values are
 4-8 s (O(log T) chunk-op calls), so there only the input checks run (the chunk ops themselves are
 checked there in test_chunk_hdla.py / test_chunk_generalized.py). The bucket grid
 (kernels/loglinear/levels.py) is checked first. The decoding steps are test_fused_recurrent_loglinear.py."""
+import warnings
+
 import pytest
 import torch
 
@@ -152,6 +154,29 @@ def test_one_chunk_form_matches_definition(backend, case, only_chunk_form):
     errors = compare_with_definition(case.problem["kind"], loglinear_problem(**case.problem), final_state=False,
                                      **case.op)
     assert max(errors.values()) < case.tol, errors  # NaN fails too
+
+
+def test_chunk_form_runs_eagerly_once_the_compiler_fails(only_chunk_form, compiled_chunk_form, monkeypatch):
+    """A backend that fails to compile the graph costs a warning, once; the call and every later one run the eager
+    form, exactly."""
+    attempts = []
+
+    def failing_backend(graph_module, example_inputs):
+        attempts.append(graph_module)
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(chunk_module, "COMPILE_BACKEND", failing_backend)
+    monkeypatch.setattr(chunk_module, "_compile_failed", [])
+    for seq_len in (9, 17):
+        p = loglinear_problem("hdla", seq_len, UNBOUNDED)
+        p.pop("initial_state")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            errors = compare_with_definition("hdla", {**p, "initial_state": None}, final_state=False)
+        assert max(errors.values()) < 1e-4, (seq_len, errors)
+        failures = [w for w in caught if "the compiler failed (RuntimeError)" in str(w.message)]
+        assert len(failures) == (1 if seq_len == 9 else 0)
+    assert len(attempts) == 1  # the second shape did not try again
 
 
 @pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
