@@ -58,11 +58,12 @@ def one_chunk_form(q: torch.Tensor, offset: int, initial_state, output_final_sta
 # Whether the one chunk form runs compiled by inductor (``torch.compile`` of torch_chunk.chunk_form_loglinear, one
 # graph: its pairwise decays, masks and products fused), "1" / "0", for the calls that take it (on a Triton device
 # those a gradient flows through: the others take F1's terms, triton_chunk.py). Unset: on for CUDA tensors, off on the
-# CPU (inductor's C++ build per shape). On an H200 (bf16, fwd+bwd, 2026-11-29, benchmarks/results/loglinear_compiled_h200)
-# 15.4 ms against 32.8 eager at (8, 4096, 3, 64) and 20.2 against 42.9 at (8, 4096, 4, 64); on a 2-core CPU (fp32,
-# fwd+bwd at (1, 256, 2, 32)) 4.3 ms against 17.6. One graph per shape, dtype and offset (static shapes: the levels
-# come from bit_length(offset + T - 1)); past dynamo's recompile limit a new one runs eagerly. A call inside a running
-# trace takes the eager form, which the caller's compilation takes in.
+# CPU (inductor's C++ build per shape). On an H200 (bf16, fwd+bwd, 2026-11-29,
+# benchmarks/results/loglinear_compiled_h200) 15.4 ms against 32.8 eager at (8, 4096, 3, 64) and 20.2 against 42.9 at
+# (8, 4096, 4, 64); on a 2-core CPU (fp32, fwd+bwd at (1, 256, 2, 32)) 4.3 ms against 17.6. One graph per shape, dtype
+# and offset (static shapes: the levels come from bit_length(offset + T - 1)); past dynamo's recompile limit a new one
+# runs eagerly, and after a compiler failure (one warning) every call. A call inside a running trace takes the eager
+# form, which the caller's compilation takes in.
 COMPILE_ENV = "HDLA_VISION_LOGLINEAR_COMPILE"
 COMPILE_BACKEND = "inductor"
 
