@@ -40,6 +40,29 @@ def test_hdla_loop_equals_generalized_loop_with_its_factors():
     assert rel_err(o1, o2) < 1e-12 and rel_err(s1, s2) < 1e-12
 
 
+def test_hdla_is_rank_one_over_two_steps_per_token():
+    """HDLA's step (I - beta k k^T) Diag(lambda) (I - beta k k^T) S + k v^T is two rank-one steps of the generalized
+    loop (kernels/README.md §2): (I - beta k k^T) S with no decay and no write, then (Diag(lambda) - beta k
+    (lambda k)^T) S + k v^T; the second step's output is the token's, the write key stays k (no division by beta),
+    beta at 0 and 2 included."""
+    p = hdla_problem(2, 13, 2, 8, 5, g_min=-20.0)
+    p["beta"][0, :3] = 0.0
+    p["beta"][1, :3] = 2.0
+    q, k, v, beta, g = (p[n] for n in ("q", "k", "v", "beta", "g"))
+
+    def steps(first, second):  # [B, T, H, ...] twice -> [B, 2T, H, ...], the first of each pair first
+        return torch.stack([first, second], dim=2).flatten(1, 2)
+
+    lam = g.exp()
+    a = steps(beta.unsqueeze(-1) * k, beta.unsqueeze(-1) * k).unsqueeze(3)
+    b = steps(k, lam * k).unsqueeze(3)
+    o2, s2 = naive_generalized(steps(torch.zeros_like(q), q), steps(torch.zeros_like(k), k).unsqueeze(3),
+                               steps(torch.zeros_like(v), v).unsqueeze(3), a, b, steps(torch.zeros_like(g), g),
+                               initial_state=p["initial_state"], output_final_state=True)
+    o1, s1 = naive_hdla(**p, output_final_state=True)
+    assert rel_err(o2[:, 1::2], o1) < 1e-12 and rel_err(s2, s1) < 1e-12
+
+
 def test_naive_loops_reset_and_stay_finite():
     """The two float64 references (Householder products; generalized loop on HDLA's factors) agree
     at resets (g = -inf), with finite gradients and dL/dg = 0 at g = -inf."""
