@@ -260,14 +260,14 @@ def test_compiled_by_default_on_cuda_only(monkeypatch):
         assert chunk_module.chunk_form(torch.zeros(1, device="cuda")) is not chunk_module.chunk_form_loglinear
 
 
-def test_compiled_chunk_form_runs_eagerly_past_the_recompile_limit(only_chunk_form, compiled_chunk_form, monkeypatch):
+def test_compiled_chunk_form_runs_eagerly_past_the_recompile_limit(only_chunk_form, compiled_chunk_form):
     """Shapes past dynamo's recompile limit (which fullgraph makes a hard error) run the eager form, exactly."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
-    for seq_len in (5, 9, 17):  # three shapes, three levels counts
-        p = loglinear_problem("hdla", seq_len, UNBOUNDED)
-        p.pop("initial_state")
-        errors = compare_with_definition("hdla", {**p, "initial_state": None}, final_state=False)
-        assert max(errors.values()) < 1e-4, (seq_len, errors)
+    with torch._dynamo.config.patch(recompile_limit=2):  # (monkeypatch's undo would delete the config entry)
+        for seq_len in (5, 9, 17):  # three shapes, three levels counts
+            p = loglinear_problem("hdla", seq_len, UNBOUNDED)
+            p.pop("initial_state")
+            errors = compare_with_definition("hdla", {**p, "initial_state": None}, final_state=False)
+            assert max(errors.values()) < 1e-4, (seq_len, errors)
     assert len(compiled_chunk_form) == 2  # the first two shapes compiled, the third ran eagerly
 
 
