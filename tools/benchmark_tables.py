@@ -161,6 +161,20 @@ def ours_table(rows: dict) -> str:
     return markdown(header, [row(shape, r) for shape, r in rows.items()])
 
 
+def paths_table(paths: dict) -> str:
+    """The paths part of ``benchmarks.loglinear``: fwd+bwd of the linear op and of each log-linear path per shape,
+    and each path over the linear op (the compiled chunk form where the run has it)."""
+    names = [("chunk_form", "chunk form"), ("levels", "levels"), ("chunk_form_compiled", "compiled chunk form")]
+    names = [(key, label) for key, label in names if any(key in r for r in paths.values())]
+    header = (["shape", "B, T, H, D", "linear f+b ms"] + [f"{label} f+b ms" for _, label in names]
+              + [f"{label} / linear" for _, label in names])
+    rows = [[shape, ", ".join(map(str, r["bthd"])), ms(r["linear"]["fwd_bwd"])]
+            + [ms(r[key]["fwd_bwd"]) if key in r else "-" for key, _ in names]
+            + [f"{r[key + '_over_linear']:.2f}" if key in r else "-" for key, _ in names]
+            for shape, r in paths.items()]
+    return markdown(header, rows)
+
+
 def render_loglinear(name: str) -> str:
     """Log-linear against linear: ours per shape, the log-linear paper's Mamba-2 benchmark, and the
     bf16 checks (``benchmarks.loglinear``)."""
@@ -173,11 +187,7 @@ def render_loglinear(name: str) -> str:
                                          for op in ops] for seq, row in paper.items()])
     checks = markdown(["check", "largest relative error (output, gradients)"],
                       [[case, f"{max(errs.values()):.1e}"] for case, errs in result.get("check", {}).items()])
-    paths = markdown(["shape", "B, T, H, D", "linear f+b ms", "chunk form f+b ms", "levels f+b ms", "chunk form / linear",
-                      "levels / linear"],
-                     [[shape, ", ".join(map(str, r["bthd"])), ms(r["linear"]["fwd_bwd"]), ms(r["chunk_form"]["fwd_bwd"]),
-                       ms(r["levels"]["fwd_bwd"]), f"{r['chunk_form_over_linear']:.2f}", f"{r['levels_over_linear']:.2f}"]
-                      for shape, r in result.get("paths", {}).items()])
+    paths = paths_table(result.get("paths", {}))
     parts = [table for part, table in (("ours", ours), ("fla_paper", fla), ("check", checks), ("paths", paths))
              if result.get(part)]
     return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n" + "\n\n".join(parts) + "\n"
@@ -202,6 +212,21 @@ def render_kernel_stages_aot(name: str) -> str:
     return f"{provenance(name, result)}\n\n{compiled}\n\n{work}\n"
 
 
+def render_delta_rule(name: str) -> str:
+    """The delta rule's forward against today's HDLA forward and fla's KDA forward (``benchmarks.delta_rule``), and
+    each precision's error against float64."""
+    result = load(name)
+    shapes = result["fwd_ms"]
+    ops = list(dict.fromkeys(op for row in shapes.values() for op in row if op != "bthd"))
+    cell = lambda value: ms(value) if isinstance(value, (int, float)) else "failed"  # noqa: E731
+    timing = markdown(["shape", "B, T, H, D"] + [f"{op} fwd ms" for op in ops],
+                      [[shape, ", ".join(map(str, row["bthd"]))] + [cell(row.get(op)) for op in ops]
+                       for shape, row in shapes.items()])
+    errors = markdown(["precision", "HDLA through the delta rule, relative error against float64"],
+                      [[p, f"{err:.1e}"] for p, err in result.get("parity", {}).items()])
+    return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{timing}\n\n{errors}\n"
+
+
 def render_index(_: str) -> str:
     """Every result JSON with its device, date and commit."""
     rows = []
@@ -216,7 +241,7 @@ def render_index(_: str) -> str:
 RENDERERS: dict[str, Callable[[str], str]] = {
     "index": render_index, "kernels": render_kernels, "fla_seed": render_fla_seed, "models": render_models,
     "loglinear": render_loglinear, "train_throughput": render_train_throughput,
-    "kernel_stages_aot": render_kernel_stages_aot, "aot": render_kernel_stages_aot,
+    "kernel_stages_aot": render_kernel_stages_aot, "aot": render_kernel_stages_aot, "delta_rule": render_delta_rule,
 }
 
 
