@@ -292,3 +292,17 @@ def test_graphed_timing_replays_the_step_and_times_our_op():
     assert torch.equal(out, 4 * torch.eye(64, device="cuda"))
     times = graphed_times(ours, make_inputs(2, 700, 2, 64, torch.bfloat16, "cuda"))  # the chunk kernels
     assert "graph_error" not in times and 0 < times["fwd_graph"] < times["fwd_bwd_graph"], times
+
+
+def test_delta_rule_table_shows_every_variant_and_failures(monkeypatch):
+    """``benchmarks.delta_rule``'s JSON renders one column per op (a failed variant as "failed") and the errors."""
+    from tools import benchmark_tables
+
+    result = {"device": "GPU", "date": "2026-11-29", "commit": "abc1234", "dtype": "bfloat16",
+              "parity": {"ieee": 1.2e-3, "tf32": 4.5e-3},
+              "fwd_ms": {"lm": {"bthd": [4, 4096, 16, 128], "hdla_today": 4.5, "delta_hdla_ieee": "failed: OutOfResources",
+                                "fla_kda": 1.03}}}
+    monkeypatch.setattr(benchmark_tables, "load", lambda name: result)
+    table = benchmark_tables.render("delta_rule_h200/delta_rule.json")
+    assert "| lm | 4, 4096, 16, 128 | 4.500 | failed | 1.030 |" in table
+    assert "| tf32 | 4.5e-03 |" in table and "commit abc1234" in table

@@ -1,0 +1,113 @@
+"""chunk_delta_rule (kernels/delta_rule, kernels/README.md §12), forward only, against the float64 loop: the
+generalized loop with a = beta k, b = e^g k and the write key write * k, and HDLA's own loop through its two steps per
+token (steps.py); output and final state, on the PyTorch form, the interpreter and CUDA."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hdla_vision.kernels import naive_generalized, naive_hdla
+from hdla_vision.kernels.delta_rule.chunk import MAX_HEAD_DIM, chunk_delta_rule
+from hdla_vision.kernels.delta_rule.steps import hdla_steps
+from tests.backends import CUDA_TOL, FP32_TOL, backend_cases, on_backend
+from tests.oracle import hdla_problem, rel_err, with_resets
+
+
+def delta_problem(batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, write="random", beta_ends=False, resets=0.0,
+                  seed=0):
+    """Random float64 inputs: unit k, beta in [0, 2] (with ``beta_ends``, 0 and 2 at the first steps), g in [g_min, 0]
+    (a fraction ``resets`` of -inf), write scales random in [0, 1], ones or zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    uniform = lambda *s: torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    beta = 2 * uniform(batch, seq_len, heads)
+    if beta_ends:
+        beta[:, :3] = 0.0
+        beta[:, 3:6] = 2.0
+    writes = dict(random=uniform(batch, seq_len, heads), ones=torch.ones(batch, seq_len, heads, dtype=torch.float64),
+                  zeros=torch.zeros(batch, seq_len, heads, dtype=torch.float64))
+    return dict(q=rnd(batch, seq_len, heads, dk), k=F.normalize(rnd(batch, seq_len, heads, dk), dim=-1),
+                v=rnd(batch, seq_len, heads, dv), beta=beta,
+                g=with_resets(uniform(batch, seq_len, heads, dk) * g_min, resets, gen), write=writes[write],
+                initial_state=rnd(batch, heads, dk, dv) if h0 else None)
+
+
+def reference(p, scale):
+    """The generalized float64 loop on the delta rule's factors."""
+    k = p["k"]
+    a = (p["beta"].unsqueeze(-1) * k).unsqueeze(3)
+    b = (p["g"].exp() * k).unsqueeze(3)
+    return naive_generalized(p["q"], (p["write"].unsqueeze(-1) * k).unsqueeze(3), p["v"].unsqueeze(3), a, b, p["g"],
+                             scale=scale, initial_state=p["initial_state"], output_final_state=True)
+
+
+def _errors(p, backend, dtype, scale=0.5):
+    run = on_backend({n: None if x is None else x.to(dtype) for n, x in p.items()}, backend)
+    o, s = chunk_delta_rule(**run, scale=scale, output_final_state=True)
+    o_ref, s_ref = reference(p, scale)
+    return rel_err(o.double().cpu(), o_ref), rel_err(s.double().cpu(), s_ref)
+
+
+SMALL = [  # (name, problem kwargs): lengths around the 64-step chunk, batch 1, -20 gates and resets, beta at 0 and 2
+    ("T1_b1", dict(batch=1, seq_len=1, heads=2, dk=16, dv=8)),
+    ("T17_no_h0", dict(batch=2, seq_len=17, heads=2, dk=16, dv=8, h0=False)),
+    ("T64_ones", dict(batch=1, seq_len=64, heads=1, dk=32, dv=16, write="ones")),
+    ("T130_gates-20_resets_beta_ends", dict(batch=2, seq_len=130, heads=1, dk=16, dv=20, g_min=-20.0, resets=0.05,
+                                            beta_ends=True)),
+    ("T65_no_write", dict(batch=1, seq_len=65, heads=2, dk=16, dv=8, write="zeros")),
+]
+LARGE = [("T300_d64", dict(batch=2, seq_len=300, heads=3, dk=64, dv=64, g_min=-20.0, beta_ends=True)),
+         ("T200_d128", dict(batch=1, seq_len=200, heads=2, dk=128, dv=128))]
+
+
+def _case_id(case):
+    return case[0]
+
+
+@pytest.mark.parametrize("backend,case", backend_cases(_case_id, torch=SMALL, interpreter=SMALL, cuda=LARGE),
+                         indirect=["backend"])
+def test_matches_the_float64_loop(backend, case):
+    err_o, err_s = _errors(delta_problem(**case[1]), backend, torch.float32)
+    tol = CUDA_TOL if backend == "cuda" else FP32_TOL
+    assert err_o < tol and err_s < tol, (err_o, err_s)  # NaN fails too
+
+
+@pytest.mark.parametrize("backend,case", backend_cases(_case_id, torch=[("T33", (33, 16))], interpreter=[("T33", (33, 16))],
+                                                       cuda=[("T300", (300, 64))]), indirect=["backend"])
+def test_runs_hdla_through_two_steps_per_token(backend, case):
+    """HDLA (its own float64 loop, Householder products) from the delta rule over 2T steps, -20 gates, resets, beta at
+    0 and 2: the second step of each token is the token's output."""
+    seq_len, dk = case[1]
+    p = hdla_problem(2, seq_len, 2, dk, 16, g_min=-20.0, resets=0.05)
+    p["beta"][0, :4] = 0.0
+    p["beta"][1, :4] = 2.0
+    steps = hdla_steps(*(p[n].float() for n in ("q", "k", "v", "beta", "g")))
+    run = on_backend(dict(zip(("q", "k", "v", "beta", "g", "write"), steps), initial_state=p["initial_state"].float()),
+                     backend)
+    o, s = chunk_delta_rule(**run, scale=0.5, output_final_state=True)
+    o_ref, s_ref = naive_hdla(**p, scale=0.5, output_final_state=True)
+    tol = CUDA_TOL if backend == "cuda" else FP32_TOL
+    assert rel_err(o[:, 1::2].double().cpu(), o_ref) < tol and rel_err(s.double().cpu(), s_ref) < tol
+
+
+@pytest.mark.parametrize("name,change,message", [
+    ("k", lambda p: p.update(k=p["k"][..., :-1]), "k must be"),
+    ("g", lambda p: p.update(g=p["g"][:, :-1]), "g must be"),
+    ("v", lambda p: p.update(v=p["v"][:, :-1]), "v must be"),
+    ("positive g", lambda p: p["g"].__setitem__((0, 0, 0, 0), 0.5), "must be <= 0"),
+    ("beta", lambda p: p.update(beta=p["beta"].unsqueeze(-1)), "beta must be"),
+    ("write", lambda p: p.update(write=p["write"][:, :-1]), "write must be"),
+    ("initial_state", lambda p: p.update(initial_state=p["initial_state"][..., :-1]), "initial_state must be"),
+    ("grad", lambda p: p["q"].requires_grad_(), "forward only"),
+])
+def test_bad_input_raises(name, change, message):
+    p = delta_problem(1, 5, 1, 8, 4)
+    change(p)
+    with pytest.raises(ValueError, match=message):
+        chunk_delta_rule(**p)
+
+
+def test_triton_path_refuses_wide_heads(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    p = delta_problem(1, 3, 1, MAX_HEAD_DIM + 16, 4)
+    with pytest.raises(ValueError, match="K up to 128"):
+        chunk_delta_rule(**{n: None if x is None else x.float() for n, x in p.items()})
