@@ -195,10 +195,12 @@ def _check(q, k, v, beta, g, write, initial_state):
 def chunk_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
                          write: torch.Tensor, scale: Optional[float] = None,
                          initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
-                         precision: str = "ieee") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                         precision: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The delta rule's forward (no autograd) on the Triton kernels: ``(o [B, T, H, V]`` in q's dtype, the final
     state ``[B, H, K, V]`` fp32 or None); arguments as :func:`.torch_chunk.torch_chunk_delta_rule`. ``precision``:
-    every product's fp32 operands as :data:`PRECISIONS` names them (``tl.dot``'s ``input_precision``)."""
+    every product's fp32 operands as :data:`PRECISIONS` names them (``tl.dot``'s ``input_precision``; None: tf32x3
+    on CUDA, exact under the interpreter)."""
+    precision = precision or ("tf32x3" if q.is_cuda else "ieee")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     _check(q, k, v, beta, g, write, initial_state)
@@ -210,7 +212,7 @@ def chunk_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
     bk = max(16, next_power_of_2(dk))
-    bv = max(16, min(64, next_power_of_2(dv)))
+    bv = max(16, min(64 if bk <= 64 else 32, next_power_of_2(dv)))  # S's pipelined loads within shared memory
     f32 = dict(device=q.device, dtype=torch.float32)
     gcum = torch.empty(bh, n_chunks * CHUNK, bk, **f32)
     aqk = torch.empty(bh, n_chunks, CHUNK, CHUNK, **f32)
@@ -219,16 +221,17 @@ def chunk_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
     gamma = torch.empty(bh, n_chunks, dk, **f32)
     _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, gcum, aqk, w, u, kg, qg, gamma, seq_len, heads, dk, dv,
                                     n_chunks, 1.0 if scale is None else float(scale), C=CHUNK, SUB=SUB, BK=bk, BV=bv,
-                                    LOG_ZERO=LOG_ZERO_FP32, PREC=precision)
+                                    LOG_ZERO=LOG_ZERO_FP32, PREC=precision, num_warps=8, num_stages=1)
     h = torch.empty(bh, n_chunks, dk, dv, **f32)
     new = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
     final = torch.empty(bh, dk, dv, **f32)
     h0 = initial_state.contiguous() if initial_state is not None else final
     _state_kernel[(cdiv(dv, bv), bh)](w, u, kg, gamma, h0, h, new, final, dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv,
-                                      HAS_H0=initial_state is not None, PREC=precision)
+                                      HAS_H0=initial_state is not None, PREC=precision,
+                                      num_warps=4 if bk <= 64 else 8, num_stages=2)
     o = torch.empty(batch, seq_len, heads, dv, device=q.device, dtype=q.dtype)
     _output_kernel[(n_chunks, cdiv(dv, bv), bh)](qg, aqk, h, new, o, seq_len, heads, dk, dv, n_chunks, C=CHUNK, BK=bk,
-                                                 BV=bv, PREC=precision)
+                                                 BV=bv, PREC=precision, num_warps=4)
     return o, (final.view(batch, heads, dk, dv) if output_final_state else None)
 
 
