@@ -1,42 +1,43 @@
-"""The delta rule's forward (kernels/delta_rule, kernels/README.md §12) on the GPU against today's HDLA forward and
-fla's KDA forward, in one process: the first timing of the KDA-shaped kernel family (issue 11's LM target).
+"""The delta rule (kernels/delta_rule, kernels/README.md §12) on the GPU against today's HDLA op and fla's KDA, in
+one process: the first timing of the KDA-shaped kernel family (issue 11's LM target).
 
-    python -m benchmarks.delta_rule [--shapes lm,hires,b1024] [--precisions ieee,tf32x3,tf32] [--out OUT_DIR]
+    python -m benchmarks.delta_rule [--shapes lm,hires,b1024] [--precisions tf32x3,tf32] [--cuda-graphs] [--out DIR]
 
-Per shape (B, T, H, d), forward only, no gradient, bf16 inputs, do_bench medians (benchmarks/timing.py):
-  * ``hdla_today``: ``chunk_hdla``'s forward (the chunk kernels of §8, or the token recurrence where it routes);
+Per shape (B, T, H, d), bf16 inputs, forward (no gradient) and forward+backward, do_bench medians
+(benchmarks/timing.py; ``--cuda-graphs``: also as CUDA-graph replays):
+  * ``hdla_today``: ``chunk_hdla`` (the chunk kernels of §8, or the token recurrence where it routes);
   * ``delta_hdla_<precision>``: HDLA through the delta rule's kernels over 2T steps (``steps.hdla_steps``; the
-    interleaving copies timed with it), for each ``tl.dot`` operand precision;
+    interleaving copies timed with it), for each ``tl.dot`` operand precision (tf32x3 runs with gradients up to
+    d = 64 only);
   * ``delta_kda_<precision>``: the delta rule at KDA's shape (T steps, write scale = beta);
-  * ``fla_kda``: fla's ``chunk_kda`` forward (if fla is installed).
-Also each delta-rule variant's relative error against the float64 loop on a (2, 300, 2, 64) problem (HDLA through
-its two steps per token). ``delta_rule.json`` under ``--out``, headed by device, date and commit.
+  * ``fla_kda``: fla's ``chunk_kda`` (if fla is installed).
+Also HDLA through the delta rule against the float64 loop on a (2, 300, 2, 64) problem per precision (output and
+every gradient, bf16 inputs). ``delta_rule.json`` under ``--out``, headed by device, date and commit.
 """
 import argparse
 import json
 import os
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.kernels import SHAPES, make_inputs, rel_err
-from benchmarks.timing import median_ms
+from benchmarks.timing import time_fwd_bwd
 from hdla_vision.kernels import chunk_hdla, naive_hdla
-from hdla_vision.kernels.delta_rule.chunk import PRECISIONS, chunk_delta_rule_fwd
+from hdla_vision.kernels.delta_rule.chunk import PRECISIONS, chunk_delta_rule
 from hdla_vision.kernels.delta_rule.steps import hdla_steps
 from tools.provenance import provenance
 
 
 def delta_hdla(precision):
     def run(q, k, v, beta, g):
-        o = chunk_delta_rule_fwd(*hdla_steps(q, k, v, beta, g), precision=precision)[0]
+        o = chunk_delta_rule(*hdla_steps(q, k, v, beta, g), precision=precision)[0]
         return o[:, 1::2]
     return run
 
 
 def delta_kda(precision):
     def run(q, k, v, beta, g):
-        return chunk_delta_rule_fwd(q, k, v, beta, g, beta, precision=precision)[0]
+        return chunk_delta_rule(q, k, v, beta, g, beta, precision=precision)[0]
     return run
 
 
@@ -65,35 +66,47 @@ def ops(precisions):
 
 
 def parity(precisions) -> dict:
-    """HDLA through the delta rule (bf16 inputs) against the float64 loop, per precision."""
-    q, k, v, beta, g = make_inputs(2, 300, 2, 64, torch.bfloat16, "cuda", seed=1)
-    exact = naive_hdla(*(t.detach().double() for t in (q, k, v, beta, g)))[0]
-    with torch.no_grad():
-        return {p: rel_err(delta_hdla(p)(q, k, v, beta, g), exact) for p in precisions}
+    """HDLA through the delta rule (bf16 inputs) against the float64 loop, per precision: the largest relative
+    error over the output and every gradient."""
+    inputs = make_inputs(2, 300, 2, 64, torch.bfloat16, "cuda", seed=1)
+    exact = [t.detach().double().requires_grad_() for t in inputs]
+    ref = naive_hdla(*exact)[0]
+    do = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad(ref, exact, do)
+    errors = {}
+    for p in precisions:
+        out = delta_hdla(p)(*inputs)
+        grads = torch.autograd.grad(out, inputs, do.to(out.dtype))
+        errors[p] = max([rel_err(out, ref)] + [rel_err(a, b) for a, b in zip(grads, ref_grads)])
+    return errors
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="lm,hires,b1024")
-    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--precisions", default="tf32x3,tf32", help=f"some of {','.join(PRECISIONS)}")
+    parser.add_argument("--cuda-graphs", action="store_true", help="also time each op as CUDA-graph replays")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     precisions = args.precisions.split(",")
     result = {**provenance(torch.cuda.get_device_name()), "dtype": "bfloat16", "parity": parity(precisions),
-              "fwd_ms": {}}
+              "fwd_ms": {}, "fwd_bwd_ms": {}}
     print("parity (HDLA, bf16, against float64):", json.dumps(result["parity"]), flush=True)
     for name in args.shapes.split(","):
         batch, seq_len, heads, dim = SHAPES[name]
-        inputs = [t.detach() for t in make_inputs(batch, seq_len, heads, dim, torch.bfloat16, "cuda")]
-        inputs[1] = F.normalize(inputs[1].float(), dim=-1).bfloat16()
-        row = result["fwd_ms"].setdefault(name, {"bthd": [batch, seq_len, heads, dim]})
+        inputs = make_inputs(batch, seq_len, heads, dim, torch.bfloat16, "cuda")
+        for part in ("fwd_ms", "fwd_bwd_ms"):
+            result[part].setdefault(name, {"bthd": [batch, seq_len, heads, dim]})
         for op, fn in ops(precisions).items():
-            with torch.no_grad():
+            for graphs in (False, True) if args.cuda_graphs else (False,):
+                label = op + ("_graphed" if graphs else "")
                 try:
-                    row[op] = median_ms(lambda: fn(*inputs))
-                except Exception as error:  # one variant failing (e.g. out of shared memory) leaves the others
-                    row[op] = f"failed: {type(error).__name__}: {str(error)[:200]}"
-            print(f"{name:6s} {op:24s} {row[op] if isinstance(row[op], str) else f'{row[op]:8.3f} ms'}", flush=True)
+                    fwd, fwd_bwd = time_fwd_bwd(fn, inputs, cuda_graphs=graphs)
+                except Exception as error:  # one variant failing (shared memory, a capture) leaves the others
+                    fwd = fwd_bwd = f"failed: {type(error).__name__}: {str(error)[:200]}"
+                result["fwd_ms"][name][label], result["fwd_bwd_ms"][name][label] = fwd, fwd_bwd
+                shown = [x if isinstance(x, str) else f"{x:8.3f} ms" for x in (fwd, fwd_bwd)]
+                print(f"{name:6s} {label:32s} fwd {shown[0]}  fwd+bwd {shown[1]}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "delta_rule.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -295,14 +295,16 @@ def test_graphed_timing_replays_the_step_and_times_our_op():
 
 
 def test_delta_rule_table_shows_every_variant_and_failures(monkeypatch):
-    """``benchmarks.delta_rule``'s JSON renders one column per op (a failed variant as "failed") and the errors."""
+    """``benchmarks.delta_rule``'s JSON renders a row per shape and op (a failed variant as "failed") and the errors."""
     from tools import benchmark_tables
 
+    shape = {"bthd": [4, 4096, 16, 128]}
     result = {"device": "GPU", "date": "2026-11-29", "commit": "abc1234", "dtype": "bfloat16",
-              "parity": {"ieee": 1.2e-3, "tf32": 4.5e-3},
-              "fwd_ms": {"lm": {"bthd": [4, 4096, 16, 128], "hdla_today": 4.5, "delta_hdla_ieee": "failed: OutOfResources",
-                                "fla_kda": 1.03}}}
+              "parity": {"tf32x3": 1.2e-3, "tf32": 4.5e-3},
+              "fwd_ms": {"lm": {**shape, "hdla_today": 4.5, "delta_hdla_tf32": "failed: OutOfResources"}},
+              "fwd_bwd_ms": {"lm": {**shape, "hdla_today": 13.1, "delta_hdla_tf32": "failed: OutOfResources"}}}
     monkeypatch.setattr(benchmark_tables, "load", lambda name: result)
     table = benchmark_tables.render("delta_rule_h200/delta_rule.json")
-    assert "| lm | 4, 4096, 16, 128 | 4.500 | failed | 1.030 |" in table
+    assert "| lm | 4, 4096, 16, 128 | hdla_today | 4.500 | 13.100 |" in table
+    assert "| lm | 4, 4096, 16, 128 | delta_hdla_tf32 | failed | failed |" in table
     assert "| tf32 | 4.5e-03 |" in table and "commit abc1234" in table

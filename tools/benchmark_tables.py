@@ -213,17 +213,18 @@ def render_kernel_stages_aot(name: str) -> str:
 
 
 def render_delta_rule(name: str) -> str:
-    """The delta rule's forward against today's HDLA forward and fla's KDA forward (``benchmarks.delta_rule``), and
-    each precision's error against float64."""
+    """The delta rule against today's HDLA op and fla's KDA, forward and forward+backward per shape and op
+    (``benchmarks.delta_rule``; a failed variant as "failed"), and each precision's error against float64."""
     result = load(name)
-    shapes = result["fwd_ms"]
-    ops = list(dict.fromkeys(op for row in shapes.values() for op in row if op != "bthd"))
     cell = lambda value: ms(value) if isinstance(value, (int, float)) else "failed"  # noqa: E731
-    timing = markdown(["shape", "B, T, H, D"] + [f"{op} fwd ms" for op in ops],
-                      [[shape, ", ".join(map(str, row["bthd"]))] + [cell(row.get(op)) for op in ops]
-                       for shape, row in shapes.items()])
-    errors = markdown(["precision", "HDLA through the delta rule, relative error against float64"],
-                      [[p, f"{err:.1e}"] for p, err in result.get("parity", {}).items()])
+    rows = []
+    for shape, fwd in result["fwd_ms"].items():
+        fwd_bwd = result.get("fwd_bwd_ms", {}).get(shape, {})
+        rows += [[shape, ", ".join(map(str, fwd["bthd"])), op, cell(fwd[op]), cell(fwd_bwd.get(op))]
+                 for op in fwd if op != "bthd"]
+    timing = markdown(["shape", "B, T, H, D", "op", "fwd ms", "fwd+bwd ms"], rows)
+    errors = markdown(["precision", "HDLA through the delta rule: largest relative error against float64 (output, "
+                       "gradients)"], [[p, f"{err:.1e}"] for p, err in result.get("parity", {}).items()])
     return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{timing}\n\n{errors}\n"
 
 

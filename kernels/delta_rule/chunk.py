@@ -1,13 +1,18 @@
-"""The delta rule's forward in three Triton kernels on 64-step chunks (kernels/README.md §12; the math of
+"""The delta rule in five Triton kernels on 64-step chunks, forward and backward (kernels/README.md §12; the math of
 :mod:`.torch_chunk`, whose names these follow).
 
-    P  ``_prepare_kernel``  grid (N, B*H): G = cumsum(g) in the chunk; the Grams A (rows times beta, strictly lower)
-                            and Aqk (lower) from four products through each 16-step row block's first G (both factors
-                            <= 1) and, on the diagonal 16 x 16 blocks, exactly, one column at a time; T = (I + A)^-1
-                            by block doubling; w = T (beta k e^G), u~ = T (omega v), kg, qg, gamma.
-    S  ``_state_kernel``    grid (V / BV, B*H), serial over chunks: U = u~ - w S, S <- gamma S + kg^T U; stores the
-                            state entering each chunk (h) and U.
-    O  ``_output_kernel``   grid (N, V / BV, B*H): O = qg h + Aqk U.
+    P  ``_prepare_kernel``    grid (N, B*H): G = cumsum(g) in the chunk; the Grams A (rows times beta, strictly
+                              lower) and Aqk (lower) from four products through each 16-step row block's first G (both
+                              factors <= 1) and, on the diagonal 16 x 16 blocks, exactly, one column at a time;
+                              T = (I + A)^-1 by block doubling; w = T (beta k e^G), u~ = T (omega v), kg, qg, gamma.
+    S  ``_state_kernel``      grid (V / BV, B*H), serial over chunks: U = u~ - w S, S <- gamma S + kg^T U; stores
+                              the state entering each chunk (h) and U.
+    O  ``_output_kernel``     grid (N, V / BV, B*H): O = qg h + Aqk U.
+    dS ``_state_bwd_kernel``  grid (V / BV, B*H), serial from the last chunk: dU = Aqk^T dO + kg dS_C, then
+                              dS_0 = gamma dS_C + qg^T dO - w^T dU; stores dS_C and dU per chunk, and dh0.
+    dC ``_chunk_bwd_kernel``  grid (N, B*H): the chunk's VJP from h, U, dS_C, dU: dqg, dAqk, dw, dkg, dgamma by
+                              products with the state; dT, dA = -(T^T dT T^T); the two Gram VJPs (the forward's
+                              factoring, :func:`_gram_vjp`); dg as the chunk's reverse cumsum of dG.
 
 Every intermediate is fp32, and every product exact fp32 (``ieee``) unless ``precision`` names the tensor cores' tf32
 (:data:`PRECISIONS`; for the GPU's timing, ``benchmarks/delta_rule.py``): the layout and the numerics of the
@@ -20,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, needs_grad, next_power_of_2, use_triton
+from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, next_power_of_2, use_triton
 from .torch_chunk import torch_chunk_delta_rule
 
 CHUNK = 64
@@ -47,8 +52,8 @@ def _scalars_of(ptr, b, c, h, T, H, rows, C: tl.constexpr):
 
 
 @triton.jit
-def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, w_ptr, u_ptr, kg_ptr, qg_ptr,
-                    gam_ptr, T, H, K, V, NT, scale,
+def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
+                    qg_ptr, gam_ptr, T, H, K, V, NT, scale,
                     C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG_ZERO: tl.constexpr,
                     PREC: tl.constexpr):
     c = tl.program_id(0)
@@ -108,6 +113,7 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
     tl.store(qg_ptr + out_rows * K + cols[None, :], scale * q * decayed, mask=kmask)
     tl.store(gam_ptr + blk * K + cols[None, :], tl.exp(last), mask=kmask)
     tl.store(aqk_ptr + out_rows * C + rows[None, :], scale * aqk)
+    tl.store(tm_ptr + out_rows * C + rows[None, :], t_mat)
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
         vals = _rows_of(v_ptr, b, c, h, T, H, V, rows, vcols, C) * om[:, None]
@@ -192,65 +198,287 @@ def _check(q, k, v, beta, g, write, initial_state):
         raise ValueError("q, k, v, beta, g, write and initial_state must be on one device")
 
 
+def _settings(q: torch.Tensor, dk: int, dv: int, precision: Optional[str], backward: bool = False) -> dict:
+    """Tiles and operand precision of a call (ValueError for a K over one tile, an unknown precision, or tf32x3 in
+    a backward at K > 64, whose chunk kernel then needs 288 KB of shared memory on sm_90a)."""
+    if dk > MAX_HEAD_DIM:
+        raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
+    bk = max(16, next_power_of_2(dk))
+    precision = precision or (("tf32x3" if bk <= 64 else "tf32") if q.is_cuda else "ieee")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if backward and precision == "tf32x3" and bk > 64:
+        raise ValueError(f"precision='tf32x3' with gradients needs K <= 64 (shared memory), got K = {dk}")
+    bv = max(16, min(64 if bk <= 64 else 32, next_power_of_2(dv)))  # S's pipelined loads within shared memory
+    return dict(BK=bk, BV=bv, PREC=precision)
+
+
+def _forward(q, k, v, beta, g, write, scale: float, initial_state, cfg: dict) -> Tuple[torch.Tensor, dict]:
+    """The three forward launches on contiguous inputs: ``(o, saved)``, ``saved`` the chunk terms, h, U and the final
+    state (fp32, ``[B*H, N, ...]``) that the backward reads."""
+    batch, seq_len, heads, dk = q.shape
+    dv = v.shape[-1]
+    n_chunks = cdiv(seq_len, CHUNK)
+    bh = batch * heads
+    bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    z = dict(gcum=torch.empty(bh, n_chunks * CHUNK, bk, **f32), aqk=torch.empty(bh, n_chunks, CHUNK, CHUNK, **f32),
+             tm=torch.empty(bh, n_chunks, CHUNK, CHUNK, **f32), u=torch.empty(bh, n_chunks, CHUNK, dv, **f32),
+             gamma=torch.empty(bh, n_chunks, dk, **f32), h=torch.empty(bh, n_chunks, dk, dv, **f32),
+             new=torch.empty(bh, n_chunks, CHUNK, dv, **f32), final=torch.empty(bh, dk, dv, **f32))
+    z.update((name, torch.empty(bh, n_chunks, CHUNK, dk, **f32)) for name in ("w", "kg", "qg"))
+    _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], z["u"], z["kg"],
+                                    z["qg"], z["gamma"], seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB,
+                                    BK=bk, BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, num_warps=8, num_stages=1)
+    h0 = initial_state.contiguous() if initial_state is not None else z["final"]
+    _state_kernel[(cdiv(dv, bv), bh)](z["w"], z["u"], z["kg"], z["gamma"], h0, z["h"], z["new"], z["final"], dk, dv,
+                                      n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=prec,
+                                      num_warps=4 if bk <= 64 else 8, num_stages=2)
+    o = torch.empty(batch, seq_len, heads, dv, device=q.device, dtype=q.dtype)
+    _output_kernel[(n_chunks, cdiv(dv, bv), bh)](z["qg"], z["aqk"], z["h"], z["new"], o, seq_len, heads, dk, dv,
+                                                 n_chunks, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=4)
+    return o, z
+
+
 def chunk_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
                          write: torch.Tensor, scale: Optional[float] = None,
                          initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
                          precision: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The delta rule's forward (no autograd) on the Triton kernels: ``(o [B, T, H, V]`` in q's dtype, the final
     state ``[B, H, K, V]`` fp32 or None); arguments as :func:`.torch_chunk.torch_chunk_delta_rule`. ``precision``:
-    every product's fp32 operands as :data:`PRECISIONS` names them (``tl.dot``'s ``input_precision``; None: tf32x3
-    on CUDA, exact under the interpreter)."""
-    precision = precision or ("tf32x3" if q.is_cuda else "ieee")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    every product's fp32 operands as :data:`PRECISIONS` names them (``tl.dot``'s ``input_precision``; None: on CUDA
+    tf32x3 up to K = 64 and tf32 above, exact under the interpreter)."""
     _check(q, k, v, beta, g, write, initial_state)
-    batch, seq_len, heads, dk = q.shape
-    if dk > MAX_HEAD_DIM:
-        raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
-    dv = v.shape[-1]
+    cfg = _settings(q, q.shape[-1], v.shape[-1], precision)
     q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
+    o, z = _forward(q, k, v, beta, g, write, 1.0 if scale is None else float(scale), initial_state, cfg)
+    batch, _, heads, dk = q.shape
+    return o, (z["final"].view(batch, heads, dk, v.shape[-1]) if output_final_state else None)
+
+
+@triton.jit
+def _state_bwd_kernel(do_ptr, aqk_ptr, kg_ptr, qg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, dh0_ptr, T, H, K, V,
+                      NT, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
+                      PREC: tl.constexpr):
+    """The serial pass backwards over chunks: stores dS_C (the cotangent of the state leaving each chunk) and
+    dU = Aqk^T dO + kg dS_C, then dS_0 = gamma dS_C + qg^T dO - w^T dU enters the chunk before; dh0 at the end."""
+    i_v = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    kmask = ck < K
+    vmask = cv < V
+    state_offs = ck[:, None] * V + cv[None, :]
+    state_mask = kmask[:, None] & vmask[None, :]
+    bh64 = bh.to(tl.int64)
+    if HAS_DHT:
+        ds = tl.load(dht_ptr + bh64 * K * V + state_offs, mask=state_mask, other=0.0).to(tl.float32)
+    else:
+        ds = tl.zeros([BK, BV], dtype=tl.float32)
+    for i in range(NT):
+        n = NT - 1 - i
+        blk = bh64 * NT + n
+        tl.store(ds_ptr + blk * K * V + state_offs, ds, mask=state_mask)
+        chunk_rows = (blk * C + rows)[:, None]
+        do = _rows_of(do_ptr, b, n, h, T, H, V, rows, cv, C)
+        aqk = tl.load(aqk_ptr + chunk_rows * C + rows[None, :])
+        kg = tl.load(kg_ptr + chunk_rows * K + ck[None, :], mask=kmask[None, :], other=0.0)
+        qg = tl.load(qg_ptr + chunk_rows * K + ck[None, :], mask=kmask[None, :], other=0.0)
+        w = tl.load(w_ptr + chunk_rows * K + ck[None, :], mask=kmask[None, :], other=0.0)
+        gam = tl.load(gam_ptr + blk * K + ck, mask=kmask, other=0.0)
+        du = tl.dot(tl.trans(aqk), do, input_precision=PREC) + tl.dot(kg, ds, input_precision=PREC)
+        tl.store(du_ptr + chunk_rows * V + cv[None, :], du, mask=vmask[None, :])
+        ds = gam[:, None] * ds + tl.dot(tl.trans(qg), do, input_precision=PREC) \
+            - tl.dot(tl.trans(w), du, input_precision=PREC)
+    tl.store(dh0_ptr + bh64 * K * V + state_offs, ds, mask=state_mask)
+
+
+@triton.jit
+def _gram_vjp(m_row, m_col, x_col, rows, G, y_ptr, gcum_blk, b, c, h, T, H, K, cols, STRICT: tl.constexpr,
+              C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """The VJP of a Gram P[t, i] = sum_c x_tc y_ic e^{G_tc - G_ic} (i < t, or i <= t unless STRICT), y = k rows in
+    memory: ``(row, col)`` ``[C, BK]`` with row_t = sum_i m_row[t, i] y_i e^{G_t - G_i} (P's cotangent m_row) and
+    col_i = sum_t m_col[t, i] x_t e^{G_t - G_i} (cotangent m_col, x = x_col); off the diagonal 16-step blocks through
+    each row block's first G (both factors <= 1), on them exactly, one column at a time."""
+    block = rows // SUB
+    y = _rows_of(y_ptr, b, c, h, T, H, K, rows, cols, C)
+    row = tl.zeros([C, BK], dtype=tl.float32)
+    col = tl.zeros([C, BK], dtype=tl.float32)
+    for n in tl.static_range(1, C // SUB):
+        r = tl.sum(tl.where((rows == n * SUB)[:, None], G, 0.0), axis=0)[None, :]
+        earlier = (rows < n * SUB)[:, None]
+        y_n = tl.where(earlier, y * tl.exp(tl.minimum(r - G, 0.0)), 0.0)
+        in_n = (block == n)[:, None]
+        part = tl.dot(tl.where(in_n & (rows[None, :] < n * SUB), m_row, 0.0), y_n, input_precision=PREC)
+        row += part * tl.exp(tl.minimum(G - r, 0.0))
+        x_n = tl.where(in_n, x_col * tl.exp(tl.minimum(G - r, 0.0)), 0.0)
+        m_n = tl.where(in_n & (rows[None, :] < n * SUB), m_col, 0.0)
+        col += tl.where(earlier, tl.dot(tl.trans(m_n), x_n, input_precision=PREC) * tl.exp(tl.minimum(r - G, 0.0)),
+                        0.0)
+    for j in range(SUB):
+        at = block * SUB + j  # [C]: the column each row's block reads at this j
+        live = (rows > at) if STRICT else (rows >= at)
+        y_at = _rows_of(y_ptr, b, c, h, T, H, K, at, cols, C)
+        g_at = tl.load(gcum_blk + at[:, None] * BK + cols[None, :])
+        pair = tl.exp(tl.where(live[:, None], G - g_at, float("-inf")))
+        picks = rows[None, :] == at[:, None]
+        row += tl.sum(tl.where(picks, m_row, 0.0), axis=1)[:, None] * y_at * pair
+        into = tl.sum(tl.where(picks, m_col, 0.0), axis=1)[:, None] * x_col * pair  # [C, BK], summed per block
+        per_block = tl.sum(tl.reshape(into, [C // SUB, SUB, BK]), axis=1)  # [C / 16, BK]
+        spread = tl.reshape(tl.broadcast_to(per_block[:, None, :], [C // SUB, SUB, BK]), [C, BK])
+        col += tl.where(((rows % SUB) == j)[:, None], spread, 0.0)
+    return row, col
+
+
+@triton.jit
+def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, gam_ptr, h_ptr,
+                      new_ptr, ds_ptr, du_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
+                      scale, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      LOG_ZERO: tl.constexpr, PREC: tl.constexpr):
+    """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12): the
+    products with the state, dT, dA = -(T^T dT T^T), the Gram VJPs, and dg as the chunk's reverse cumsum of dG."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    blk = (bh * NT + c).to(tl.int64)
+    rows = tl.arange(0, C)
+    cols = tl.arange(0, BK)
+    kmask = (cols < K)[None, :]
+    q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
+    k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
+    g_raw = _rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C)
+    gcum_blk = gcum_ptr + blk * C * BK
+    G = tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
+    beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
+    om = _scalars_of(om_ptr, b, c, h, T, H, rows, C)
+    chunk_rows = (blk * C + rows)[:, None]
+    t_mat = tl.load(tm_ptr + chunk_rows * C + rows[None, :])
+    gam = tl.load(gam_ptr + blk * K + cols, mask=cols < K, other=0.0)
+    last = tl.sum(tl.where((rows == C - 1)[:, None], G, 0.0), axis=0)[None, :]
+    decayed = tl.exp(G)
+    kg = k * tl.exp(last - G)
+    qg = scale * q * decayed
+    d_qg = tl.zeros([C, BK], dtype=tl.float32)
+    d_aqk = tl.zeros([C, C], dtype=tl.float32)
+    d_w = tl.zeros([C, BK], dtype=tl.float32)
+    d_kg = tl.zeros([C, BK], dtype=tl.float32)
+    d_gam = tl.zeros([BK], dtype=tl.float32)
+    d_t = tl.zeros([C, C], dtype=tl.float32)
+    d_om = tl.zeros([C], dtype=tl.float32)
+    t_rows = c * C + rows
+    valid = t_rows < T
+    io_rows = ((b * T + t_rows) * H + h).to(tl.int64)[:, None]
+    for v0 in range(0, V, BV):
+        cv = v0 + tl.arange(0, BV)
+        vmask = (cv < V)[None, :]
+        state_offs = blk * K * V + cols[:, None] * V + cv[None, :]
+        state_mask = (cols < K)[:, None] & vmask
+        s0 = tl.load(h_ptr + state_offs, mask=state_mask, other=0.0)
+        ds = tl.load(ds_ptr + state_offs, mask=state_mask, other=0.0)
+        u = tl.load(new_ptr + chunk_rows * V + cv[None, :], mask=vmask, other=0.0)
+        du = tl.load(du_ptr + chunk_rows * V + cv[None, :], mask=vmask, other=0.0)
+        do = _rows_of(do_ptr, b, c, h, T, H, V, rows, cv, C)
+        vals = _rows_of(v_ptr, b, c, h, T, H, V, rows, cv, C)
+        d_qg += tl.dot(do, tl.trans(s0), input_precision=PREC)
+        d_aqk += tl.dot(do, tl.trans(u), input_precision=PREC)
+        d_w -= tl.dot(du, tl.trans(s0), input_precision=PREC)
+        d_kg += tl.dot(u, tl.trans(ds), input_precision=PREC)
+        d_gam += tl.sum(ds * s0, axis=1)
+        d_t += tl.dot(du, tl.trans(vals * om[:, None]), input_precision=PREC)
+        t_du = tl.dot(tl.trans(t_mat), du, input_precision=PREC)  # d(omega v)
+        tl.store(dv_ptr + io_rows * V + cv[None, :], (om[:, None] * t_du).to(dv_ptr.dtype.element_ty),
+                 mask=valid[:, None] & vmask)
+        d_om += tl.sum(vals * t_du, axis=1)
+    bke = beta[:, None] * k * decayed
+    d_t += tl.dot(d_w, tl.trans(bke), input_precision=PREC)
+    t_dw = tl.dot(tl.trans(t_mat), d_w, input_precision=PREC)  # d(beta k e^G)
+    d_a = -tl.dot(tl.dot(tl.trans(t_mat), d_t, input_precision=PREC), tl.trans(t_mat), input_precision=PREC)
+    d_a = tl.where(rows[:, None] > rows[None, :], d_a, 0.0)
+    d_p = tl.where(rows[:, None] >= rows[None, :], d_aqk * scale, 0.0)
+    # A = beta_t P(k, k), strict; Aqk = scale P(q, k): their cotangents on the unscaled Grams
+    row_a, col_a = _gram_vjp(d_a, d_a * beta[:, None], k, rows, G, k_ptr, gcum_blk, b, c, h, T, H, K, cols, True,
+                             C, SUB, BK, PREC)
+    row_q, col_q = _gram_vjp(d_p, d_p, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H, K, cols, False, C, SUB, BK, PREC)
+    dq = row_q + scale * d_qg * decayed
+    dk = beta[:, None] * row_a + col_a + col_q + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
+    dbeta = tl.sum(k * row_a, axis=1) + tl.sum(k * decayed * t_dw, axis=1)
+    d_big = beta[:, None] * k * row_a + q * row_q - k * (col_a + col_q) + d_qg * qg + bke * t_dw - d_kg * kg
+    d_last = tl.sum(d_kg * kg, axis=0) + d_gam * gam  # the chunk's G_C: kg's and gamma's
+    d_big += tl.where((rows == C - 1)[:, None], d_last[None, :], 0.0)
+    dg = tl.cumsum(d_big, axis=0, reverse=True)
+    dg = tl.where(g_raw >= LOG_ZERO, dg, 0.0)  # below the floor exp(g) is 0 whatever g: no gradient
+    out_mask = valid[:, None] & kmask
+    tl.store(dq_ptr + io_rows * K + cols[None, :], dq.to(dq_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(dk_ptr + io_rows * K + cols[None, :], dk.to(dk_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(dg_ptr + io_rows * K + cols[None, :], dg.to(dg_ptr.dtype.element_ty), mask=out_mask)
+    scalar_rows = ((b * T + t_rows) * H + h).to(tl.int64)
+    tl.store(dbeta_ptr + scalar_rows, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
+    tl.store(dom_ptr + scalar_rows, d_om.to(dom_ptr.dtype.element_ty), mask=valid)
+
+
+def _backward(do, dht, q, k, v, beta, g, write, scale: float, z: dict, has_h0: bool, cfg: dict):
+    """Every input gradient from the forward's saved terms: the serial pass for dS and dU, then each chunk's VJP.
+    Returns ``(dq, dk, dv, dbeta, dg, dwrite, dh0 or None)`` in the inputs' dtypes (dh0 fp32)."""
+    batch, seq_len, heads, dk = q.shape
+    dv = v.shape[-1]
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
-    bk = max(16, next_power_of_2(dk))
-    bv = max(16, min(64 if bk <= 64 else 32, next_power_of_2(dv)))  # S's pipelined loads within shared memory
+    bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
     f32 = dict(device=q.device, dtype=torch.float32)
-    gcum = torch.empty(bh, n_chunks * CHUNK, bk, **f32)
-    aqk = torch.empty(bh, n_chunks, CHUNK, CHUNK, **f32)
-    w, kg, qg = (torch.empty(bh, n_chunks, CHUNK, dk, **f32) for _ in range(3))
-    u = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
-    gamma = torch.empty(bh, n_chunks, dk, **f32)
-    _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, gcum, aqk, w, u, kg, qg, gamma, seq_len, heads, dk, dv,
-                                    n_chunks, 1.0 if scale is None else float(scale), C=CHUNK, SUB=SUB, BK=bk, BV=bv,
-                                    LOG_ZERO=LOG_ZERO_FP32, PREC=precision, num_warps=8, num_stages=1)
-    h = torch.empty(bh, n_chunks, dk, dv, **f32)
-    new = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
-    final = torch.empty(bh, dk, dv, **f32)
-    h0 = initial_state.contiguous() if initial_state is not None else final
-    _state_kernel[(cdiv(dv, bv), bh)](w, u, kg, gamma, h0, h, new, final, dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv,
-                                      HAS_H0=initial_state is not None, PREC=precision,
-                                      num_warps=4 if bk <= 64 else 8, num_stages=2)
-    o = torch.empty(batch, seq_len, heads, dv, device=q.device, dtype=q.dtype)
-    _output_kernel[(n_chunks, cdiv(dv, bv), bh)](qg, aqk, h, new, o, seq_len, heads, dk, dv, n_chunks, C=CHUNK, BK=bk,
-                                                 BV=bv, PREC=precision, num_warps=4)
-    return o, (final.view(batch, heads, dk, dv) if output_final_state else None)
+    ds = torch.empty(bh, n_chunks, dk, dv, **f32)
+    du = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
+    dh0 = torch.empty(bh, dk, dv, **f32)
+    do = do.contiguous()
+    _state_bwd_kernel[(cdiv(dv, bv), bh)](do, z["aqk"], z["kg"], z["qg"], z["w"], z["gamma"],
+                                          dht.contiguous() if dht is not None else dh0, ds, du, dh0, seq_len, heads,
+                                          dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_DHT=dht is not None, PREC=prec,
+                                          num_warps=4 if bk <= 64 else 8, num_stages=2 if bk <= 64 else 1)
+    grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
+    _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["gamma"], z["h"], z["new"],
+                                      ds, du, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB, BK=bk,
+                                      BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, num_warps=8, num_stages=1)
+    return (*grads, dh0.view(batch, heads, dk, dv) if has_h0 else None)
+
+
+class _DeltaRuleFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, write, scale, initial_state, output_final_state, precision):
+        cfg = _settings(q, q.shape[-1], v.shape[-1], precision, backward=True)
+        q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
+        o, z = _forward(q, k, v, beta, g, write, scale, initial_state, cfg)
+        ctx.save_for_backward(q, k, v, beta, g, write, *z.values())
+        ctx.names, ctx.scale, ctx.cfg, ctx.has_h0 = list(z), scale, cfg, initial_state is not None
+        batch, _, heads, dk = q.shape
+        final = z["final"].view(batch, heads, dk, v.shape[-1]) if output_final_state else None
+        return o, final
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, beta, g, write, *saved = ctx.saved_tensors
+        grads = _backward(do, dht, q, k, v, beta, g, write, ctx.scale, dict(zip(ctx.names, saved)), ctx.has_h0,
+                          ctx.cfg)
+        return (*grads[:6], None, grads[6], None, None)
 
 
 def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
                      write: torch.Tensor, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
-                     output_final_state: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                     output_final_state: bool = False,
+                     precision: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The delta rule ``S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + write_t k_t v_t^T``, ``o_t = scale
-    S_t^T q_t`` (kernels/README.md §12), forward only: the Triton kernels where Triton runs (CUDA, or the CPU under
-    ``TRITON_INTERPRET=1``), else :func:`.torch_chunk.torch_chunk_delta_rule`. A call a gradient would flow through
-    raises ValueError (the backward is not built yet).
+    S_t^T q_t`` (kernels/README.md §12), with gradients for every input: the Triton kernels where Triton runs (CUDA,
+    or the CPU under ``TRITON_INTERPRET=1``), else :func:`.torch_chunk.torch_chunk_delta_rule` (PyTorch's autograd).
 
     Args: q, k, g ``[B, T, H, K]`` (k unit rows, g <= 0), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
-        initial_state ``[B, H, K, V]`` or None. Returns ``(o [B, T, H, V]`` in q's dtype, the final state
-        ``[B, H, K, V]`` (fp32; float64 for float64 inputs on the CPU form) or None).
+        initial_state ``[B, H, K, V]`` or None; ``precision`` as :func:`chunk_delta_rule_fwd`. Returns ``(o [B, T,
+        H, V]`` in q's dtype, the final state ``[B, H, K, V]`` (fp32; float64 for float64 inputs on the CPU form)
+        or None).
     """
     _check(q, k, v, beta, g, write, initial_state)
-    if needs_grad(q, k, v, beta, g, write, initial_state):
-        raise ValueError("chunk_delta_rule is forward only: call it under torch.no_grad() or on inputs that do not "
-                         "require grad")
     if use_triton(q):
-        return chunk_delta_rule_fwd(q, k, v, beta, g, write, scale, initial_state, output_final_state)
+        return _DeltaRuleFunction.apply(q, k, v, beta, g, write, 1.0 if scale is None else float(scale),
+                                        initial_state, output_final_state, precision)
     return torch_chunk_delta_rule(q, k, v, beta, g, write, scale, initial_state, output_final_state)
