@@ -52,15 +52,20 @@ def _scalars_of(ptr, b, c, h, T, H, rows, C: tl.constexpr):
 
 
 @triton.jit
+def _this_chunk(H, NT, BH_AXIS: tl.constexpr):
+    """``(c, b, h, blk)`` of a per-chunk program: chunk ``program_id(0)`` of head ``program_id(BH_AXIS)``, ``blk`` its
+    index in the ``[B*H, N, ...]`` terms."""
+    c = tl.program_id(0)
+    bh = tl.program_id(BH_AXIS)
+    return c, bh // H, bh % H, (bh * NT + c).to(tl.int64)
+
+
+@triton.jit
 def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
                     qg_ptr, gam_ptr, T, H, K, V, NT, scale,
                     C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG_ZERO: tl.constexpr,
                     PREC: tl.constexpr):
-    c = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    blk = (bh * NT + c).to(tl.int64)  # this chunk's index in the [B*H, N, ...] outputs
+    c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     cols = tl.arange(0, BK)
     kmask = (cols < K)[None, :]
@@ -122,6 +127,27 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
 
 
 @triton.jit
+def _state_tile(ptr, bh, K, V, i_v, BK: tl.constexpr, BV: tl.constexpr, LOAD: tl.constexpr):
+    """``(tile [BK, BV] fp32, offsets, mask)`` of V block ``i_v`` of a ``[B*H, K, V]`` state: loaded from ``ptr`` if
+    LOAD, else zeros."""
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    offs = ck[:, None] * V + cv[None, :]
+    mask = (ck < K)[:, None] & (cv < V)[None, :]
+    if LOAD:
+        tile = tl.load(ptr + bh * K * V + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        tile = tl.zeros([BK, BV], dtype=tl.float32)
+    return tile, offs, mask
+
+
+@triton.jit
+def _chunk_tile(ptr, chunk_rows, cols, D):
+    """Columns ``cols`` of a chunk's ``[C, D]`` rows (``chunk_rows`` ``[C, 1]``) of a saved fp32 term (zeros past D)."""
+    return tl.load(ptr + chunk_rows * D + cols[None, :], mask=(cols < D)[None, :], other=0.0)
+
+
+@triton.jit
 def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, final_ptr, K, V, NT,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr):
     i_v = tl.program_id(0)
@@ -129,24 +155,17 @@ def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, final_p
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    kmask = ck < K
-    vmask = cv < V
-    state_offs = ck[:, None] * V + cv[None, :]
-    state_mask = kmask[:, None] & vmask[None, :]
-    if HAS_H0:
-        state = tl.load(h0_ptr + bh * K * V + state_offs, mask=state_mask, other=0.0).to(tl.float32)
-    else:
-        state = tl.zeros([BK, BV], dtype=tl.float32)
+    state, state_offs, state_mask = _state_tile(h0_ptr, bh, K, V, i_v, BK, BV, HAS_H0)
     for n in range(NT):
         blk = bh * NT + n
         tl.store(h_ptr + blk * K * V + state_offs, state, mask=state_mask)
         chunk_rows = (blk * C + rows)[:, None]
-        w = tl.load(w_ptr + chunk_rows * K + ck[None, :], mask=kmask[None, :], other=0.0)
-        kg = tl.load(kg_ptr + chunk_rows * K + ck[None, :], mask=kmask[None, :], other=0.0)
-        u = tl.load(u_ptr + chunk_rows * V + cv[None, :], mask=vmask[None, :], other=0.0)
-        gam = tl.load(gam_ptr + blk * K + ck, mask=kmask, other=0.0)
+        w = _chunk_tile(w_ptr, chunk_rows, ck, K)
+        kg = _chunk_tile(kg_ptr, chunk_rows, ck, K)
+        u = _chunk_tile(u_ptr, chunk_rows, cv, V)
+        gam = tl.load(gam_ptr + blk * K + ck, mask=ck < K, other=0.0)
         new = u - tl.dot(w, state, input_precision=PREC)
-        tl.store(new_ptr + chunk_rows * V + cv[None, :], new, mask=vmask[None, :])
+        tl.store(new_ptr + chunk_rows * V + cv[None, :], new, mask=(cv < V)[None, :])
         state = gam[:, None] * state + tl.dot(tl.trans(kg), new, input_precision=PREC)
     tl.store(final_ptr + bh * K * V + state_offs, state, mask=state_mask)
 
@@ -154,22 +173,17 @@ def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, final_p
 @triton.jit
 def _output_kernel(qg_ptr, aqk_ptr, h_ptr, new_ptr, o_ptr, T, H, K, V, NT,
                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    c = tl.program_id(0)
+    c, b, h, blk = _this_chunk(H, NT, 2)
     i_v = tl.program_id(1)
-    bh = tl.program_id(2)
-    b = bh // H
-    h = bh % H
-    blk = (bh * NT + c).to(tl.int64)
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
     vmask = cv < V
     chunk_rows = (blk * C + rows)[:, None]
-    qg = tl.load(qg_ptr + chunk_rows * K + ck[None, :], mask=(ck < K)[None, :], other=0.0)
-    state = tl.load(h_ptr + blk * K * V + ck[:, None] * V + cv[None, :], mask=(ck < K)[:, None] & vmask[None, :],
-                    other=0.0)
+    qg = _chunk_tile(qg_ptr, chunk_rows, ck, K)
+    state = _state_tile(h_ptr + blk * K * V, 0, K, V, i_v, BK, BV, True)[0]
     aqk = tl.load(aqk_ptr + chunk_rows * C + rows[None, :])
-    new = tl.load(new_ptr + chunk_rows * V + cv[None, :], mask=vmask[None, :], other=0.0)
+    new = _chunk_tile(new_ptr, chunk_rows, cv, V)
     o = tl.dot(qg, state, input_precision=PREC) + tl.dot(aqk, new, input_precision=PREC)
     t = c * C + rows
     offs = ((b * T + t) * H + h).to(tl.int64)[:, None] * V + cv[None, :]
@@ -269,15 +283,8 @@ def _state_bwd_kernel(do_ptr, aqk_ptr, kg_ptr, qg_ptr, w_ptr, gam_ptr, dht_ptr, 
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    kmask = ck < K
-    vmask = cv < V
-    state_offs = ck[:, None] * V + cv[None, :]
-    state_mask = kmask[:, None] & vmask[None, :]
     bh64 = bh.to(tl.int64)
-    if HAS_DHT:
-        ds = tl.load(dht_ptr + bh64 * K * V + state_offs, mask=state_mask, other=0.0).to(tl.float32)
-    else:
-        ds = tl.zeros([BK, BV], dtype=tl.float32)
+    ds, state_offs, state_mask = _state_tile(dht_ptr, bh64, K, V, i_v, BK, BV, HAS_DHT)
     for i in range(NT):
         n = NT - 1 - i
         blk = bh64 * NT + n
@@ -285,12 +292,12 @@ def _state_bwd_kernel(do_ptr, aqk_ptr, kg_ptr, qg_ptr, w_ptr, gam_ptr, dht_ptr, 
         chunk_rows = (blk * C + rows)[:, None]
         do = _rows_of(do_ptr, b, n, h, T, H, V, rows, cv, C)
         aqk = tl.load(aqk_ptr + chunk_rows * C + rows[None, :])
-        kg = tl.load(kg_ptr + chunk_rows * K + ck[None, :], mask=kmask[None, :], other=0.0)
-        qg = tl.load(qg_ptr + chunk_rows * K + ck[None, :], mask=kmask[None, :], other=0.0)
-        w = tl.load(w_ptr + chunk_rows * K + ck[None, :], mask=kmask[None, :], other=0.0)
-        gam = tl.load(gam_ptr + blk * K + ck, mask=kmask, other=0.0)
+        kg = _chunk_tile(kg_ptr, chunk_rows, ck, K)
+        qg = _chunk_tile(qg_ptr, chunk_rows, ck, K)
+        w = _chunk_tile(w_ptr, chunk_rows, ck, K)
+        gam = tl.load(gam_ptr + blk * K + ck, mask=ck < K, other=0.0)
         du = tl.dot(tl.trans(aqk), do, input_precision=PREC) + tl.dot(kg, ds, input_precision=PREC)
-        tl.store(du_ptr + chunk_rows * V + cv[None, :], du, mask=vmask[None, :])
+        tl.store(du_ptr + chunk_rows * V + cv[None, :], du, mask=(cv < V)[None, :])
         ds = gam[:, None] * ds + tl.dot(tl.trans(qg), do, input_precision=PREC) \
             - tl.dot(tl.trans(w), du, input_precision=PREC)
     tl.store(dh0_ptr + bh64 * K * V + state_offs, ds, mask=state_mask)
@@ -340,11 +347,7 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
                       LOG_ZERO: tl.constexpr, PREC: tl.constexpr):
     """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12): the
     products with the state, dT, dA = -(T^T dT T^T), the Gram VJPs, and dg as the chunk's reverse cumsum of dG."""
-    c = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    blk = (bh * NT + c).to(tl.int64)
+    c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     cols = tl.arange(0, BK)
     kmask = (cols < K)[None, :]
@@ -375,12 +378,10 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
         vmask = (cv < V)[None, :]
-        state_offs = blk * K * V + cols[:, None] * V + cv[None, :]
-        state_mask = (cols < K)[:, None] & vmask
-        s0 = tl.load(h_ptr + state_offs, mask=state_mask, other=0.0)
-        ds = tl.load(ds_ptr + state_offs, mask=state_mask, other=0.0)
-        u = tl.load(new_ptr + chunk_rows * V + cv[None, :], mask=vmask, other=0.0)
-        du = tl.load(du_ptr + chunk_rows * V + cv[None, :], mask=vmask, other=0.0)
+        s0 = _state_tile(h_ptr + blk * K * V, 0, K, V, v0 // BV, BK, BV, True)[0]
+        ds = _state_tile(ds_ptr + blk * K * V, 0, K, V, v0 // BV, BK, BV, True)[0]
+        u = _chunk_tile(new_ptr, chunk_rows, cv, V)
+        du = _chunk_tile(du_ptr, chunk_rows, cv, V)
         do = _rows_of(do_ptr, b, c, h, T, H, V, rows, cv, C)
         vals = _rows_of(v_ptr, b, c, h, T, H, V, rows, cv, C)
         d_qg += tl.dot(do, tl.trans(s0), input_precision=PREC)
