@@ -223,8 +223,9 @@ def render_delta_rule(name: str) -> str:
         rows += [[shape, ", ".join(map(str, fwd["bthd"])), op, cell(fwd[op]), cell(fwd_bwd.get(op))]
                  for op in fwd if op != "bthd"]
     timing = markdown(["shape", "B, T, H, D", "op", "fwd ms", "fwd+bwd ms"], rows)
-    errors = markdown(["precision", "HDLA through the delta rule: largest relative error against float64 (output, "
-                       "gradients)"], [[p, f"{err:.1e}"] for p, err in result.get("parity", {}).items()])
+    errors = markdown(["shape / precision", "HDLA through the delta rule: largest relative error against float64 "
+                       "(output, gradients)"],
+                      [[p, f"{err:.1e}" if isinstance(err, float) else err] for p, err in result.get("parity", {}).items()])
     return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{timing}\n\n{errors}\n"
 
 

@@ -467,18 +467,23 @@ class _DeltaRuleFunction(torch.autograd.Function):
 
 def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
                      write: torch.Tensor, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
-                     output_final_state: bool = False,
-                     precision: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                     output_final_state: bool = False, precision: Optional[str] = None,
+                     reverse: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The delta rule ``S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + write_t k_t v_t^T``, ``o_t = scale
     S_t^T q_t`` (kernels/README.md §12), with gradients for every input: the Triton kernels where Triton runs (CUDA,
     or the CPU under ``TRITON_INTERPRET=1``), else :func:`.torch_chunk.torch_chunk_delta_rule` (PyTorch's autograd).
 
     Args: q, k, g ``[B, T, H, K]`` (k unit rows, g <= 0), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
-        initial_state ``[B, H, K, V]`` or None; ``precision`` as :func:`chunk_delta_rule_fwd`. Returns ``(o [B, T,
-        H, V]`` in q's dtype, the final state ``[B, H, K, V]`` (fp32; float64 for float64 inputs on the CPU form)
-        or None).
+        initial_state ``[B, H, K, V]`` or None; ``precision`` as :func:`chunk_delta_rule_fwd`; ``reverse``: the scan
+        from the last step to the first (on time-flipped copies of the inputs, for now). Returns ``(o [B, T, H,
+        V]`` in q's dtype, the final state ``[B, H, K, V]`` (fp32; float64 for float64 inputs on the CPU form) or
+        None).
     """
     _check(q, k, v, beta, g, write, initial_state)
+    if reverse:
+        o, final = chunk_delta_rule(*(x.flip(1) for x in (q, k, v, beta, g, write)), scale, initial_state,
+                                    output_final_state, precision)
+        return o.flip(1), final
     if use_triton(q):
         return _DeltaRuleFunction.apply(q, k, v, beta, g, write, 1.0 if scale is None else float(scale),
                                         initial_state, output_final_state, precision)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hdla_vision.kernels import naive_generalized, naive_hdla
 from hdla_vision.kernels.delta_rule.chunk import MAX_HEAD_DIM, chunk_delta_rule
 from hdla_vision.kernels.delta_rule.steps import hdla_steps
-from tests.backends import CUDA_TOL, FP32_TOL, backend_cases, on_backend
+from tests.backends import CUDA_TOL, FP32_TOL, backend_cases, backends, on_backend
 from tests.oracle import hdla_problem, rel_err, with_resets
 
 
@@ -31,26 +31,26 @@ def delta_problem(batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, write="ran
                 initial_state=rnd(batch, heads, dk, dv) if h0 else None)
 
 
-def reference(p, scale):
+def reference(p, scale, reverse=False):
     """The generalized float64 loop on the delta rule's factors."""
     k = p["k"]
     a = (p["beta"].unsqueeze(-1) * k).unsqueeze(3)
     b = (p["g"].exp() * k).unsqueeze(3)
     return naive_generalized(p["q"], (p["write"].unsqueeze(-1) * k).unsqueeze(3), p["v"].unsqueeze(3), a, b, p["g"],
-                             scale=scale, initial_state=p["initial_state"], output_final_state=True)
+                             scale=scale, initial_state=p["initial_state"], output_final_state=True, reverse=reverse)
 
 
 NAMES = ("q", "k", "v", "beta", "g", "write", "initial_state")
 
 
-def _errors(p, backend, dtype, scale=0.5):
+def _errors(p, backend, dtype, scale=0.5, reverse=False):
     """Relative errors of the output, the final state and every gradient (random cotangents on both outputs)."""
     names = [n for n in NAMES if p[n] is not None]
     leaves = {n: p[n].to(dtype).requires_grad_() for n in names}
     run = on_backend(leaves, backend)
-    o, s = chunk_delta_rule(**{n: run.get(n) for n in NAMES}, scale=scale, output_final_state=True)
+    o, s = chunk_delta_rule(**{n: run.get(n) for n in NAMES}, scale=scale, output_final_state=True, reverse=reverse)
     exact = {n: p[n].clone().requires_grad_() for n in names}
-    o_ref, s_ref = reference({**p, **exact}, scale)
+    o_ref, s_ref = reference({**p, **exact}, scale, reverse)
     gen = torch.Generator().manual_seed(1)
     do, ds = (torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in (o_ref, s_ref))
     got = torch.autograd.grad((o.double().cpu() * do).sum() + (s.double().cpu() * ds).sum(), list(leaves.values()))
@@ -82,6 +82,13 @@ def test_matches_the_float64_loop(backend, case):
     errors = _errors(delta_problem(**case[1]), backend, torch.float32)
     tol = CUDA_TOL if backend == "cuda" else FP32_TOL
     assert max(errors.values()) < tol, errors  # NaN fails too
+
+
+@pytest.mark.parametrize("backend", backends("torch", "interpreter"), indirect=True)
+def test_reversed_scan_matches_the_float64_loop(backend):
+    p = delta_problem(2, 70, 1, 16, 8, g_min=-20.0, beta_ends=True)
+    errors = _errors(p, backend, torch.float32, reverse=True)
+    assert max(errors.values()) < FP32_TOL, errors
 
 
 @pytest.mark.parametrize("backend,case", backend_cases(_case_id, torch=[("T33", (33, 16))], interpreter=[("T33", (33, 16))],
