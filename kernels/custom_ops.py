@@ -89,7 +89,7 @@ def _path(q: Tensor, r_kv: int, r_ab: int, hdla: bool = False, per_head_decay: b
     setting = kernel_family()
     if not use_triton(q):
         return FORM
-    if setting == "auto":
+    if setting in ("auto", "delta"):  # delta reroutes the HDLA ops before they reach these (ops.py)
         chunk64_first = q.shape[1] >= CHUNK64_MIN_TOKENS or per_head_decay or (bidirectional and r_ab >= 1)
         order = ("chunk64", "chunk16") if chunk64_first else ("chunk16", "chunk64")
     else:

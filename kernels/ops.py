@@ -21,15 +21,34 @@ from .bidirectional_ops import (chunk_generalized_bidirectional_op, chunk_hdla_b
                                 fused_recurrent_hdla_bidirectional_op, generalized_bidirectional_path, own_write,
                                 per_direction)
 from .custom_ops import _generalized_path, _hdla_path, chunk_generalized_op, chunk_hdla_op, fused_recurrent_hdla_op
+from .delta_rule.chunk import MAX_HEAD_DIM as DELTA_MAX_HEAD_DIM
+from .delta_rule.chunk import chunk_delta_rule
+from .delta_rule.steps import hdla_steps
 from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
 from .utils import (MAX_GRID_BATCH_HEADS, batch_slices, check_generalized_bidirectional_inputs,
-                    check_generalized_inputs, check_hdla_bidirectional_inputs, check_hdla_inputs, per_batch_slice,
-                    use_recurrence, use_triton)  # noqa: F401 (use_triton: imported from here by callers)
+                    check_generalized_inputs, check_hdla_bidirectional_inputs, check_hdla_inputs, kernel_family,
+                    per_batch_slice, use_recurrence, use_triton)
 
 
 def _scale(scale: Optional[float]) -> float:
     return 1.0 if scale is None else float(scale)
+
+
+def on_delta_rule(q: torch.Tensor) -> bool:
+    """Whether an HDLA op runs on the delta rule's kernels (``HDLA_VISION_KERNELS=delta``, utils.py): Triton runs,
+    q is fp32 / bf16 / fp16 and its head dim fits their one K tile; never inside an ONNX export."""
+    return (kernel_family() == "delta" and use_triton(q) and q.dtype != torch.float64
+            and q.shape[-1] <= DELTA_MAX_HEAD_DIM and not exporting_to_onnx())
+
+
+def delta_rule_hdla(q, k, v, beta, g, scale: float, initial_state, output_final_state: bool, reverse: bool):
+    """HDLA through the delta rule over two steps per token (kernels/README.md §2, §12): ``(o, final or None)``.
+    Reversed, the tokens are flipped before they become steps (each token's two steps keep their order)."""
+    tokens = [x.flip(1) if reverse else x for x in (q, k, v, beta, g)]
+    o, final = chunk_delta_rule(*hdla_steps(*tokens), scale, initial_state, output_final_state)
+    o = o[:, 1::2]
+    return (o.flip(1) if reverse else o), final
 
 
 def exporting_to_onnx() -> bool:
@@ -135,6 +154,8 @@ def chunk_hdla(
     if exporting_to_onnx():
         o, state = exportable_hdla(q, k, v, beta, g, _scale(scale), initial_state, reverse)
         return o, _final(state, q, output_final_state)
+    if on_delta_rule(q):
+        return delta_rule_hdla(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse)
     recurrent = use_recurrence(q, k, v, beta, g, initial_state)  # the token recurrence (README §11)
 
     def op(q, k, v, beta, g, initial_state):
@@ -198,6 +219,11 @@ def chunk_hdla_bidirectional(
     the argument before anything runs.
     """
     check_hdla_bidirectional_inputs(q, k, v, beta, g, initial_state, scale)
+    if on_delta_rule(q):
+        parts = [delta_rule_hdla(q, k, v, beta[d], g[d], _scale(scale), direction(initial_state, d),
+                                 output_final_state, d == 1) for d in (0, 1)]
+        y = parts[0][0] + parts[1][0] - own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), _scale(scale)).to(q.dtype)
+        return y, torch.stack([parts[0][1], parts[1][1]]) if output_final_state else None
     if exporting_to_onnx():
         parts = [exportable_hdla(q, k, v, beta[d], g[d], _scale(scale), direction(initial_state, d), d == 1)
                  for d in (0, 1)]

@@ -26,9 +26,12 @@ def use_triton(x: torch.Tensor) -> bool:
 #            [K x K] . [K x BV] product per chunk on the state chain, a chunk-local backward;
 #   auto (the default): chunk64 from CHUNK64_MIN_TOKENS tokens on, chunk16 below; a generalized op with one
 #            log-decay per head, and the bidirectional generalized op of rank r_ab >= 1, on chunk64 at every
-#            length (custom_ops._path: chunk16's per-head dg is less exact; the fused bidirectional path is faster).
+#            length (custom_ops._path: chunk16's per-head dg is less exact; the fused bidirectional path is faster);
+#   delta:   the HDLA ops (one and both directions) on the delta rule's kernels over two steps per token
+#            (delta_rule/, kernels/README.md §12; head dims up to 128, eager: not a registered op yet), the
+#            generalized ops as auto. Untimed on a GPU so far: an experiment's switch, not a default.
 KERNEL_FAMILY_ENV = "HDLA_VISION_KERNELS"
-KERNEL_FAMILIES = ("auto", "chunk16", "chunk64")
+KERNEL_FAMILIES = ("auto", "chunk16", "chunk64", "delta")
 DEFAULT_KERNEL_FAMILY = "auto"
 # chunk_hdla fwd+bwd on an H100 (bf16, H = 3, d = 64, ~25-33k tokens per call; 2026-11-24, commits da9490a
 # and d296277, benchmarks/results/crossover_h100 and b1_inputs_h100): chunk16 / chunk64 took 3.87 / 4.28 ms

@@ -5,11 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hdla_vision.kernels import naive_generalized, naive_hdla
+from hdla_vision.kernels import chunk_hdla, chunk_hdla_bidirectional, naive_generalized, naive_hdla
+from hdla_vision.kernels.utils import KERNEL_FAMILY_ENV
 from hdla_vision.kernels.delta_rule.chunk import MAX_HEAD_DIM, chunk_delta_rule
 from hdla_vision.kernels.delta_rule.steps import hdla_steps
 from tests.backends import CUDA_TOL, FP32_TOL, backend_cases, backends, on_backend
-from tests.oracle import hdla_problem, rel_err, with_resets
+from tests.bidirectional_oracle import bidirectional_problem, compare_bidirectional
+from tests.oracle import compare_with_loop, hdla_problem, rel_err, with_resets
 
 
 def delta_problem(batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, write="random", beta_ends=False, resets=0.0,
@@ -147,3 +149,40 @@ def test_tf32x3_backward_refuses_wide_heads(monkeypatch):
     p = {n: None if x is None else x.float().requires_grad_() for n, x in delta_problem(1, 3, 1, 128, 4).items()}
     with pytest.raises(ValueError, match="tf32x3' with gradients needs K <= 64"):
         chunk_delta_rule(**p, precision="tf32x3")
+
+
+# ----------------------------------------------------------------------------- HDLA's ops on the delta family
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reversed"])
+def test_chunk_hdla_on_the_delta_family(backend, reverse, monkeypatch):
+    """``HDLA_VISION_KERNELS=delta``: chunk_hdla on the delta rule's kernels, output, final state and every
+    gradient against HDLA's float64 loop (-20 gates, initial state)."""
+    monkeypatch.setenv(KERNEL_FAMILY_ENV, "delta")
+    seq_len, dk = (40, 16) if backend == "interpreter" else (300, 64)
+    problem = on_backend(hdla_problem(2, seq_len, 2, dk, 16, g_min=-20.0), backend)
+    errors = compare_with_loop(chunk_hdla, "hdla", problem, scale=0.5, reverse=reverse)
+    assert max(errors.values()) < (CUDA_TOL if backend == "cuda" else FP32_TOL), errors
+
+
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+def test_chunk_hdla_bidirectional_on_the_delta_family(backend, monkeypatch):
+    """Both directions on the delta rule's kernels: y = forward + reversed - the own write, the final states and
+    every gradient against the float64 loops (beta at 0 and 2)."""
+    monkeypatch.setenv(KERNEL_FAMILY_ENV, "delta")
+    seq_len, dk = (33, 16) if backend == "interpreter" else (196, 64)
+    problem = bidirectional_problem("hdla", 2, seq_len, 2, dk, 16, g_min=-20.0, beta_ends=True)
+    errors = compare_bidirectional(chunk_hdla_bidirectional, "hdla", problem, scale=0.5,
+                                   device="cuda" if backend == "cuda" else "cpu")
+    assert max(errors.values()) < (CUDA_TOL if backend == "cuda" else FP32_TOL), errors
+
+
+def test_delta_family_leaves_float64_and_the_cpu_form_alone(monkeypatch):
+    """Without Triton (or in float64) the delta setting changes nothing: the HDLA ops take their usual path."""
+    from hdla_vision.kernels.ops import on_delta_rule
+
+    monkeypatch.setenv(KERNEL_FAMILY_ENV, "delta")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not on_delta_rule(torch.zeros(1, 2, 1, 16))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert on_delta_rule(torch.zeros(1, 2, 1, 16)) and not on_delta_rule(torch.zeros(1, 2, 1, 16, dtype=torch.float64))
+    assert not on_delta_rule(torch.zeros(1, 2, 1, MAX_HEAD_DIM + 1))
