@@ -65,6 +65,8 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
                     qg_ptr, gam_ptr, T, H, K, V, NT, scale,
                     C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG_ZERO: tl.constexpr,
                     PREC: tl.constexpr):
+    """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward's gathered rows), Aqk, T, w,
+    u~, kg, qg and gamma, each ``[B*H, N, ...]`` fp32."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     cols = tl.arange(0, BK)
@@ -150,6 +152,8 @@ def _chunk_tile(ptr, chunk_rows, cols, D):
 @triton.jit
 def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, final_ptr, K, V, NT,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr):
+    """S: the serial pass over chunks for V block ``program_id(0)``: U = u~ - w S, S <- gamma S + kg^T U, the state
+    fp32 in registers; stores h (the state entering each chunk), U and the final state."""
     i_v = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, C)
@@ -173,6 +177,7 @@ def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, final_p
 @triton.jit
 def _output_kernel(qg_ptr, aqk_ptr, h_ptr, new_ptr, o_ptr, T, H, K, V, NT,
                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """O: one chunk's outputs for V block ``program_id(1)``: O = qg h + Aqk U, in o's dtype."""
     c, b, h, blk = _this_chunk(H, NT, 2)
     i_v = tl.program_id(1)
     rows = tl.arange(0, C)
