@@ -94,7 +94,11 @@ def main():
     parser.add_argument("--precisions", default="tf32x3,tf32", help=f"some of {','.join(PRECISIONS)}")
     parser.add_argument("--cuda-graphs", action="store_true", help="also time each op as CUDA-graph replays")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--autotune-rep-ms", type=float, default=None, help="time each fla autotune config this long")
     args = parser.parse_args()
+    if args.autotune_rep_ms:
+        from tools.triton_cache import shorten_autotune
+        shorten_autotune(rep_ms=args.autotune_rep_ms)
     precisions = args.precisions.split(",")
     result = {**provenance(torch.cuda.get_device_name()), "dtype": "bfloat16", "parity": parity(precisions),
               "fwd_ms": {}, "fwd_bwd_ms": {}}

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device call (one H100 or H200, <= 420 s): the delta rule's kernels (kernels/delta_rule, kernels/README.md §12:
+# Device call (one H100 or H200, <= 560 s): the delta rule's kernels (kernels/delta_rule, kernels/README.md §12:
 # KDA's structure, HDLA over two steps per token), forward and backward, on a GPU for the first time.
 # 1. pytest -m gpu tests/ops/test_chunk_delta_rule.py (against the float64 loop at d = 64 and 128: output, final
 #    state and every gradient; HDLA's steps).
@@ -10,9 +10,9 @@
 # Writes under $OUT: gpu_tests.txt, delta_rule.json, delta_rule.txt, timeline.txt.
 source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
-timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py > "$OUT/gpu_tests.txt" 2>&1
+timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py > "$OUT/gpu_tests.txt" 2>&1
 stamp "gpu tests done (rc $?)"
-timeout 270 python3 -m benchmarks.delta_rule --cuda-graphs --out "$OUT" > "$OUT/delta_rule.txt" 2>&1
+timeout 330 python3 -m benchmarks.delta_rule --cuda-graphs --autotune-rep-ms 5 --out "$OUT" > "$OUT/delta_rule.txt" 2>&1
 stamp "benchmark done (rc $?)"
 cat "$OUT/timeline.txt"
 tail -n 3 "$OUT/gpu_tests.txt"
