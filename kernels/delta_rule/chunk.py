@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, next_power_of_2, use_triton
+from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, next_power_of_2, per_batch_slice, use_triton
 from .torch_chunk import torch_chunk_delta_rule
 
 CHUNK = 64
@@ -490,6 +490,9 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
                                     output_final_state, precision)
         return o.flip(1), final
     if use_triton(q):
-        return _DeltaRuleFunction.apply(q, k, v, beta, g, write, 1.0 if scale is None else float(scale),
-                                        initial_state, output_final_state, precision)
+        def op(q, k, v, beta, g, write, initial_state):  # a grid axis holds at most MAX_GRID_BATCH_HEADS programs
+            return _DeltaRuleFunction.apply(q, k, v, beta, g, write, 1.0 if scale is None else float(scale),
+                                            initial_state, output_final_state, precision)
+        return per_batch_slice(op, dict(q=q, k=k, v=v, beta=beta, g=g, write=write, initial_state=initial_state),
+                               q.shape[2])
     return torch_chunk_delta_rule(q, k, v, beta, g, write, scale, initial_state, output_final_state)

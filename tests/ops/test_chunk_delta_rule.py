@@ -120,6 +120,21 @@ def test_runs_hdla_through_two_steps_per_token(backend, case):
     assert max(errors.values()) < tol, errors
 
 
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+def test_batches_past_a_grid_axis_run_in_slices(backend, monkeypatch):
+    """More batch-head pairs than a grid axis holds run in batch slices, with the same outputs and gradients."""
+    from hdla_vision.kernels import utils
+    from hdla_vision.kernels.delta_rule import chunk as chunk_module
+
+    calls = []
+    apply = chunk_module._DeltaRuleFunction.apply
+    monkeypatch.setattr(chunk_module._DeltaRuleFunction, "apply", lambda *a: calls.append(a[0].shape) or apply(*a))
+    monkeypatch.setattr(utils, "MAX_GRID_BATCH_HEADS", 2)  # one batch element (two heads) per slice
+    errors = _errors(delta_problem(3, 20, 2, 16, 8), backend, torch.float32)
+    assert max(errors.values()) < FP32_TOL, errors
+    assert [shape[0] for shape in calls] == [1, 1, 1]
+
+
 @pytest.mark.parametrize("name,change,message", [
     ("k", lambda p: p.update(k=p["k"][..., :-1]), "k must be"),
     ("g", lambda p: p.update(g=p["g"][:, :-1]), "g must be"),
