@@ -7,8 +7,7 @@ Per shape (B, T, H, d), bf16 inputs, forward (no gradient) and forward+backward,
 (benchmarks/timing.py; ``--cuda-graphs``: also as CUDA-graph replays):
   * ``hdla_today``: ``chunk_hdla`` (the chunk kernels of §8, or the token recurrence where it routes);
   * ``delta_hdla_<precision>``: HDLA through the delta rule's kernels over 2T steps (``steps.hdla_steps``; the
-    interleaving copies timed with it), for each ``tl.dot`` operand precision (tf32x3 runs with gradients up to
-    d = 64 only);
+    interleaving copies timed with it), for each ``tl.dot`` operand precision;
   * ``delta_kda_<precision>``: the delta rule at KDA's shape (T steps, write scale = beta);
   * ``fla_kda``: fla's ``chunk_kda`` (if fla is installed).
 Also HDLA through the delta rule against the float64 loop at (2, 300, 2, 64) and (1, 2048, 2, 128) per precision
@@ -70,7 +69,7 @@ PARITY_SHAPES = {"short": (2, 300, 2, 64), "long_d128": (1, 2048, 2, 128)}  # (B
 
 def parity(precisions) -> dict:
     """HDLA through the delta rule (bf16 inputs) against the float64 loop, per shape and precision: the largest
-    relative error over the output and every gradient (tf32x3 runs with gradients up to d = 64 only)."""
+    relative error over the output and every gradient (a variant that fails to run is recorded as such)."""
     errors = {}
     for name, (batch, seq_len, heads, dim) in PARITY_SHAPES.items():
         inputs = make_inputs(batch, seq_len, heads, dim, torch.bfloat16, "cuda", seed=1)
@@ -83,8 +82,8 @@ def parity(precisions) -> dict:
                 out = delta_hdla(p)(*inputs)
                 grads = torch.autograd.grad(out, inputs, do.to(out.dtype))
                 errors[f"{name}/{p}"] = max([rel_err(out, ref)] + [rel_err(a, b) for a, b in zip(grads, ref_grads)])
-            except ValueError as error:  # a precision the kernels refuse at this head dim
-                errors[f"{name}/{p}"] = f"refused: {error}"
+            except Exception as error:  # e.g. out of shared memory on this GPU
+                errors[f"{name}/{p}"] = f"failed: {type(error).__name__}: {str(error)[:200]}"
     return errors
 
 

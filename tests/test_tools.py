@@ -300,12 +300,12 @@ def test_delta_rule_table_shows_every_variant_and_failures(monkeypatch):
 
     shape = {"bthd": [4, 4096, 16, 128]}
     result = {"device": "GPU", "date": "2026-11-29", "commit": "abc1234", "dtype": "bfloat16",
-              "parity": {"short/tf32x3": 1.2e-3, "short/tf32": 4.5e-3, "long_d128/tf32x3": "refused: K > 64"},
+              "parity": {"short/tf32x3": 1.2e-3, "short/tf32": 4.5e-3, "long_d128/tf32x3": "failed: OutOfResources"},
               "fwd_ms": {"lm": {**shape, "hdla_today": 4.5, "delta_hdla_tf32": "failed: OutOfResources"}},
               "fwd_bwd_ms": {"lm": {**shape, "hdla_today": 13.1, "delta_hdla_tf32": "failed: OutOfResources"}}}
     monkeypatch.setattr(benchmark_tables, "load", lambda name: result)
     table = benchmark_tables.render("delta_rule_h200/delta_rule.json")
     assert "| lm | 4, 4096, 16, 128 | hdla_today | 4.500 | 13.100 |" in table
     assert "| lm | 4, 4096, 16, 128 | delta_hdla_tf32 | failed | failed |" in table
-    assert "| short/tf32 | 4.5e-03 |" in table and "| long_d128/tf32x3 | refused: K > 64 |" in table
+    assert "| short/tf32 | 4.5e-03 |" in table and "| long_d128/tf32x3 | failed: OutOfResources |" in table
     assert "commit abc1234" in table

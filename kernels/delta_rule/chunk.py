@@ -12,7 +12,7 @@
                               dS_0 = gamma dS_C + qg^T dO - w^T dU; stores dS_C and dU per chunk, and dh0.
     dC ``_chunk_bwd_kernel``  grid (N, B*H): the chunk's VJP from h, U, dS_C, dU: dqg, dAqk, dw, dkg, dgamma by
                               products with the state; dT, dA = -(T^T dT T^T); the two Gram VJPs (the forward's
-                              factoring, :func:`_gram_vjp`); dg as the chunk's reverse cumsum of dG.
+                              factoring, :func:`_gram_vjps`); dg as the chunk's reverse cumsum of dG.
 
 Every intermediate is fp32, and every product exact fp32 (``ieee``) unless ``precision`` names the tensor cores' tf32
 (:data:`PRECISIONS`; for the GPU's timing, ``benchmarks/delta_rule.py``): the layout and the numerics of the
@@ -217,17 +217,15 @@ def _check(q, k, v, beta, g, write, initial_state):
         raise ValueError("q, k, v, beta, g, write and initial_state must be on one device")
 
 
-def _settings(q: torch.Tensor, dk: int, dv: int, precision: Optional[str], backward: bool = False) -> dict:
-    """Tiles and operand precision of a call (ValueError for a K over one tile, an unknown precision, or tf32x3 in
-    a backward at K > 64, whose chunk kernel then needs 288 KB of shared memory on sm_90a)."""
+def _settings(q: torch.Tensor, dk: int, dv: int, precision: Optional[str]) -> dict:
+    """Tiles and operand precision of a call (ValueError for a K over one tile or an unknown precision). tf32 is the
+    default above K = 64: there tf32x3's backward chunk kernel takes 224 of sm_90a's 227 KB of shared memory."""
     if dk > MAX_HEAD_DIM:
         raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
     bk = max(16, next_power_of_2(dk))
     precision = precision or (("tf32x3" if bk <= 64 else "tf32") if q.is_cuda else "ieee")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if backward and precision == "tf32x3" and bk > 64:
-        raise ValueError(f"precision='tf32x3' with gradients needs K <= 64 (shared memory), got K = {dk}")
     bv = max(16, min(64 if bk <= 64 else 32, next_power_of_2(dv)))  # S's pipelined loads within shared memory
     return dict(BK=bk, BV=bv, PREC=precision)
 
@@ -309,40 +307,43 @@ def _state_bwd_kernel(do_ptr, aqk_ptr, kg_ptr, qg_ptr, w_ptr, gam_ptr, dht_ptr, 
 
 
 @triton.jit
-def _gram_vjp(m_row, m_col, x_col, rows, G, y_ptr, gcum_blk, b, c, h, T, H, K, cols, STRICT: tl.constexpr,
-              C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """The VJP of a Gram P[t, i] = sum_c x_tc y_ic e^{G_tc - G_ic} (i < t, or i <= t unless STRICT), y = k rows in
-    memory: ``(row, col)`` ``[C, BK]`` with row_t = sum_i m_row[t, i] y_i e^{G_t - G_i} (P's cotangent m_row) and
-    col_i = sum_t m_col[t, i] x_t e^{G_t - G_i} (cotangent m_col, x = x_col); off the diagonal 16-step blocks through
-    each row block's first G (both factors <= 1), on them exactly, one column at a time."""
+def _gram_vjps(m_a, m_a_col, m_q, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H, K, cols, C: tl.constexpr,
+               SUB: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """The VJPs of the two Grams P_A[t, i] = sum_c k_tc k_ic e^{G_tc - G_ic} (i < t) and P_q[t, i] = sum_c q_tc k_ic
+    e^{G_tc - G_ic} (i <= t), which share their columns (k) and decays: ``(row_a, row_q, col)`` ``[C, BK]`` with
+    row_a_t = sum_i m_a[t, i] k_i e^{G_t - G_i}, row_q likewise with m_q, and col_i = sum_t (m_a_col[t, i] k_t +
+    m_q[t, i] q_t) e^{G_t - G_i} (the column sides summed: both land on dk). m_a is zero on and above the diagonal
+    (P_A is strict), so one pair decay serves both. Off the diagonal 16-step blocks through each row block's first G
+    (both factors <= 1), on them exactly, one column at a time from rows gathered in memory."""
     block = rows // SUB
-    y = _rows_of(y_ptr, b, c, h, T, H, K, rows, cols, C)
-    row = tl.zeros([C, BK], dtype=tl.float32)
+    row_a = tl.zeros([C, BK], dtype=tl.float32)
+    row_q = tl.zeros([C, BK], dtype=tl.float32)
     col = tl.zeros([C, BK], dtype=tl.float32)
     for n in tl.static_range(1, C // SUB):
         r = tl.sum(tl.where((rows == n * SUB)[:, None], G, 0.0), axis=0)[None, :]
         earlier = (rows < n * SUB)[:, None]
-        y_n = tl.where(earlier, y * tl.exp(tl.minimum(r - G, 0.0)), 0.0)
-        in_n = (block == n)[:, None]
-        part = tl.dot(tl.where(in_n & (rows[None, :] < n * SUB), m_row, 0.0), y_n, input_precision=PREC)
-        row += part * tl.exp(tl.minimum(G - r, 0.0))
-        x_n = tl.where(in_n, x_col * tl.exp(tl.minimum(G - r, 0.0)), 0.0)
-        m_n = tl.where(in_n & (rows[None, :] < n * SUB), m_col, 0.0)
-        col += tl.where(earlier, tl.dot(tl.trans(m_n), x_n, input_precision=PREC) * tl.exp(tl.minimum(r - G, 0.0)),
-                        0.0)
+        to_earlier = (block == n)[:, None] & (rows[None, :] < n * SUB)  # [C, C]: row block n against earlier columns
+        y_n = tl.where(earlier, k * tl.exp(tl.minimum(r - G, 0.0)), 0.0)
+        x_decay = tl.where((block == n)[:, None], tl.exp(tl.minimum(G - r, 0.0)), 0.0)
+        row_a += tl.dot(tl.where(to_earlier, m_a, 0.0), y_n, input_precision=PREC) * x_decay
+        row_q += tl.dot(tl.where(to_earlier, m_q, 0.0), y_n, input_precision=PREC) * x_decay
+        cols_n = tl.dot(tl.trans(tl.where(to_earlier, m_a_col, 0.0)), k * x_decay, input_precision=PREC) \
+            + tl.dot(tl.trans(tl.where(to_earlier, m_q, 0.0)), q * x_decay, input_precision=PREC)
+        col += tl.where(earlier, cols_n * tl.exp(tl.minimum(r - G, 0.0)), 0.0)
     for j in range(SUB):
         at = block * SUB + j  # [C]: the column each row's block reads at this j
-        live = (rows > at) if STRICT else (rows >= at)
-        y_at = _rows_of(y_ptr, b, c, h, T, H, K, at, cols, C)
+        k_at = _rows_of(k_ptr, b, c, h, T, H, K, at, cols, C)
         g_at = tl.load(gcum_blk + at[:, None] * BK + cols[None, :])
-        pair = tl.exp(tl.where(live[:, None], G - g_at, float("-inf")))
+        pair = tl.exp(tl.where((rows >= at)[:, None], G - g_at, float("-inf")))
         picks = rows[None, :] == at[:, None]
-        row += tl.sum(tl.where(picks, m_row, 0.0), axis=1)[:, None] * y_at * pair
-        into = tl.sum(tl.where(picks, m_col, 0.0), axis=1)[:, None] * x_col * pair  # [C, BK], summed per block
+        row_a += tl.sum(tl.where(picks, m_a, 0.0), axis=1)[:, None] * k_at * pair
+        row_q += tl.sum(tl.where(picks, m_q, 0.0), axis=1)[:, None] * k_at * pair
+        into = (tl.sum(tl.where(picks, m_a_col, 0.0), axis=1)[:, None] * k
+                + tl.sum(tl.where(picks, m_q, 0.0), axis=1)[:, None] * q) * pair  # [C, BK], summed per block
         per_block = tl.sum(tl.reshape(into, [C // SUB, SUB, BK]), axis=1)  # [C / 16, BK]
         spread = tl.reshape(tl.broadcast_to(per_block[:, None, :], [C // SUB, SUB, BK]), [C, BK])
         col += tl.where(((rows % SUB) == j)[:, None], spread, 0.0)
-    return row, col
+    return row_a, row_q, col
 
 
 @triton.jit
@@ -405,14 +406,13 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
     d_a = -tl.dot(tl.dot(tl.trans(t_mat), d_t, input_precision=PREC), tl.trans(t_mat), input_precision=PREC)
     d_a = tl.where(rows[:, None] > rows[None, :], d_a, 0.0)
     d_p = tl.where(rows[:, None] >= rows[None, :], d_aqk * scale, 0.0)
-    # A = beta_t P(k, k), strict; Aqk = scale P(q, k): their cotangents on the unscaled Grams
-    row_a, col_a = _gram_vjp(d_a, d_a * beta[:, None], k, rows, G, k_ptr, gcum_blk, b, c, h, T, H, K, cols, True,
-                             C, SUB, BK, PREC)
-    row_q, col_q = _gram_vjp(d_p, d_p, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H, K, cols, False, C, SUB, BK, PREC)
+    # A = beta_t P_A, Aqk = scale P_q: their cotangents on the unscaled Grams (d_a is strictly lower)
+    row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H, K,
+                                     cols, C, SUB, BK, PREC)
     dq = row_q + scale * d_qg * decayed
-    dk = beta[:, None] * row_a + col_a + col_q + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
+    dk = beta[:, None] * row_a + col_k + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
     dbeta = tl.sum(k * row_a, axis=1) + tl.sum(k * decayed * t_dw, axis=1)
-    d_big = beta[:, None] * k * row_a + q * row_q - k * (col_a + col_q) + d_qg * qg + bke * t_dw - d_kg * kg
+    d_big = beta[:, None] * k * row_a + q * row_q - k * col_k + d_qg * qg + bke * t_dw - d_kg * kg
     d_last = tl.sum(d_kg * kg, axis=0) + d_gam * gam  # the chunk's G_C: kg's and gamma's
     d_big += tl.where((rows == C - 1)[:, None], d_last[None, :], 0.0)
     dg = tl.cumsum(d_big, axis=0, reverse=True)
@@ -453,7 +453,7 @@ def _backward(do, dht, q, k, v, beta, g, write, scale: float, z: dict, has_h0: b
 class _DeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, beta, g, write, scale, initial_state, output_final_state, precision):
-        cfg = _settings(q, q.shape[-1], v.shape[-1], precision, backward=True)
+        cfg = _settings(q, q.shape[-1], v.shape[-1], precision)
         q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
         o, z = _forward(q, k, v, beta, g, write, scale, initial_state, cfg)
         ctx.save_for_backward(q, k, v, beta, g, write, *z.values())

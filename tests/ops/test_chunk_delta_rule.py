@@ -158,14 +158,6 @@ def test_triton_path_refuses_wide_heads(monkeypatch):
         chunk_delta_rule(**{n: None if x is None else x.float() for n, x in p.items()})
 
 
-def test_tf32x3_backward_refuses_wide_heads(monkeypatch):
-    """tf32x3 products with gradients at K > 64 would need more shared memory than sm_90a has: a clear error first."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    p = {n: None if x is None else x.float().requires_grad_() for n, x in delta_problem(1, 3, 1, 128, 4).items()}
-    with pytest.raises(ValueError, match="tf32x3' with gradients needs K <= 64"):
-        chunk_delta_rule(**p, precision="tf32x3")
-
-
 # ----------------------------------------------------------------------------- HDLA's ops on the delta family
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reversed"])
