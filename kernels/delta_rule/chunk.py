@@ -61,6 +61,23 @@ def _this_chunk(H, NT, BH_AXIS: tl.constexpr):
 
 
 @triton.jit
+def _chunk_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, om_ptr, b, c, h, T, H, K, rows, cols, C: tl.constexpr):
+    """A chunk's step inputs, fp32: ``q, k, g [C, BK]`` (g as given, unclamped) and ``beta, write [C]``."""
+    return (_rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C), _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C),
+            _rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C), _scalars_of(beta_ptr, b, c, h, T, H, rows, C),
+            _scalars_of(om_ptr, b, c, h, T, H, rows, C))
+
+
+@triton.jit
+def _chunk_decays(q, k, G, scale, rows, C: tl.constexpr):
+    """From a chunk's cumulative log-decay G ``[C, BK]``: ``(e^G, G_C [1, BK], kg = k e^{G_C - G}, qg = scale q
+    e^G)``; every exponent <= 0 (the identity steps past T keep G_C the last real step's)."""
+    decayed = tl.exp(G)
+    last = tl.sum(tl.where((rows == C - 1)[:, None], G, 0.0), axis=0)[None, :]
+    return decayed, last, k * tl.exp(last - G), scale * q * decayed
+
+
+@triton.jit
 def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
                     qg_ptr, gam_ptr, T, H, K, V, NT, scale,
                     C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG_ZERO: tl.constexpr,
@@ -71,14 +88,9 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
     rows = tl.arange(0, C)
     cols = tl.arange(0, BK)
     kmask = (cols < K)[None, :]
-    q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
-    k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
-    g = tl.maximum(_rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C), LOG_ZERO)  # -inf (a reset) as exp's exact 0
-    G = tl.cumsum(g, axis=0)
-    gcum_rows = gcum_ptr + (blk * C * BK) + rows[:, None] * BK + cols[None, :]
-    tl.store(gcum_rows, G)
-    beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
-    om = _scalars_of(om_ptr, b, c, h, T, H, rows, C)
+    q, k, g, beta, om = _chunk_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, om_ptr, b, c, h, T, H, K, rows, cols, C)
+    G = tl.cumsum(tl.maximum(g, LOG_ZERO), axis=0)  # g = -inf (a reset) as exp's exact 0
+    tl.store(gcum_ptr + (blk * C * BK) + rows[:, None] * BK + cols[None, :], G)
     block = rows // SUB
     # off-diagonal 16-step blocks: through r = G at row block n's first step, e^{G_t - r} <= 1 and e^{r - G_i} <= 1
     a_mat = tl.zeros([C, C], dtype=tl.float32)
@@ -111,13 +123,12 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
         cross = pair_block & ((rows[:, None] // s) % 2 == 1) & ((rows[None, :] // s) % 2 == 0)
         l_s = tl.where(cross, a_mat, 0.0)
         t_mat = t_mat - tl.dot(tl.dot(t_mat, l_s, input_precision=PREC), t_mat, input_precision=PREC)
-    last = tl.sum(tl.where((rows == C - 1)[:, None], G, 0.0), axis=0)[None, :]  # G_C (identity steps past T)
-    decayed = tl.exp(G)
+    decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
     w = tl.dot(t_mat, k * decayed * beta[:, None], input_precision=PREC)
     out_rows = (blk * C + rows)[:, None]
     tl.store(w_ptr + out_rows * K + cols[None, :], w, mask=kmask)
-    tl.store(kg_ptr + out_rows * K + cols[None, :], k * tl.exp(last - G), mask=kmask)
-    tl.store(qg_ptr + out_rows * K + cols[None, :], scale * q * decayed, mask=kmask)
+    tl.store(kg_ptr + out_rows * K + cols[None, :], kg, mask=kmask)
+    tl.store(qg_ptr + out_rows * K + cols[None, :], qg, mask=kmask)
     tl.store(gam_ptr + blk * K + cols[None, :], tl.exp(last), mask=kmask)
     tl.store(aqk_ptr + out_rows * C + rows[None, :], scale * aqk)
     tl.store(tm_ptr + out_rows * C + rows[None, :], t_mat)
@@ -257,20 +268,8 @@ def _forward(q, k, v, beta, g, write, scale: float, initial_state, cfg: dict) ->
     return o, z
 
 
-def chunk_delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
-                         write: torch.Tensor, scale: Optional[float] = None,
-                         initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
-                         precision: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """The delta rule's forward (no autograd) on the Triton kernels: ``(o [B, T, H, V]`` in q's dtype, the final
-    state ``[B, H, K, V]`` fp32 or None); arguments as :func:`.torch_chunk.torch_chunk_delta_rule`. ``precision``:
-    every product's fp32 operands as :data:`PRECISIONS` names them (``tl.dot``'s ``input_precision``; None: on CUDA
-    tf32x3 up to K = 64 and tf32 above, exact under the interpreter)."""
-    _check(q, k, v, beta, g, write, initial_state)
-    cfg = _settings(q, q.shape[-1], v.shape[-1], precision)
-    q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
-    o, z = _forward(q, k, v, beta, g, write, 1.0 if scale is None else float(scale), initial_state, cfg)
-    batch, _, heads, dk = q.shape
-    return o, (z["final"].view(batch, heads, dk, v.shape[-1]) if output_final_state else None)
+# the forward's terms the backward reads (u~ and the final state it does not)
+BACKWARD_TERMS = ("gcum", "aqk", "tm", "w", "kg", "qg", "gamma", "h", "new")
 
 
 @triton.jit
@@ -347,7 +346,7 @@ def _gram_vjps(m_a, m_a_col, m_q, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H,
 
 
 @triton.jit
-def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, gam_ptr, h_ptr,
+def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, h_ptr,
                       new_ptr, ds_ptr, du_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
                       scale, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       LOG_ZERO: tl.constexpr, PREC: tl.constexpr):
@@ -357,20 +356,12 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
     rows = tl.arange(0, C)
     cols = tl.arange(0, BK)
     kmask = (cols < K)[None, :]
-    q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
-    k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
-    g_raw = _rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C)
+    q, k, g_raw, beta, om = _chunk_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, om_ptr, b, c, h, T, H, K, rows, cols, C)
     gcum_blk = gcum_ptr + blk * C * BK
     G = tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
-    beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
-    om = _scalars_of(om_ptr, b, c, h, T, H, rows, C)
     chunk_rows = (blk * C + rows)[:, None]
     t_mat = tl.load(tm_ptr + chunk_rows * C + rows[None, :])
-    gam = tl.load(gam_ptr + blk * K + cols, mask=cols < K, other=0.0)
-    last = tl.sum(tl.where((rows == C - 1)[:, None], G, 0.0), axis=0)[None, :]
-    decayed = tl.exp(G)
-    kg = k * tl.exp(last - G)
-    qg = scale * q * decayed
+    decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
     d_qg = tl.zeros([C, BK], dtype=tl.float32)
     d_aqk = tl.zeros([C, C], dtype=tl.float32)
     d_w = tl.zeros([C, BK], dtype=tl.float32)
@@ -413,7 +404,7 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
     dk = beta[:, None] * row_a + col_k + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
     dbeta = tl.sum(k * row_a, axis=1) + tl.sum(k * decayed * t_dw, axis=1)
     d_big = beta[:, None] * k * row_a + q * row_q - k * col_k + d_qg * qg + bke * t_dw - d_kg * kg
-    d_last = tl.sum(d_kg * kg, axis=0) + d_gam * gam  # the chunk's G_C: kg's and gamma's
+    d_last = tl.sum(d_kg * kg, axis=0) + d_gam * tl.reshape(tl.exp(last), [BK])  # G_C: kg's and gamma = e^{G_C}'s
     d_big += tl.where((rows == C - 1)[:, None], d_last[None, :], 0.0)
     dg = tl.cumsum(d_big, axis=0, reverse=True)
     dg = tl.where(g_raw >= LOG_ZERO, dg, 0.0)  # below the floor exp(g) is 0 whatever g: no gradient
@@ -444,7 +435,7 @@ def _backward(do, dht, q, k, v, beta, g, write, scale: float, z: dict, has_h0: b
                                           dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_DHT=dht is not None, PREC=prec,
                                           num_warps=4 if bk <= 64 else 8, num_stages=2 if bk <= 64 else 1)
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
-    _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["gamma"], z["h"], z["new"],
+    _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
                                       ds, du, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB, BK=bk,
                                       BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, num_warps=8, num_stages=1)
     return (*grads, dh0.view(batch, heads, dk, dv) if has_h0 else None)
@@ -456,8 +447,8 @@ class _DeltaRuleFunction(torch.autograd.Function):
         cfg = _settings(q, q.shape[-1], v.shape[-1], precision)
         q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
         o, z = _forward(q, k, v, beta, g, write, scale, initial_state, cfg)
-        ctx.save_for_backward(q, k, v, beta, g, write, *z.values())
-        ctx.names, ctx.scale, ctx.cfg, ctx.has_h0 = list(z), scale, cfg, initial_state is not None
+        ctx.save_for_backward(q, k, v, beta, g, write, *(z[name] for name in BACKWARD_TERMS))
+        ctx.scale, ctx.cfg, ctx.has_h0 = scale, cfg, initial_state is not None
         batch, _, heads, dk = q.shape
         final = z["final"].view(batch, heads, dk, v.shape[-1]) if output_final_state else None
         return o, final
@@ -465,7 +456,7 @@ class _DeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, beta, g, write, *saved = ctx.saved_tensors
-        grads = _backward(do, dht, q, k, v, beta, g, write, ctx.scale, dict(zip(ctx.names, saved)), ctx.has_h0,
+        grads = _backward(do, dht, q, k, v, beta, g, write, ctx.scale, dict(zip(BACKWARD_TERMS, saved)), ctx.has_h0,
                           ctx.cfg)
         return (*grads[:6], None, grads[6], None, None)
 
@@ -479,8 +470,10 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
     or the CPU under ``TRITON_INTERPRET=1``), else :func:`.torch_chunk.torch_chunk_delta_rule` (PyTorch's autograd).
 
     Args: q, k, g ``[B, T, H, K]`` (k unit rows, g <= 0), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
-        initial_state ``[B, H, K, V]`` or None; ``precision`` as :func:`chunk_delta_rule_fwd`; ``reverse``: the scan
-        from the last step to the first (on time-flipped copies of the inputs, for now). Returns ``(o [B, T, H,
+        initial_state ``[B, H, K, V]`` or None; ``precision``: every product's fp32 operands as :data:`PRECISIONS`
+        names them (``tl.dot``'s ``input_precision``; None: on CUDA tf32x3 up to K = 64 and tf32 above, exact under
+        the interpreter); ``reverse``: the scan from the last step to the first (on time-flipped copies of the
+        inputs, for now). Returns ``(o [B, T, H,
         V]`` in q's dtype, the final state ``[B, H, K, V]`` (fp32; float64 for float64 inputs on the CPU form) or
         None).
     """
