@@ -42,11 +42,12 @@ def on_delta_rule(q: torch.Tensor) -> bool:
             and q.shape[-1] <= DELTA_MAX_HEAD_DIM and not exporting_to_onnx())
 
 
-def delta_rule_hdla(q, k, v, beta, g, scale: float, initial_state, output_final_state: bool, reverse: bool):
-    """HDLA through the delta rule over two steps per token (kernels/README.md §2, §12): ``(o, final or None)``.
-    Reversed, the tokens are flipped before they become steps (each token's two steps keep their order)."""
+def delta_rule_hdla(q, k, v, beta, g, scale: float, initial_state, reverse: bool):
+    """HDLA through the delta rule over two steps per token (kernels/README.md §2, §12): ``(o, final state fp32)``,
+    the signature of :func:`exportable_hdla`. Reversed, the tokens are flipped before they become steps (each
+    token's two steps keep their order)."""
     tokens = [x.flip(1) if reverse else x for x in (q, k, v, beta, g)]
-    o, final = chunk_delta_rule(*hdla_steps(*tokens), scale, initial_state, output_final_state)
+    o, final = chunk_delta_rule(*hdla_steps(*tokens), scale, initial_state, output_final_state=True)
     o = o[:, 1::2]
     return (o.flip(1) if reverse else o), final
 
@@ -155,7 +156,8 @@ def chunk_hdla(
         o, state = exportable_hdla(q, k, v, beta, g, _scale(scale), initial_state, reverse)
         return o, _final(state, q, output_final_state)
     if on_delta_rule(q):
-        return delta_rule_hdla(q, k, v, beta, g, _scale(scale), initial_state, output_final_state, reverse)
+        o, state = delta_rule_hdla(q, k, v, beta, g, _scale(scale), initial_state, reverse)
+        return o, _final(state, q, output_final_state)
     recurrent = use_recurrence(q, k, v, beta, g, initial_state)  # the token recurrence (README §11)
 
     def op(q, k, v, beta, g, initial_state):
@@ -219,13 +221,9 @@ def chunk_hdla_bidirectional(
     the argument before anything runs.
     """
     check_hdla_bidirectional_inputs(q, k, v, beta, g, initial_state, scale)
-    if on_delta_rule(q):
-        parts = [delta_rule_hdla(q, k, v, beta[d], g[d], _scale(scale), direction(initial_state, d),
-                                 output_final_state, d == 1) for d in (0, 1)]
-        y = parts[0][0] + parts[1][0] - own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), _scale(scale)).to(q.dtype)
-        return y, torch.stack([parts[0][1], parts[1][1]]) if output_final_state else None
-    if exporting_to_onnx():
-        parts = [exportable_hdla(q, k, v, beta[d], g[d], _scale(scale), direction(initial_state, d), d == 1)
+    if on_delta_rule(q) or exporting_to_onnx():  # each direction on its own, summed as the docstring writes it
+        one_direction = delta_rule_hdla if on_delta_rule(q) else exportable_hdla
+        parts = [one_direction(q, k, v, beta[d], g[d], _scale(scale), direction(initial_state, d), d == 1)
                  for d in (0, 1)]
         y = parts[0][0] + parts[1][0] - own_write(q, k.unsqueeze(-2), v.unsqueeze(-2), _scale(scale)).to(q.dtype)
         return y, _final(torch.stack([parts[0][1], parts[1][1]]), q, output_final_state)
