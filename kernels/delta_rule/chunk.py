@@ -34,6 +34,20 @@ MAX_HEAD_DIM = 128
 # tl.dot's input_precision for the fp32 operands: exact (the default, and what the interpreter tests check), or the
 # tensor cores' tf32 (one or three products) for the GPU's timing
 PRECISIONS = ("ieee", "tf32x3", "tf32")
+# each kernel's launch settings by head-dim tile (BK <= 64, BK = 128): warps, pipeline stages and the V block (BV)
+LAUNCH = {
+    "P": {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)},
+    "S": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=2)},
+    "O": {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=4, num_stages=3)},
+    "dS": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=1)},
+    "dC": {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)},
+    "BV": {64: 64, 128: 32},
+}
+
+
+def _launch(kernel: str, bk: int) -> dict:
+    """``LAUNCH[kernel]``'s settings for a head-dim tile ``bk``."""
+    return LAUNCH[kernel][64 if bk <= 64 else 128]
 
 
 @triton.jit
@@ -237,7 +251,7 @@ def _settings(q: torch.Tensor, dk: int, dv: int, precision: Optional[str]) -> di
     precision = precision or (("tf32x3" if bk <= 64 else "tf32") if q.is_cuda else "ieee")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    bv = max(16, min(64 if bk <= 64 else 32, next_power_of_2(dv)))  # S's pipelined loads within shared memory
+    bv = max(16, min(LAUNCH["BV"][64 if bk <= 64 else 128], next_power_of_2(dv)))  # S's loads within shared memory
     return dict(BK=bk, BV=bv, PREC=precision)
 
 
@@ -257,14 +271,14 @@ def _forward(q, k, v, beta, g, write, scale: float, initial_state, cfg: dict) ->
     z.update((name, torch.empty(bh, n_chunks, CHUNK, dk, **f32)) for name in ("w", "kg", "qg"))
     _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], z["u"], z["kg"],
                                     z["qg"], z["gamma"], seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB,
-                                    BK=bk, BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, num_warps=8, num_stages=1)
+                                    BK=bk, BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, **_launch("P", bk))
     h0 = initial_state.contiguous() if initial_state is not None else z["final"]
     _state_kernel[(cdiv(dv, bv), bh)](z["w"], z["u"], z["kg"], z["gamma"], h0, z["h"], z["new"], z["final"], dk, dv,
                                       n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=prec,
-                                      num_warps=4 if bk <= 64 else 8, num_stages=2)
+                                      **_launch("S", bk))
     o = torch.empty(batch, seq_len, heads, dv, device=q.device, dtype=q.dtype)
     _output_kernel[(n_chunks, cdiv(dv, bv), bh)](z["qg"], z["aqk"], z["h"], z["new"], o, seq_len, heads, dk, dv,
-                                                 n_chunks, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=4)
+                                                 n_chunks, C=CHUNK, BK=bk, BV=bv, PREC=prec, **_launch("O", bk))
     return o, z
 
 
@@ -433,11 +447,11 @@ def _backward(do, dht, q, k, v, beta, g, write, scale: float, z: dict, has_h0: b
     _state_bwd_kernel[(cdiv(dv, bv), bh)](do, z["aqk"], z["kg"], z["qg"], z["w"], z["gamma"],
                                           dht.contiguous() if dht is not None else dh0, ds, du, dh0, seq_len, heads,
                                           dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_DHT=dht is not None, PREC=prec,
-                                          num_warps=4 if bk <= 64 else 8, num_stages=2 if bk <= 64 else 1)
+                                          **_launch("dS", bk))
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
                                       ds, du, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB, BK=bk,
-                                      BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, num_warps=8, num_stages=1)
+                                      BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, **_launch("dC", bk))
     return (*grads, dh0.view(batch, heads, dk, dv) if has_h0 else None)
 
 

@@ -1,0 +1,105 @@
+"""Where the delta rule's time goes (kernels/delta_rule/chunk.py's five kernels), per launch setting, beside fla's
+chunk_kda at the same shape: the tuning harness of issue 11's KDA-shaped family.
+
+    python -m benchmarks.delta_rule_kernels [--shapes lm,hires] [--precision tf32] [--variants base,...] [--out DIR]
+
+Per shape (B, T, H, d), bf16 inputs, the delta rule at KDA's shape (T steps, write scale = beta): fwd+bwd ms
+(do_bench median) and µs per kernel (torch.profiler over five calls), for each variant of ``chunk.LAUNCH``
+(:data:`VARIANTS`: warps, pipeline stages, V block per kernel); and fla's chunk_kda the same way if fla is installed.
+``delta_rule_kernels.json`` under ``--out`` (rewritten after every variant), headed by device, date and commit.
+"""
+import argparse
+import copy
+import json
+import os
+
+import torch
+
+from benchmarks.kernels import SHAPES, make_inputs
+from benchmarks.timing import device_us, median_ms, profile_steps
+from hdla_vision.kernels.delta_rule import chunk as delta_chunk
+from tools.provenance import provenance
+
+# name -> {kernel: {bk: settings}} overrides of chunk.LAUNCH (BV: {bk: block})
+VARIANTS = {
+    "base": {},
+    "warps4": {k: {64: dict(num_warps=4, num_stages=1), 128: dict(num_warps=4, num_stages=1)} for k in ("P", "dC")},
+    "warps16": {k: {64: dict(num_warps=16, num_stages=1), 128: dict(num_warps=16, num_stages=1)} for k in ("P", "dC")},
+    "serial_w4s3": {k: {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=4, num_stages=3)}
+                    for k in ("S", "dS")},
+    "serial_w8s1": {k: {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)}
+                    for k in ("S", "dS")},
+    "bv64": {"BV": {64: 64, 128: 64}},
+    "bv16": {"BV": {64: 32, 128: 16}},
+}
+
+
+def with_launch(overrides: dict) -> dict:
+    launch = copy.deepcopy(delta_chunk.LAUNCH)
+    for kernel, table in overrides.items():
+        launch[kernel].update(table)
+    return launch
+
+
+def kernel_us(step, calls: int = 5) -> dict:
+    """``{kernel: µs per call}`` of ``step()``'s CUDA kernels (those launched at least once per call)."""
+    events = profile_steps(step, calls).key_averages()
+    return {e.key[:60]: round(device_us(e) / calls, 1) for e in events if device_us(e) > 0 and e.count >= calls}
+
+
+def fwd_bwd_step(fn, inputs):
+    grad = torch.randn_like(fn(*inputs))
+    return lambda: torch.autograd.grad(fn(*inputs), inputs, grad)
+
+
+def delta_kda(precision):
+    def run(q, k, v, beta, g):
+        return delta_chunk.chunk_delta_rule(q, k, v, beta, g, beta, precision=precision)[0]
+    return run
+
+
+def fla_kda(q, k, v, beta, g):
+    from fla.ops.kda import chunk_kda
+
+    return chunk_kda(q, k, v, g.float(), beta, scale=1.0)[0]
+
+
+def measure(fn, inputs) -> dict:
+    step = fwd_bwd_step(fn, inputs)
+    try:
+        return {"fwd_bwd_ms": round(median_ms(step), 3), "kernel_us": kernel_us(step)}
+    except Exception as error:  # a setting out of shared memory or registers leaves the others
+        return {"failed": f"{type(error).__name__}: {str(error)[:200]}"}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="lm,hires")
+    parser.add_argument("--precision", default="tf32")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    result = {**provenance(torch.cuda.get_device_name()), "dtype": "bfloat16", "precision": args.precision,
+              "variants": {name: VARIANTS[name] for name in args.variants.split(",")}, "shapes": {}}
+    default = copy.deepcopy(delta_chunk.LAUNCH)
+    os.makedirs(args.out, exist_ok=True)
+    for shape in args.shapes.split(","):
+        inputs = make_inputs(*SHAPES[shape], torch.bfloat16, "cuda")
+        runs = result["shapes"].setdefault(shape, {"bthd": list(SHAPES[shape])})
+        try:
+            import fla  # noqa: F401
+            runs["fla_kda"] = measure(fla_kda, inputs)
+        except ImportError:
+            pass
+        print(shape, "fla_kda", json.dumps(runs.get("fla_kda")), flush=True)
+        for name in args.variants.split(","):
+            delta_chunk.LAUNCH = with_launch(VARIANTS[name])
+            runs[name] = measure(delta_kda(args.precision), inputs)
+            delta_chunk.LAUNCH = default
+            print(shape, name, json.dumps(runs[name]), flush=True)
+            with open(os.path.join(args.out, "delta_rule_kernels.json"), "w") as f:
+                json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
