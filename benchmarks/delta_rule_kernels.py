@@ -29,7 +29,9 @@ VARIANTS = {
                     for k in ("S", "dS")},
     "serial_w8s1": {k: {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)}
                     for k in ("S", "dS")},
-    "bv64": {"BV": {64: 64, 128: 64}},
+    "kb64": {"KB": {64: 64, 128: 64}},
+    "kb16": {"KB": {64: 16, 128: 16}},
+    "bv32": {"BV": {64: 32, 128: 32}},
     "bv16": {"BV": {64: 32, 128: 16}},
 }
 
@@ -65,8 +67,8 @@ def fla_kda(q, k, v, beta, g):
 
 
 def measure(fn, inputs) -> dict:
-    step = fwd_bwd_step(fn, inputs)
     try:
+        step = fwd_bwd_step(fn, inputs)
         return {"fwd_bwd_ms": round(median_ms(step), 3), "kernel_us": kernel_us(step)}
     except Exception as error:  # a setting out of shared memory or registers leaves the others
         return {"failed": f"{type(error).__name__}: {str(error)[:200]}"}

@@ -42,6 +42,7 @@ LAUNCH = {
     "dS": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=1)},
     "dC": {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)},
     "BV": {64: 64, 128: 32},
+    "KB": {64: 32, 128: 32},  # the K block of the chunk kernels (P, dC)
 }
 
 
@@ -92,23 +93,10 @@ def _chunk_decays(q, k, G, scale, rows, C: tl.constexpr):
 
 
 @triton.jit
-def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
-                    qg_ptr, gam_ptr, T, H, K, V, NT, scale,
-                    C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG_ZERO: tl.constexpr,
-                    PREC: tl.constexpr):
-    """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward's gathered rows), Aqk, T, w,
-    u~, kg, qg and gamma, each ``[B*H, N, ...]`` fp32."""
-    c, b, h, blk = _this_chunk(H, NT, 1)
-    rows = tl.arange(0, C)
-    cols = tl.arange(0, BK)
-    kmask = (cols < K)[None, :]
-    q, k, g, beta, om = _chunk_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, om_ptr, b, c, h, T, H, K, rows, cols, C)
-    G = tl.cumsum(tl.maximum(g, LOG_ZERO), axis=0)  # g = -inf (a reset) as exp's exact 0
-    tl.store(gcum_ptr + (blk * C * BK) + rows[:, None] * BK + cols[None, :], G)
+def _gram_block(a_mat, aqk, q, k, G, rows, C: tl.constexpr, SUB: tl.constexpr, PREC: tl.constexpr):
+    """The Grams' off-diagonal 16-step blocks added for one K block (``q, k, G [C, KB]``): through r = G at row block
+    n's first step, e^{G_t - r} <= 1 and e^{r - G_i} <= 1."""
     block = rows // SUB
-    # off-diagonal 16-step blocks: through r = G at row block n's first step, e^{G_t - r} <= 1 and e^{r - G_i} <= 1
-    a_mat = tl.zeros([C, C], dtype=tl.float32)
-    aqk = tl.zeros([C, C], dtype=tl.float32)
     for n in tl.static_range(1, C // SUB):
         r = tl.sum(tl.where((rows == n * SUB)[:, None], G, 0.0), axis=0)[None, :]
         reader = (block == n)[:, None]
@@ -116,36 +104,81 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
         y = tl.where((rows < n * SUB)[:, None], k * tl.exp(tl.minimum(r - G, 0.0)), 0.0)
         a_mat += tl.dot(tl.where(reader, k * x_decay, 0.0), tl.trans(y), input_precision=PREC)
         aqk += tl.dot(tl.where(reader, q * x_decay, 0.0), tl.trans(y), input_precision=PREC)
-    tl.debug_barrier()  # G's rows are read back below by other threads of this program
-    # diagonal 16-step blocks, exactly: column j of every block at once, the pair decays e^{G_t - G_i} (t >= i)
+    return a_mat, aqk
+
+
+@triton.jit
+def _gram_diagonal(a_mat, aqk, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C: tl.constexpr,
+                   SUB: tl.constexpr, BK: tl.constexpr):
+    """The Grams' diagonal 16-step blocks added for one K block, exactly: column j of every block at once, the pair
+    decays e^{G_t - G_i} (t >= i) from rows gathered in memory (G's from ``gcum_blk``, stored before a barrier)."""
+    block = rows // SUB
     for j in range(SUB):
         col = block * SUB + j  # [C]: the column each row's block reads at this j
         live = rows >= col
-        k_col = _rows_of(k_ptr, b, c, h, T, H, K, col, cols, C)  # rows gathered from memory
-        g_col = tl.load(gcum_ptr + (blk * C * BK) + col[:, None] * BK + cols[None, :])
+        k_col = _rows_of(k_ptr, b, c, h, T, H, K, col, cols, C)
+        g_col = tl.load(gcum_blk + col[:, None] * BK + cols[None, :])
         pair = tl.exp(tl.where(live[:, None], G - g_col, float("-inf")))
         at_col = rows[None, :] == col[:, None]
         aqk += tl.where(at_col, tl.sum(q * k_col * pair, axis=1)[:, None], 0.0)
         a_mat += tl.where(at_col & (rows > col)[:, None], tl.sum(k * k_col * pair, axis=1)[:, None], 0.0)
-    a_mat = a_mat * beta[:, None]
-    # T = (I + A)^-1 by block doubling: D <- D - D L_s D, L_s the entries of A between the halves of each 2s block
-    eye = (rows[:, None] == rows[None, :]).to(tl.float32)
-    t_mat = eye
-    for level in tl.static_range(0, 6):  # s = 1, 2, 4, ..., 32
+    return a_mat, aqk
+
+
+@triton.jit
+def _inverse(a_mat, rows, PREC: tl.constexpr):
+    """T = (I + A)^-1 of a strictly lower ``[C, C]`` A by block doubling: D <- D - D L_s D, L_s the entries of A
+    between the halves of each 2s block, s = 1, 2, ..., C / 2."""
+    t_mat = (rows[:, None] == rows[None, :]).to(tl.float32)
+    for level in tl.static_range(0, 6):
         s = 1 << level
         pair_block = (rows[:, None] // (2 * s)) == (rows[None, :] // (2 * s))
         cross = pair_block & ((rows[:, None] // s) % 2 == 1) & ((rows[None, :] // s) % 2 == 0)
         l_s = tl.where(cross, a_mat, 0.0)
         t_mat = t_mat - tl.dot(tl.dot(t_mat, l_s, input_precision=PREC), t_mat, input_precision=PREC)
-    decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
-    w = tl.dot(t_mat, k * decayed * beta[:, None], input_precision=PREC)
+    return t_mat
+
+
+@triton.jit
+def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
+                    qg_ptr, gam_ptr, T, H, K, V, NT, scale,
+                    C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
+                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr):
+    """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward's gathered rows), Aqk, T, w,
+    u~, kg, qg and gamma, each ``[B*H, N, ...]`` fp32. Two passes over K blocks of KB columns: the Grams (sums over
+    K), then the terms T maps (column blocks)."""
+    c, b, h, blk = _this_chunk(H, NT, 1)
+    rows = tl.arange(0, C)
+    beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
+    om = _scalars_of(om_ptr, b, c, h, T, H, rows, C)
+    gcum_blk = gcum_ptr + blk * C * BK
+    a_mat = tl.zeros([C, C], dtype=tl.float32)
+    aqk = tl.zeros([C, C], dtype=tl.float32)
+    for k0 in range(0, K, KB):
+        cols = k0 + tl.arange(0, KB)
+        q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
+        k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
+        G = tl.cumsum(tl.maximum(_rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C), LOG_ZERO), axis=0)  # -inf: 0
+        tl.store(gcum_blk + rows[:, None] * BK + cols[None, :], G)
+        a_mat, aqk = _gram_block(a_mat, aqk, q, k, G, rows, C, SUB, PREC)
+        tl.debug_barrier()  # G's rows are read back by other threads of this program
+        a_mat, aqk = _gram_diagonal(a_mat, aqk, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C, SUB, BK)
+    t_mat = _inverse(a_mat * beta[:, None], rows, PREC)
     out_rows = (blk * C + rows)[:, None]
-    tl.store(w_ptr + out_rows * K + cols[None, :], w, mask=kmask)
-    tl.store(kg_ptr + out_rows * K + cols[None, :], kg, mask=kmask)
-    tl.store(qg_ptr + out_rows * K + cols[None, :], qg, mask=kmask)
-    tl.store(gam_ptr + blk * K + cols[None, :], tl.exp(last), mask=kmask)
     tl.store(aqk_ptr + out_rows * C + rows[None, :], scale * aqk)
     tl.store(tm_ptr + out_rows * C + rows[None, :], t_mat)
+    for k0 in range(0, K, KB):
+        cols = k0 + tl.arange(0, KB)
+        kmask = (cols < K)[None, :]
+        q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
+        k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
+        G = tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
+        decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
+        w = tl.dot(t_mat, k * decayed * beta[:, None], input_precision=PREC)
+        tl.store(w_ptr + out_rows * K + cols[None, :], w, mask=kmask)
+        tl.store(kg_ptr + out_rows * K + cols[None, :], kg, mask=kmask)
+        tl.store(qg_ptr + out_rows * K + cols[None, :], qg, mask=kmask)
+        tl.store(gam_ptr + blk * K + cols[None, :], tl.exp(last), mask=kmask)
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
         vals = _rows_of(v_ptr, b, c, h, T, H, V, rows, vcols, C) * om[:, None]
@@ -244,15 +277,16 @@ def _check(q, k, v, beta, g, write, initial_state):
 
 def _settings(q: torch.Tensor, dk: int, dv: int, precision: Optional[str]) -> dict:
     """Tiles and operand precision of a call (ValueError for a K over one tile or an unknown precision). tf32 is the
-    default above K = 64: there tf32x3's backward chunk kernel takes 224 of sm_90a's 227 KB of shared memory."""
+    GPU's default (bf16 parity 4e-3 on the H200): with tf32x3 the backward chunk kernel at K = 64 needs 340 KB of
+    shared memory, more than sm_90a's 227."""
     if dk > MAX_HEAD_DIM:
         raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
     bk = max(16, next_power_of_2(dk))
-    precision = precision or (("tf32x3" if bk <= 64 else "tf32") if q.is_cuda else "ieee")
+    precision = precision or ("tf32" if q.is_cuda else "ieee")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     bv = max(16, min(LAUNCH["BV"][64 if bk <= 64 else 128], next_power_of_2(dv)))  # S's loads within shared memory
-    return dict(BK=bk, BV=bv, PREC=precision)
+    return dict(BK=bk, BV=bv, KB=min(bk, LAUNCH["KB"][64 if bk <= 64 else 128]), PREC=precision)
 
 
 def _forward(q, k, v, beta, g, write, scale: float, initial_state, cfg: dict) -> Tuple[torch.Tensor, dict]:
@@ -271,7 +305,8 @@ def _forward(q, k, v, beta, g, write, scale: float, initial_state, cfg: dict) ->
     z.update((name, torch.empty(bh, n_chunks, CHUNK, dk, **f32)) for name in ("w", "kg", "qg"))
     _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], z["u"], z["kg"],
                                     z["qg"], z["gamma"], seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB,
-                                    BK=bk, BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, **_launch("P", bk))
+                                    BK=bk, KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
+                                    **_launch("P", bk))
     h0 = initial_state.contiguous() if initial_state is not None else z["final"]
     _state_kernel[(cdiv(dv, bv), bh)](z["w"], z["u"], z["kg"], z["gamma"], h0, z["h"], z["new"], z["final"], dk, dv,
                                       n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=prec,
@@ -321,17 +356,17 @@ def _state_bwd_kernel(do_ptr, aqk_ptr, kg_ptr, qg_ptr, w_ptr, gam_ptr, dht_ptr, 
 
 @triton.jit
 def _gram_vjps(m_a, m_a_col, m_q, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H, K, cols, C: tl.constexpr,
-               SUB: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+               SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, PREC: tl.constexpr):
     """The VJPs of the two Grams P_A[t, i] = sum_c k_tc k_ic e^{G_tc - G_ic} (i < t) and P_q[t, i] = sum_c q_tc k_ic
-    e^{G_tc - G_ic} (i <= t), which share their columns (k) and decays: ``(row_a, row_q, col)`` ``[C, BK]`` with
+    e^{G_tc - G_ic} (i <= t), which share their columns (k) and decays: ``(row_a, row_q, col)`` ``[C, KB]`` with
     row_a_t = sum_i m_a[t, i] k_i e^{G_t - G_i}, row_q likewise with m_q, and col_i = sum_t (m_a_col[t, i] k_t +
-    m_q[t, i] q_t) e^{G_t - G_i} (the column sides summed: both land on dk). m_a is zero on and above the diagonal
+    m_q[t, i] q_t) e^{G_t - G_i} (the column sides summed: both land on dk), for the K block ``cols``. m_a is zero on and above the diagonal
     (P_A is strict), so one pair decay serves both. Off the diagonal 16-step blocks through each row block's first G
     (both factors <= 1), on them exactly, one column at a time from rows gathered in memory."""
     block = rows // SUB
-    row_a = tl.zeros([C, BK], dtype=tl.float32)
-    row_q = tl.zeros([C, BK], dtype=tl.float32)
-    col = tl.zeros([C, BK], dtype=tl.float32)
+    row_a = tl.zeros([C, KB], dtype=tl.float32)
+    row_q = tl.zeros([C, KB], dtype=tl.float32)
+    col = tl.zeros([C, KB], dtype=tl.float32)
     for n in tl.static_range(1, C // SUB):
         r = tl.sum(tl.where((rows == n * SUB)[:, None], G, 0.0), axis=0)[None, :]
         earlier = (rows < n * SUB)[:, None]
@@ -352,82 +387,112 @@ def _gram_vjps(m_a, m_a_col, m_q, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H,
         row_a += tl.sum(tl.where(picks, m_a, 0.0), axis=1)[:, None] * k_at * pair
         row_q += tl.sum(tl.where(picks, m_q, 0.0), axis=1)[:, None] * k_at * pair
         into = (tl.sum(tl.where(picks, m_a_col, 0.0), axis=1)[:, None] * k
-                + tl.sum(tl.where(picks, m_q, 0.0), axis=1)[:, None] * q) * pair  # [C, BK], summed per block
-        per_block = tl.sum(tl.reshape(into, [C // SUB, SUB, BK]), axis=1)  # [C / 16, BK]
-        spread = tl.reshape(tl.broadcast_to(per_block[:, None, :], [C // SUB, SUB, BK]), [C, BK])
+                + tl.sum(tl.where(picks, m_q, 0.0), axis=1)[:, None] * q) * pair  # [C, KB], summed per block
+        per_block = tl.sum(tl.reshape(into, [C // SUB, SUB, KB]), axis=1)  # [C / 16, KB]
+        spread = tl.reshape(tl.broadcast_to(per_block[:, None, :], [C // SUB, SUB, KB]), [C, KB])
         col += tl.where(((rows % SUB) == j)[:, None], spread, 0.0)
     return row_a, row_q, col
 
 
 @triton.jit
+def _state_block(ptr, K, V, k0, v0, KB: tl.constexpr, BV: tl.constexpr):
+    """``[KB, BV]`` fp32: rows ``k0 + arange(KB)``, columns ``v0 + arange(BV)`` of one ``[K, V]`` state (zeros
+    outside)."""
+    ck = k0 + tl.arange(0, KB)
+    cv = v0 + tl.arange(0, BV)
+    return tl.load(ptr + ck[:, None] * V + cv[None, :], mask=(ck < K)[:, None] & (cv < V)[None, :], other=0.0)
+
+
+@triton.jit
 def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, h_ptr,
                       new_ptr, ds_ptr, du_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
-                      scale, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      LOG_ZERO: tl.constexpr, PREC: tl.constexpr):
-    """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12): the
-    products with the state, dT, dA = -(T^T dT T^T), the Gram VJPs, and dg as the chunk's reverse cumsum of dG."""
+                      scale, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr,
+                      BV: tl.constexpr, LOG_ZERO: tl.constexpr, PREC: tl.constexpr):
+    """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12), in three
+    passes that keep at most ``[C, KB]`` column blocks live: over V, the products without the state (dAqk, dT's
+    value side, dv, d omega); over K, dT's key side -dU S_0^T (beta k e^G)^T, which completes dT and so
+    dA = -(T^T dT T^T); over K again, each block's products with the state (dqg, dw, dkg, dgamma, dw recomputed),
+    the Gram VJPs, and dq, dk, dg (the chunk's reverse cumsum of dG) and dbeta's share."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
-    cols = tl.arange(0, BK)
-    kmask = (cols < K)[None, :]
-    q, k, g_raw, beta, om = _chunk_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, om_ptr, b, c, h, T, H, K, rows, cols, C)
+    beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
+    om = _scalars_of(om_ptr, b, c, h, T, H, rows, C)
     gcum_blk = gcum_ptr + blk * C * BK
-    G = tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
+    h_blk = h_ptr + blk * K * V
+    ds_blk = ds_ptr + blk * K * V
     chunk_rows = (blk * C + rows)[:, None]
     t_mat = tl.load(tm_ptr + chunk_rows * C + rows[None, :])
-    decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
-    d_qg = tl.zeros([C, BK], dtype=tl.float32)
-    d_aqk = tl.zeros([C, C], dtype=tl.float32)
-    d_w = tl.zeros([C, BK], dtype=tl.float32)
-    d_kg = tl.zeros([C, BK], dtype=tl.float32)
-    d_gam = tl.zeros([BK], dtype=tl.float32)
-    d_t = tl.zeros([C, C], dtype=tl.float32)
-    d_om = tl.zeros([C], dtype=tl.float32)
     t_rows = c * C + rows
     valid = t_rows < T
     io_rows = ((b * T + t_rows) * H + h).to(tl.int64)[:, None]
+    d_aqk = tl.zeros([C, C], dtype=tl.float32)
+    d_t = tl.zeros([C, C], dtype=tl.float32)
+    d_om = tl.zeros([C], dtype=tl.float32)
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
-        vmask = (cv < V)[None, :]
-        s0 = _state_tile(h_ptr + blk * K * V, 0, K, V, v0 // BV, BK, BV, True)[0]
-        ds = _state_tile(ds_ptr + blk * K * V, 0, K, V, v0 // BV, BK, BV, True)[0]
         u = _chunk_tile(new_ptr, chunk_rows, cv, V)
         du = _chunk_tile(du_ptr, chunk_rows, cv, V)
         do = _rows_of(do_ptr, b, c, h, T, H, V, rows, cv, C)
         vals = _rows_of(v_ptr, b, c, h, T, H, V, rows, cv, C)
-        d_qg += tl.dot(do, tl.trans(s0), input_precision=PREC)
         d_aqk += tl.dot(do, tl.trans(u), input_precision=PREC)
-        d_w -= tl.dot(du, tl.trans(s0), input_precision=PREC)
-        d_kg += tl.dot(u, tl.trans(ds), input_precision=PREC)
-        d_gam += tl.sum(ds * s0, axis=1)
         d_t += tl.dot(du, tl.trans(vals * om[:, None]), input_precision=PREC)
         t_du = tl.dot(tl.trans(t_mat), du, input_precision=PREC)  # d(omega v)
         tl.store(dv_ptr + io_rows * V + cv[None, :], (om[:, None] * t_du).to(dv_ptr.dtype.element_ty),
-                 mask=valid[:, None] & vmask)
+                 mask=valid[:, None] & (cv < V)[None, :])
         d_om += tl.sum(vals * t_du, axis=1)
-    bke = beta[:, None] * k * decayed
-    d_t += tl.dot(d_w, tl.trans(bke), input_precision=PREC)
-    t_dw = tl.dot(tl.trans(t_mat), d_w, input_precision=PREC)  # d(beta k e^G)
+    for k0 in range(0, K, KB):
+        cols = k0 + tl.arange(0, KB)
+        d_w = tl.zeros([C, KB], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            du = _chunk_tile(du_ptr, chunk_rows, v0 + tl.arange(0, BV), V)
+            d_w -= tl.dot(du, tl.trans(_state_block(h_blk, K, V, k0, v0, KB, BV)), input_precision=PREC)
+        k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
+        G = tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
+        d_t += tl.dot(d_w, tl.trans(beta[:, None] * k * tl.exp(G)), input_precision=PREC)
     d_a = -tl.dot(tl.dot(tl.trans(t_mat), d_t, input_precision=PREC), tl.trans(t_mat), input_precision=PREC)
     d_a = tl.where(rows[:, None] > rows[None, :], d_a, 0.0)
     d_p = tl.where(rows[:, None] >= rows[None, :], d_aqk * scale, 0.0)
-    # A = beta_t P_A, Aqk = scale P_q: their cotangents on the unscaled Grams (d_a is strictly lower)
-    row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H, K,
-                                     cols, C, SUB, BK, PREC)
-    dq = row_q + scale * d_qg * decayed
-    dk = beta[:, None] * row_a + col_k + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
-    dbeta = tl.sum(k * row_a, axis=1) + tl.sum(k * decayed * t_dw, axis=1)
-    d_big = beta[:, None] * k * row_a + q * row_q - k * col_k + d_qg * qg + bke * t_dw - d_kg * kg
-    d_last = tl.sum(d_kg * kg, axis=0) + d_gam * tl.reshape(tl.exp(last), [BK])  # G_C: kg's and gamma = e^{G_C}'s
-    d_big += tl.where((rows == C - 1)[:, None], d_last[None, :], 0.0)
-    dg = tl.cumsum(d_big, axis=0, reverse=True)
-    dg = tl.where(g_raw >= LOG_ZERO, dg, 0.0)  # below the floor exp(g) is 0 whatever g: no gradient
-    out_mask = valid[:, None] & kmask
-    tl.store(dq_ptr + io_rows * K + cols[None, :], dq.to(dq_ptr.dtype.element_ty), mask=out_mask)
-    tl.store(dk_ptr + io_rows * K + cols[None, :], dk.to(dk_ptr.dtype.element_ty), mask=out_mask)
-    tl.store(dg_ptr + io_rows * K + cols[None, :], dg.to(dg_ptr.dtype.element_ty), mask=out_mask)
+    d_beta = tl.zeros([C], dtype=tl.float32)
+    for k0 in range(0, K, KB):
+        cols = k0 + tl.arange(0, KB)
+        q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
+        k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
+        g_raw = _rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C)
+        G = tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
+        decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
+        d_qg = tl.zeros([C, KB], dtype=tl.float32)
+        d_w = tl.zeros([C, KB], dtype=tl.float32)
+        d_kg = tl.zeros([C, KB], dtype=tl.float32)
+        d_gam = tl.zeros([KB], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            cv = v0 + tl.arange(0, BV)
+            s0 = _state_block(h_blk, K, V, k0, v0, KB, BV)
+            ds = _state_block(ds_blk, K, V, k0, v0, KB, BV)
+            do = _rows_of(do_ptr, b, c, h, T, H, V, rows, cv, C)
+            du = _chunk_tile(du_ptr, chunk_rows, cv, V)
+            d_qg += tl.dot(do, tl.trans(s0), input_precision=PREC)
+            d_w -= tl.dot(du, tl.trans(s0), input_precision=PREC)
+            d_kg += tl.dot(_chunk_tile(new_ptr, chunk_rows, cv, V), tl.trans(ds), input_precision=PREC)
+            d_gam += tl.sum(ds * s0, axis=1)
+        bke = beta[:, None] * k * decayed
+        t_dw = tl.dot(tl.trans(t_mat), d_w, input_precision=PREC)  # d(beta k e^G)
+        # A = beta_t P_A, Aqk = scale P_q: their cotangents on the unscaled Grams (d_a is strictly lower)
+        row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T,
+                                         H, K, cols, C, SUB, BK, KB, PREC)
+        dq = row_q + scale * d_qg * decayed
+        dk = beta[:, None] * row_a + col_k + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
+        d_beta += tl.sum(k * row_a, axis=1) + tl.sum(k * decayed * t_dw, axis=1)
+        d_big = beta[:, None] * k * row_a + q * row_q - k * col_k + d_qg * qg + bke * t_dw - d_kg * kg
+        d_last = tl.sum(d_kg * kg, axis=0) + d_gam * tl.reshape(tl.exp(last), [KB])  # G_C: kg's and gamma's
+        d_big += tl.where((rows == C - 1)[:, None], d_last[None, :], 0.0)
+        dg = tl.cumsum(d_big, axis=0, reverse=True)
+        dg = tl.where(g_raw >= LOG_ZERO, dg, 0.0)  # below the floor exp(g) is 0 whatever g: no gradient
+        out_mask = valid[:, None] & (cols < K)[None, :]
+        tl.store(dq_ptr + io_rows * K + cols[None, :], dq.to(dq_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(dk_ptr + io_rows * K + cols[None, :], dk.to(dk_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(dg_ptr + io_rows * K + cols[None, :], dg.to(dg_ptr.dtype.element_ty), mask=out_mask)
     scalar_rows = ((b * T + t_rows) * H + h).to(tl.int64)
-    tl.store(dbeta_ptr + scalar_rows, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
+    tl.store(dbeta_ptr + scalar_rows, d_beta.to(dbeta_ptr.dtype.element_ty), mask=valid)
     tl.store(dom_ptr + scalar_rows, d_om.to(dom_ptr.dtype.element_ty), mask=valid)
 
 
@@ -451,7 +516,7 @@ def _backward(do, dht, q, k, v, beta, g, write, scale: float, z: dict, has_h0: b
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
                                       ds, du, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB, BK=bk,
-                                      BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, **_launch("dC", bk))
+                                      KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, **_launch("dC", bk))
     return (*grads, dh0.view(batch, heads, dk, dv) if has_h0 else None)
 
 
@@ -485,10 +550,9 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
 
     Args: q, k, g ``[B, T, H, K]`` (k unit rows, g <= 0), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
         initial_state ``[B, H, K, V]`` or None; ``precision``: every product's fp32 operands as :data:`PRECISIONS`
-        names them (``tl.dot``'s ``input_precision``; None: on CUDA tf32x3 up to K = 64 and tf32 above, exact under
-        the interpreter); ``reverse``: the scan from the last step to the first (on time-flipped copies of the
-        inputs, for now). Returns ``(o [B, T, H,
-        V]`` in q's dtype, the final state ``[B, H, K, V]`` (fp32; float64 for float64 inputs on the CPU form) or
+        names them (``tl.dot``'s ``input_precision``; None: tf32 on CUDA, exact under the interpreter);
+        ``reverse``: the scan from the last step to the first (on time-flipped copies of the inputs, for now).
+        Returns ``(o [B, T, H, V]`` in q's dtype, the final state ``[B, H, K, V]`` (fp32; float64 for float64 inputs on the CPU form) or
         None).
     """
     _check(q, k, v, beta, g, write, initial_state)

@@ -69,6 +69,8 @@ SMALL = [  # (name, problem kwargs): lengths around the 64-step chunk, batch 1, 
     ("T130_gates-20_resets_beta_ends", dict(batch=2, seq_len=130, heads=1, dk=16, dv=20, g_min=-20.0, resets=0.05,
                                             beta_ends=True)),
     ("T65_no_write", dict(batch=1, seq_len=65, heads=2, dk=16, dv=8, write="zeros")),
+    # K = 48: two 32-column blocks in the chunk kernels, the second half past K
+    ("T70_d48_gates-20", dict(batch=1, seq_len=70, heads=1, dk=48, dv=24, g_min=-20.0)),
 ]
 LARGE = [("T300_d64", dict(batch=2, seq_len=300, heads=3, dk=64, dv=64, g_min=-20.0, beta_ends=True)),
          ("T200_d128", dict(batch=1, seq_len=200, heads=2, dk=128, dv=128))]
