@@ -108,21 +108,37 @@ def _gram_block(a_mat, aqk, q, k, G, rows, C: tl.constexpr, SUB: tl.constexpr, P
 
 
 @triton.jit
-def _gram_diagonal(a_mat, aqk, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C: tl.constexpr,
-                   SUB: tl.constexpr, BK: tl.constexpr):
-    """The Grams' diagonal 16-step blocks added for one K block, exactly: column j of every block at once, the pair
-    decays e^{G_t - G_i} (t >= i) from rows gathered in memory (G's from ``gcum_blk``, stored before a barrier)."""
+def _gram_band(band_a, band_q, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C: tl.constexpr,
+               SUB: tl.constexpr, BK: tl.constexpr):
+    """The Grams' diagonal 16-step blocks added for one K block, exactly, as bands ``[C, SUB]``: ``band[t, j]`` is
+    the entry of row t and column (t's block) * 16 + j, with the pair decays e^{G_t - G_i} (t >= i) from the rows
+    gathered in memory (G's from ``gcum_blk``, stored before a barrier). Each j's row sums land in band column j,
+    so no [C, C] tile is touched in the loop."""
     block = rows // SUB
+    band_cols = tl.arange(0, SUB)[None, :]
     for j in range(SUB):
-        col = block * SUB + j  # [C]: the column each row's block reads at this j
-        live = rows >= col
-        k_col = _rows_of(k_ptr, b, c, h, T, H, K, col, cols, C)
-        g_col = tl.load(gcum_blk + col[:, None] * BK + cols[None, :])
-        pair = tl.exp(tl.where(live[:, None], G - g_col, float("-inf")))
-        at_col = rows[None, :] == col[:, None]
-        aqk += tl.where(at_col, tl.sum(q * k_col * pair, axis=1)[:, None], 0.0)
-        a_mat += tl.where(at_col & (rows > col)[:, None], tl.sum(k * k_col * pair, axis=1)[:, None], 0.0)
-    return a_mat, aqk
+        at = block * SUB + j  # [C]: the column each row's block reads at this j
+        k_at = _rows_of(k_ptr, b, c, h, T, H, K, at, cols, C)
+        g_at = tl.load(gcum_blk + at[:, None] * BK + cols[None, :])
+        pair = tl.exp(tl.where((rows >= at)[:, None], G - g_at, float("-inf")))
+        band_q += tl.where(band_cols == j, tl.sum(q * k_at * pair, axis=1)[:, None], 0.0)
+        band_a += tl.where(band_cols == j, tl.sum(k * k_at * pair, axis=1)[:, None], 0.0)
+    return band_a, band_q
+
+
+@triton.jit
+def _add_band(tile, band, scratch, rows, C: tl.constexpr, SUB: tl.constexpr, STRICT: tl.constexpr):
+    """``tile [C, C]`` plus a band (:func:`_gram_band`) placed on its diagonal 16 x 16 blocks (lower triangle; below
+    the diagonal only if STRICT), through the chunk's ``[C, C]`` ``scratch`` in memory (the band's entries written,
+    then the blocks read back as a tile)."""
+    band_at = (rows // SUB * SUB)[:, None] + tl.arange(0, SUB)[None, :]
+    tl.store(scratch + rows[:, None] * C + band_at, band)
+    tl.debug_barrier()
+    lower = (rows[:, None] > rows[None, :]) if STRICT else (rows[:, None] >= rows[None, :])
+    same_block = (rows[:, None] // SUB) == (rows[None, :] // SUB)
+    tile += tl.load(scratch + rows[:, None] * C + rows[None, :], mask=same_block & lower, other=0.0)
+    tl.debug_barrier()  # read before the scratch is written again
+    return tile
 
 
 @triton.jit
@@ -154,6 +170,8 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
     gcum_blk = gcum_ptr + blk * C * BK
     a_mat = tl.zeros([C, C], dtype=tl.float32)
     aqk = tl.zeros([C, C], dtype=tl.float32)
+    band_a = tl.zeros([C, SUB], dtype=tl.float32)
+    band_q = tl.zeros([C, SUB], dtype=tl.float32)
     for k0 in range(0, K, KB):
         cols = k0 + tl.arange(0, KB)
         q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
@@ -162,9 +180,13 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
         tl.store(gcum_blk + rows[:, None] * BK + cols[None, :], G)
         a_mat, aqk = _gram_block(a_mat, aqk, q, k, G, rows, C, SUB, PREC)
         tl.debug_barrier()  # G's rows are read back by other threads of this program
-        a_mat, aqk = _gram_diagonal(a_mat, aqk, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C, SUB, BK)
-    t_mat = _inverse(a_mat * beta[:, None], rows, PREC)
+        band_a, band_q = _gram_band(band_a, band_q, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C, SUB,
+                                    BK)
     out_rows = (blk * C + rows)[:, None]
+    chunk_tile = aqk_ptr + blk * C * C  # the [C, C] outputs double as the bands' scratch before they are written
+    aqk = _add_band(aqk, band_q, chunk_tile, rows, C, SUB, False)
+    a_mat = _add_band(a_mat, band_a, chunk_tile, rows, C, SUB, True)
+    t_mat = _inverse(a_mat * beta[:, None], rows, PREC)
     tl.store(aqk_ptr + out_rows * C + rows[None, :], scale * aqk)
     tl.store(tm_ptr + out_rows * C + rows[None, :], t_mat)
     for k0 in range(0, K, KB):
@@ -355,14 +377,17 @@ def _state_bwd_kernel(do_ptr, aqk_ptr, kg_ptr, qg_ptr, w_ptr, gam_ptr, dht_ptr, 
 
 
 @triton.jit
-def _gram_vjps(m_a, m_a_col, m_q, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H, K, cols, C: tl.constexpr,
-               SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, PREC: tl.constexpr):
+def _gram_vjps(m_a, m_a_col, m_q, m_a_blk, m_q_blk, beta_ptr, k, q, rows, G, q_ptr, k_ptr, gcum_blk, b, c, h, T, H,
+               K, cols, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr,
+               PREC: tl.constexpr):
     """The VJPs of the two Grams P_A[t, i] = sum_c k_tc k_ic e^{G_tc - G_ic} (i < t) and P_q[t, i] = sum_c q_tc k_ic
     e^{G_tc - G_ic} (i <= t), which share their columns (k) and decays: ``(row_a, row_q, col)`` ``[C, KB]`` with
     row_a_t = sum_i m_a[t, i] k_i e^{G_t - G_i}, row_q likewise with m_q, and col_i = sum_t (m_a_col[t, i] k_t +
-    m_q[t, i] q_t) e^{G_t - G_i} (the column sides summed: both land on dk), for the K block ``cols``. m_a is zero on and above the diagonal
-    (P_A is strict), so one pair decay serves both. Off the diagonal 16-step blocks through each row block's first G
-    (both factors <= 1), on them exactly, one column at a time from rows gathered in memory."""
+    m_q[t, i] q_t) e^{G_t - G_i} (the column sides summed: both land on dk), for the K block ``cols``; m_a_col is
+    m_a with rows times beta. Off the diagonal 16-step blocks through each row block's first G (both factors <= 1),
+    from the cotangents in registers; on them exactly, one offset j in the block at a time, from rows gathered in
+    memory and the cotangents' entries read from their copies ``m_a_blk``, ``m_q_blk`` (``[C, C]``, stored before
+    a barrier): every term lands on its own row, so the loop reduces nothing across rows."""
     block = rows // SUB
     row_a = tl.zeros([C, KB], dtype=tl.float32)
     row_q = tl.zeros([C, KB], dtype=tl.float32)
@@ -379,18 +404,19 @@ def _gram_vjps(m_a, m_a_col, m_q, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T, H,
             + tl.dot(tl.trans(tl.where(to_earlier, m_q, 0.0)), q * x_decay, input_precision=PREC)
         col += tl.where(earlier, cols_n * tl.exp(tl.minimum(r - G, 0.0)), 0.0)
     for j in range(SUB):
-        at = block * SUB + j  # [C]: the column each row's block reads at this j
+        # [C]: the step each row meets in its block at this j; as the column of row t's entries (i = at <= t), and
+        # as the row whose entries reach column i = rows (t = at >= i)
+        at = block * SUB + j
         k_at = _rows_of(k_ptr, b, c, h, T, H, K, at, cols, C)
+        q_at = _rows_of(q_ptr, b, c, h, T, H, K, at, cols, C)
         g_at = tl.load(gcum_blk + at[:, None] * BK + cols[None, :])
-        pair = tl.exp(tl.where((rows >= at)[:, None], G - g_at, float("-inf")))
-        picks = rows[None, :] == at[:, None]
-        row_a += tl.sum(tl.where(picks, m_a, 0.0), axis=1)[:, None] * k_at * pair
-        row_q += tl.sum(tl.where(picks, m_q, 0.0), axis=1)[:, None] * k_at * pair
-        into = (tl.sum(tl.where(picks, m_a_col, 0.0), axis=1)[:, None] * k
-                + tl.sum(tl.where(picks, m_q, 0.0), axis=1)[:, None] * q) * pair  # [C, KB], summed per block
-        per_block = tl.sum(tl.reshape(into, [C // SUB, SUB, KB]), axis=1)  # [C / 16, KB]
-        spread = tl.reshape(tl.broadcast_to(per_block[:, None, :], [C // SUB, SUB, KB]), [C, KB])
-        col += tl.where(((rows % SUB) == j)[:, None], spread, 0.0)
+        to_at = tl.exp(tl.where((rows >= at)[:, None], G - g_at, float("-inf")))  # e^{G_t - G_at}
+        from_at = tl.exp(tl.where((at >= rows)[:, None], g_at - G, float("-inf")))  # e^{G_at - G_i}
+        row_a += tl.load(m_a_blk + rows * C + at)[:, None] * k_at * to_at
+        row_q += tl.load(m_q_blk + rows * C + at)[:, None] * k_at * to_at
+        beta_at = _scalars_of(beta_ptr, b, c, h, T, H, at, C)
+        col += (tl.load(m_a_blk + at * C + rows)[:, None] * beta_at[:, None] * k_at
+                + tl.load(m_q_blk + at * C + rows)[:, None] * q_at) * from_at
     return row_a, row_q, col
 
 
@@ -405,7 +431,7 @@ def _state_block(ptr, K, V, k0, v0, KB: tl.constexpr, BV: tl.constexpr):
 
 @triton.jit
 def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, h_ptr,
-                      new_ptr, ds_ptr, du_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
+                      new_ptr, ds_ptr, du_ptr, dgram_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
                       scale, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr,
                       BV: tl.constexpr, LOG_ZERO: tl.constexpr, PREC: tl.constexpr):
     """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12), in three
@@ -452,6 +478,11 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
     d_a = -tl.dot(tl.dot(tl.trans(t_mat), d_t, input_precision=PREC), tl.trans(t_mat), input_precision=PREC)
     d_a = tl.where(rows[:, None] > rows[None, :], d_a, 0.0)
     d_p = tl.where(rows[:, None] >= rows[None, :], d_aqk * scale, 0.0)
+    m_a_blk = dgram_ptr + blk * 2 * C * C
+    m_q_blk = m_a_blk + C * C
+    tl.store(m_a_blk + rows[:, None] * C + rows[None, :], d_a)
+    tl.store(m_q_blk + rows[:, None] * C + rows[None, :], d_p)
+    tl.debug_barrier()  # their entries are read back by other threads (the Gram VJPs' diagonal blocks)
     d_beta = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, K, KB):
         cols = k0 + tl.arange(0, KB)
@@ -477,8 +508,8 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         bke = beta[:, None] * k * decayed
         t_dw = tl.dot(tl.trans(t_mat), d_w, input_precision=PREC)  # d(beta k e^G)
         # A = beta_t P_A, Aqk = scale P_q: their cotangents on the unscaled Grams (d_a is strictly lower)
-        row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, k, q, rows, G, k_ptr, gcum_blk, b, c, h, T,
-                                         H, K, cols, C, SUB, BK, KB, PREC)
+        row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, m_a_blk, m_q_blk, beta_ptr, k, q, rows, G,
+                                         q_ptr, k_ptr, gcum_blk, b, c, h, T, H, K, cols, C, SUB, BK, KB, PREC)
         dq = row_q + scale * d_qg * decayed
         dk = beta[:, None] * row_a + col_k + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
         d_beta += tl.sum(k * row_a, axis=1) + tl.sum(k * decayed * t_dw, axis=1)
@@ -514,8 +545,9 @@ def _backward(do, dht, q, k, v, beta, g, write, scale: float, z: dict, has_h0: b
                                           dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_DHT=dht is not None, PREC=prec,
                                           **_launch("dS", bk))
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
+    dgram = torch.empty(bh, n_chunks, 2, CHUNK, CHUNK, **f32)  # dC's copies of dA and dAqk (its scratch)
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
-                                      ds, du, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB, BK=bk,
+                                      ds, du, dgram, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB, BK=bk,
                                       KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, **_launch("dC", bk))
     return (*grads, dh0.view(batch, heads, dk, dv) if has_h0 else None)
 
