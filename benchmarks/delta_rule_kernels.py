@@ -79,6 +79,7 @@ def main():
     parser.add_argument("--shapes", default="lm,hires")
     parser.add_argument("--precision", default="tf32")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--no-fla", action="store_true", help="leave fla's chunk_kda out (its autotuning takes minutes)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     result = {**provenance(torch.cuda.get_device_name()), "dtype": "bfloat16", "precision": args.precision,
@@ -89,11 +90,12 @@ def main():
         inputs = make_inputs(*SHAPES[shape], torch.bfloat16, "cuda")
         runs = result["shapes"].setdefault(shape, {"bthd": list(SHAPES[shape])})
         try:
-            import fla  # noqa: F401
-            runs["fla_kda"] = measure(fla_kda, inputs)
+            if not args.no_fla:
+                import fla  # noqa: F401
+                runs["fla_kda"] = measure(fla_kda, inputs)
+                print(shape, "fla_kda", json.dumps(runs["fla_kda"]), flush=True)
         except ImportError:
             pass
-        print(shape, "fla_kda", json.dumps(runs.get("fla_kda")), flush=True)
         for name in args.variants.split(","):
             delta_chunk.LAUNCH = with_launch(VARIANTS[name])
             runs[name] = measure(delta_kda(args.precision), inputs)
