@@ -229,6 +229,33 @@ def render_delta_rule(name: str) -> str:
     return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{timing}\n\n{errors}\n"
 
 
+DELTA_KERNELS = {"_prepare_kernel": "P", "_state_kernel": "S", "_output_kernel": "O", "_state_bwd_kernel": "dS",
+                 "_chunk_bwd_kernel": "dC"}
+
+
+def render_delta_kernels(name: str) -> str:
+    """The delta rule at KDA's shape per launch setting (``benchmarks.delta_rule_kernels``): fwd+bwd ms and µs per
+    kernel, and fla's chunk_kda (its total and its three costliest kernels) where the run timed it."""
+    result = load(name)
+    rows = []
+    for shape, runs in result["shapes"].items():
+        for variant, run in runs.items():
+            if variant == "bthd":
+                continue
+            if "failed" in run:
+                rows.append([shape, variant, "failed", "", run["failed"][:60]])
+                continue
+            us = run["kernel_us"]
+            if variant == "fla_kda":
+                top = sorted(us.items(), key=lambda kv: -kv[1])[:3]
+                detail = ", ".join(f"{k[:32]} {v:.0f}" for k, v in top)
+            else:
+                detail = ", ".join(f"{label} {us.get(kernel, 0):.0f}" for kernel, label in DELTA_KERNELS.items())
+            rows.append([shape, variant, ms(run["fwd_bwd_ms"]), f"{sum(us.values()):.0f}", detail])
+    table = markdown(["shape", "variant", "fwd+bwd ms", "kernels µs", "µs per kernel"], rows)
+    return f"{provenance(name, result)}, {result.get('dtype', '')}, precision {result.get('precision', '')}\n\n{table}\n"
+
+
 def render_index(_: str) -> str:
     """Every result JSON with its device, date and commit."""
     rows = []
@@ -243,7 +270,8 @@ def render_index(_: str) -> str:
 RENDERERS: dict[str, Callable[[str], str]] = {
     "index": render_index, "kernels": render_kernels, "fla_seed": render_fla_seed, "models": render_models,
     "loglinear": render_loglinear, "train_throughput": render_train_throughput,
-    "kernel_stages_aot": render_kernel_stages_aot, "aot": render_kernel_stages_aot, "delta_rule": render_delta_rule,
+    "kernel_stages_aot": render_kernel_stages_aot, "aot": render_kernel_stages_aot,
+    "delta_kernels": render_delta_kernels, "delta_rule": render_delta_rule,  # delta_kernels_*/delta_rule_kernels_*
 }
 
 

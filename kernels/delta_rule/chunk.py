@@ -36,13 +36,13 @@ MAX_HEAD_DIM = 128
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 # each kernel's launch settings by head-dim tile (BK <= 64, BK = 128): warps, pipeline stages and the V block (BV)
 LAUNCH = {
-    "P": {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)},
+    "P": {64: dict(num_warps=4, num_stages=1), 128: dict(num_warps=4, num_stages=1)},
     "S": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=2)},
     "O": {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=4, num_stages=3)},
     "dS": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=1)},
     "dC": {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)},
     "BV": {64: 64, 128: 32},
-    "KB": {64: 32, 128: 32},  # the K block of the chunk kernels (P, dC)
+    "KB": {64: 32, 128: 64},  # the K block of the chunk kernels (P, dC)
 }
 
 
