@@ -23,6 +23,7 @@ from tools.provenance import provenance
 # name -> {kernel: {bk: settings}} overrides of chunk.LAUNCH (BV: {bk: block})
 VARIANTS = {
     "base": {},
+    "band": {"diagonal": {64: "band", 128: "band"}},
     "warps4": {k: {64: dict(num_warps=4, num_stages=1), 128: dict(num_warps=4, num_stages=1)} for k in ("P", "dC")},
     "warps16": {k: {64: dict(num_warps=16, num_stages=1), 128: dict(num_warps=16, num_stages=1)} for k in ("P", "dC")},
     "serial_w4s3": {k: {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=4, num_stages=3)}

@@ -2,8 +2,8 @@
 :mod:`.torch_chunk`, whose names these follow).
 
     P  ``_prepare_kernel``    grid (N, B*H): G = cumsum(g) in the chunk; the Grams A (rows times beta, strictly
-                              lower) and Aqk (lower) from four products through each 16-step row block's first G (both
-                              factors <= 1) and, on the diagonal 16 x 16 blocks, exactly, one column at a time;
+                              lower) and Aqk (lower), every pair decay a product of two factors <= 1 (``LAUNCH
+                              ["diagonal"]``: :func:`_gram_levels`, or 16-step blocks and exact diagonal bands);
                               T = (I + A)^-1 by block doubling; w = T (beta k e^G), u~ = T (omega v), kg, qg, gamma.
     S  ``_state_kernel``      grid (V / BV, B*H), serial over chunks: U = u~ - w S, S <- gamma S + kg^T U; stores
                               the state entering each chunk (h) and U.
@@ -12,12 +12,12 @@
                               dS_0 = gamma dS_C + qg^T dO - w^T dU; stores dS_C and dU per chunk, and dh0.
     dC ``_chunk_bwd_kernel``  grid (N, B*H): the chunk's VJP from h, U, dS_C, dU: dqg, dAqk, dw, dkg, dgamma by
                               products with the state; dT, dA = -(T^T dT T^T); the two Gram VJPs (the forward's
-                              factoring, :func:`_gram_vjps`); dg as the chunk's reverse cumsum of dG.
+                              factoring: :func:`_gram_vjps_levels` or :func:`_gram_vjps`); dg as the chunk's
+                              reverse cumsum of dG.
 
 Every intermediate is fp32, and every product exact fp32 (``ieee``) unless ``precision`` names the tensor cores' tf32
-(:data:`PRECISIONS`; for the GPU's timing, ``benchmarks/delta_rule.py``): the layout and the numerics of the
-KDA-shaped family (benchmarks/results/NOTES.md, 2026-11-29), checked under the interpreter; 16-bit operands and the
-GPU's launch settings come with its timing. Head dims up to 128 (K in one tile).
+(:data:`PRECISIONS`; tf32 by default on the GPU). P and dC take K in blocks of KB columns; the launch settings
+(:data:`LAUNCH`) are the fastest measured on an H200 (``benchmarks/delta_rule_kernels.py``). Head dims up to 128.
 """
 from typing import Optional, Tuple
 
@@ -43,6 +43,10 @@ LAUNCH = {
     "dC": {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)},
     "BV": {64: 64, 128: 32},
     "KB": {64: 32, 128: 64},  # the K block of the chunk kernels (P, dC)
+    # the Grams' pair decays (P) and their VJPs (dC): "levels" (every pair through one doubling level's reference,
+    # products on the tensor cores) or "band" (16-step blocks and their exact diagonal blocks step by step, the form
+    # timed on the GPU so far), until one GPU run has timed both
+    "diagonal": {64: "levels", 128: "levels"},
 }
 
 
@@ -108,6 +112,34 @@ def _gram_block(a_mat, aqk, q, k, G, rows, C: tl.constexpr, SUB: tl.constexpr, P
 
 
 @triton.jit
+def _level(G, gcum_blk, rows, cols, s, BK: tl.constexpr):
+    """Level s of the pair decays' doubling (kernels/README.md §12): each 2s-step block's later half (rows t) against
+    its earlier half (columns i), through r = G at the later half's first step, one per block and row, so that
+    e^{G_t - G_i} = e^{G_t - r} e^{r - G_i} with both factors <= 1. Every pair t > i of a chunk is in exactly one
+    level's cross of s = 1, 2, ..., C / 2. Returns ``(x_decay, y_decay [C, KB], cross [C, C])``: e^{G_t - r} on the
+    later halves' rows and e^{r - G_i} on the earlier halves' (zeros elsewhere), and the pairs' mask."""
+    span = 2 * s
+    later = (rows % span) >= s
+    ref = tl.load(gcum_blk + ((rows // span) * span + s)[:, None] * BK + cols[None, :])
+    x_decay = tl.where(later[:, None], tl.exp(tl.minimum(G - ref, 0.0)), 0.0)
+    y_decay = tl.where(later[:, None], 0.0, tl.exp(tl.minimum(ref - G, 0.0)))
+    cross = ((rows[:, None] // span) == (rows[None, :] // span)) & later[:, None] & (~later)[None, :]
+    return x_decay, y_decay, cross
+
+
+@triton.jit
+def _gram_levels(a_mat, aqk, q, k, G, gcum_blk, rows, cols, BK: tl.constexpr, PREC: tl.constexpr):
+    """Both Grams for one K block by the levels of :func:`_level` (G stored in ``gcum_blk`` before a barrier):
+    every entry a product of factors <= 1, the diagonal of Aqk (pair decay 1) as q_t . k_t; no step read twice."""
+    for level in range(6):  # a loop, not unrolled: one level's operands in shared memory at a time
+        x_decay, y_decay, cross = _level(G, gcum_blk, rows, cols, 1 << level, BK)
+        y = k * y_decay
+        a_mat += tl.where(cross, tl.dot(k * x_decay, tl.trans(y), input_precision=PREC), 0.0)
+        aqk += tl.where(cross, tl.dot(q * x_decay, tl.trans(y), input_precision=PREC), 0.0)
+    return a_mat, aqk + tl.where(rows[:, None] == rows[None, :], tl.sum(q * k, axis=1)[:, None], 0.0)
+
+
+@triton.jit
 def _gram_band(band_a, band_q, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C: tl.constexpr,
                SUB: tl.constexpr, BK: tl.constexpr):
     """The Grams' diagonal 16-step blocks added for one K block, exactly, as bands ``[C, SUB]``: ``band[t, j]`` is
@@ -159,10 +191,11 @@ def _inverse(a_mat, rows, PREC: tl.constexpr):
 def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
                     qg_ptr, gam_ptr, T, H, K, V, NT, scale,
                     C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr):
+                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr):
     """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward's gathered rows), Aqk, T, w,
     u~, kg, qg and gamma, each ``[B*H, N, ...]`` fp32. Two passes over K blocks of KB columns: the Grams (sums over
-    K), then the terms T maps (column blocks)."""
+    K; the pair decays by :func:`_gram_levels` if LEVELS, else 16-step blocks and exact diagonal bands), then the
+    terms T maps (column blocks)."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
@@ -178,14 +211,18 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
         G = tl.cumsum(tl.maximum(_rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C), LOG_ZERO), axis=0)  # -inf: 0
         tl.store(gcum_blk + rows[:, None] * BK + cols[None, :], G)
-        a_mat, aqk = _gram_block(a_mat, aqk, q, k, G, rows, C, SUB, PREC)
         tl.debug_barrier()  # G's rows are read back by other threads of this program
-        band_a, band_q = _gram_band(band_a, band_q, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C, SUB,
-                                    BK)
+        if LEVELS:
+            a_mat, aqk = _gram_levels(a_mat, aqk, q, k, G, gcum_blk, rows, cols, BK, PREC)
+        else:
+            a_mat, aqk = _gram_block(a_mat, aqk, q, k, G, rows, C, SUB, PREC)
+            band_a, band_q = _gram_band(band_a, band_q, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C,
+                                        SUB, BK)
     out_rows = (blk * C + rows)[:, None]
-    chunk_tile = aqk_ptr + blk * C * C  # the [C, C] outputs double as the bands' scratch before they are written
-    aqk = _add_band(aqk, band_q, chunk_tile, rows, C, SUB, False)
-    a_mat = _add_band(a_mat, band_a, chunk_tile, rows, C, SUB, True)
+    if not LEVELS:
+        chunk_tile = aqk_ptr + blk * C * C  # the [C, C] outputs double as the bands' scratch before they are written
+        aqk = _add_band(aqk, band_q, chunk_tile, rows, C, SUB, False)
+        a_mat = _add_band(a_mat, band_a, chunk_tile, rows, C, SUB, True)
     t_mat = _inverse(a_mat * beta[:, None], rows, PREC)
     tl.store(aqk_ptr + out_rows * C + rows[None, :], scale * aqk)
     tl.store(tm_ptr + out_rows * C + rows[None, :], t_mat)
@@ -308,7 +345,9 @@ def _settings(q: torch.Tensor, dk: int, dv: int, precision: Optional[str]) -> di
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     bv = max(16, min(LAUNCH["BV"][64 if bk <= 64 else 128], next_power_of_2(dv)))  # S's loads within shared memory
-    return dict(BK=bk, BV=bv, KB=min(bk, LAUNCH["KB"][64 if bk <= 64 else 128]), PREC=precision)
+    size = 64 if bk <= 64 else 128
+    return dict(BK=bk, BV=bv, KB=min(bk, LAUNCH["KB"][size]), PREC=precision,
+                LEVELS=LAUNCH["diagonal"][size] == "levels")
 
 
 def _forward(q, k, v, beta, g, write, scale: float, initial_state, cfg: dict) -> Tuple[torch.Tensor, dict]:
@@ -328,7 +367,7 @@ def _forward(q, k, v, beta, g, write, scale: float, initial_state, cfg: dict) ->
     _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], z["u"], z["kg"],
                                     z["qg"], z["gamma"], seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB,
                                     BK=bk, KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
-                                    **_launch("P", bk))
+                                    LEVELS=cfg["LEVELS"], **_launch("P", bk))
     h0 = initial_state.contiguous() if initial_state is not None else z["final"]
     _state_kernel[(cdiv(dv, bv), bh)](z["w"], z["u"], z["kg"], z["gamma"], h0, z["h"], z["new"], z["final"], dk, dv,
                                       n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=prec,
@@ -421,6 +460,27 @@ def _gram_vjps(m_a, m_a_col, m_q, m_a_blk, m_q_blk, beta_ptr, k, q, rows, G, q_p
 
 
 @triton.jit
+def _gram_vjps_levels(m_a, m_a_col, m_q, m_q_diag, k, q, G, gcum_blk, rows, cols, C: tl.constexpr, BK: tl.constexpr,
+                      KB: tl.constexpr, PREC: tl.constexpr):
+    """:func:`_gram_vjps`'s ``(row_a, row_q, col)`` by the levels of :func:`_level`, as the forward's
+    :func:`_gram_levels` takes the Grams: per level, row_t = x_decay_t (M y)_t and col_i = y_decay_i (M^T x)_i with M
+    the cotangent on the level's cross; the diagonal of P_q (``m_q_diag [C]``, pair decay 1) adds m_q[t, t] k_t to
+    row_q and m_q[t, t] q_t to col."""
+    row_a = tl.zeros([C, KB], dtype=tl.float32)
+    row_q = m_q_diag[:, None] * k
+    col = m_q_diag[:, None] * q
+    for level in range(6):  # a loop, not unrolled: one level's operands in shared memory at a time
+        x_decay, y_decay, cross = _level(G, gcum_blk, rows, cols, 1 << level, BK)
+        y = k * y_decay
+        m_q_s = tl.where(cross, m_q, 0.0)
+        row_a += tl.dot(tl.where(cross, m_a, 0.0), y, input_precision=PREC) * x_decay
+        row_q += tl.dot(m_q_s, y, input_precision=PREC) * x_decay
+        col += (tl.dot(tl.trans(tl.where(cross, m_a_col, 0.0)), k * x_decay, input_precision=PREC)
+                + tl.dot(tl.trans(m_q_s), q * x_decay, input_precision=PREC)) * y_decay
+    return row_a, row_q, col
+
+
+@triton.jit
 def _state_block(ptr, K, V, k0, v0, KB: tl.constexpr, BV: tl.constexpr):
     """``[KB, BV]`` fp32: rows ``k0 + arange(KB)``, columns ``v0 + arange(BV)`` of one ``[K, V]`` state (zeros
     outside)."""
@@ -433,7 +493,7 @@ def _state_block(ptr, K, V, k0, v0, KB: tl.constexpr, BV: tl.constexpr):
 def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, h_ptr,
                       new_ptr, ds_ptr, du_ptr, dgram_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
                       scale, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr,
-                      BV: tl.constexpr, LOG_ZERO: tl.constexpr, PREC: tl.constexpr):
+                      BV: tl.constexpr, LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr):
     """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12), in three
     passes that keep at most ``[C, KB]`` column blocks live: over V, the products without the state (dAqk, dT's
     value side, dv, d omega); over K, dT's key side -dU S_0^T (beta k e^G)^T, which completes dT and so
@@ -480,9 +540,12 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
     d_p = tl.where(rows[:, None] >= rows[None, :], d_aqk * scale, 0.0)
     m_a_blk = dgram_ptr + blk * 2 * C * C
     m_q_blk = m_a_blk + C * C
-    tl.store(m_a_blk + rows[:, None] * C + rows[None, :], d_a)
-    tl.store(m_q_blk + rows[:, None] * C + rows[None, :], d_p)
-    tl.debug_barrier()  # their entries are read back by other threads (the Gram VJPs' diagonal blocks)
+    if LEVELS:
+        d_p_diag = tl.sum(tl.where(rows[:, None] == rows[None, :], d_p, 0.0), axis=1)
+    else:
+        tl.store(m_a_blk + rows[:, None] * C + rows[None, :], d_a)
+        tl.store(m_q_blk + rows[:, None] * C + rows[None, :], d_p)
+        tl.debug_barrier()  # their entries are read back by other threads (the Gram VJPs' diagonal blocks)
     d_beta = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, K, KB):
         cols = k0 + tl.arange(0, KB)
@@ -508,8 +571,12 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         bke = beta[:, None] * k * decayed
         t_dw = tl.dot(tl.trans(t_mat), d_w, input_precision=PREC)  # d(beta k e^G)
         # A = beta_t P_A, Aqk = scale P_q: their cotangents on the unscaled Grams (d_a is strictly lower)
-        row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, m_a_blk, m_q_blk, beta_ptr, k, q, rows, G,
-                                         q_ptr, k_ptr, gcum_blk, b, c, h, T, H, K, cols, C, SUB, BK, KB, PREC)
+        if LEVELS:
+            row_a, row_q, col_k = _gram_vjps_levels(d_a, d_a * beta[:, None], d_p, d_p_diag, k, q, G, gcum_blk, rows,
+                                                    cols, C, BK, KB, PREC)
+        else:
+            row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, m_a_blk, m_q_blk, beta_ptr, k, q, rows,
+                                             G, q_ptr, k_ptr, gcum_blk, b, c, h, T, H, K, cols, C, SUB, BK, KB, PREC)
         dq = row_q + scale * d_qg * decayed
         dk = beta[:, None] * row_a + col_k + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
         d_beta += tl.sum(k * row_a, axis=1) + tl.sum(k * decayed * t_dw, axis=1)
@@ -545,10 +612,12 @@ def _backward(do, dht, q, k, v, beta, g, write, scale: float, z: dict, has_h0: b
                                           dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_DHT=dht is not None, PREC=prec,
                                           **_launch("dS", bk))
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
-    dgram = torch.empty(bh, n_chunks, 2, CHUNK, CHUNK, **f32)  # dC's copies of dA and dAqk (its scratch)
+    # the band form's copies of dA and dAqk (its scratch); the levels read none
+    dgram = du if cfg["LEVELS"] else torch.empty(bh, n_chunks, 2, CHUNK, CHUNK, **f32)
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
                                       ds, du, dgram, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB, BK=bk,
-                                      KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, **_launch("dC", bk))
+                                      KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, LEVELS=cfg["LEVELS"],
+                                      **_launch("dC", bk))
     return (*grads, dh0.view(batch, heads, dk, dv) if has_h0 else None)
 
 

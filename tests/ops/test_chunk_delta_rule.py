@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from hdla_vision.kernels import chunk_hdla, chunk_hdla_bidirectional, naive_generalized, naive_hdla
 from hdla_vision.kernels.utils import KERNEL_FAMILY_ENV
+from hdla_vision.kernels.delta_rule import chunk as delta_chunk
 from hdla_vision.kernels.delta_rule.chunk import MAX_HEAD_DIM, chunk_delta_rule
 from hdla_vision.kernels.delta_rule.steps import hdla_steps
 from tests.backends import CUDA_TOL, FP32_TOL, backend_cases, backends, on_backend
@@ -86,6 +87,19 @@ def test_matches_the_float64_loop(backend, case):
     errors = _errors(delta_problem(**case[1]), backend, torch.float32)
     tol = CUDA_TOL if backend == "cuda" else FP32_TOL
     assert max(errors.values()) < tol, errors  # NaN fails too
+
+
+BAND_CASES = [case for case in SMALL if case[0].startswith(("T130", "T70_d48"))]
+
+
+@pytest.mark.parametrize("backend,case", backend_cases(_case_id, interpreter=BAND_CASES, cuda=LARGE),
+                         indirect=["backend"])
+def test_band_form_of_the_pair_decays_matches_the_float64_loop(backend, case, monkeypatch):
+    """The Grams' diagonal blocks step by step (``LAUNCH["diagonal"] = "band"``), the form beside the default
+    levels until the GPU has timed both."""
+    monkeypatch.setattr(delta_chunk, "LAUNCH", {**delta_chunk.LAUNCH, "diagonal": {64: "band", 128: "band"}})
+    errors = _errors(delta_problem(**case[1]), backend, torch.float32)
+    assert max(errors.values()) < (CUDA_TOL if backend == "cuda" else FP32_TOL), errors
 
 
 @pytest.mark.parametrize("backend", backends("torch", "interpreter"), indirect=True)
