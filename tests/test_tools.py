@@ -309,3 +309,25 @@ def test_delta_rule_table_shows_every_variant_and_failures(monkeypatch):
     assert "| lm | 4, 4096, 16, 128 | delta_hdla_tf32 | failed | failed |" in table
     assert "| short/tf32 | 4.5e-03 |" in table and "| long_d128/tf32x3 | failed: OutOfResources |" in table
     assert "commit abc1234" in table
+
+
+def test_delta_kernels_table_shows_each_kernel_and_failures(monkeypatch):
+    """``benchmarks.delta_rule_kernels``'s JSON renders a row per shape and variant: fwd+bwd, the kernels' sum, µs
+    per kernel (P..dC for ours, fla's three costliest), a failed variant with its error."""
+    from tools import benchmark_tables
+
+    ours = {"_prepare_kernel": 100.0, "_state_kernel": 20.0, "_output_kernel": 5.0, "_state_bwd_kernel": 30.0,
+            "_chunk_bwd_kernel": 200.0}
+    fla = {"chunk_kda_bwd_kernel_intra": 50.0, "recompute_w_u_fwd_kda_kernel": 20.0, "chunk_gla_fwd_kernel_o": 10.0,
+           "chunk_local_cumsum_vector_kernel": 1.0}
+    result = {"device": "GPU", "date": "2026-11-29", "commit": "abc1234", "dtype": "bfloat16", "precision": "tf32",
+              "shapes": {"lm": {"bthd": [4, 4096, 16, 128], "fla_kda": {"fwd_bwd_ms": 0.09, "kernel_us": fla},
+                                "base": {"fwd_bwd_ms": 0.36, "kernel_us": ours},
+                                "bv64": {"failed": "OutOfResources: out of resource: shared memory"}}}}
+    monkeypatch.setattr(benchmark_tables, "load", lambda name: result)
+    table = benchmark_tables.render("delta_kernels_h200/delta_rule_kernels_1_first.json")
+    assert "| lm | base | 0.360 | 355 | P 100, S 20, O 5, dS 30, dC 200 |" in table
+    assert "| lm | fla_kda | 0.090 | 81 | chunk_kda_bwd_kernel_intra 50, recompute_w_u_fwd_kda_kernel 20, " \
+           "chunk_gla_fwd_kernel_o 10 |" in table
+    assert "| lm | bv64 | failed |  | OutOfResources: out of resource: shared memory |" in table
+    assert "commit abc1234" in table and "precision tf32" in table
