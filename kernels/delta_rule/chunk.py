@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, next_power_of_2, per_batch_slice, use_triton
+from .terms import carve, saved_numel
 from .torch_chunk import torch_chunk_delta_rule
 
 CHUNK = 64
@@ -328,7 +329,6 @@ def _check(q, k, v, beta, g, write, initial_state):
     if initial_state is not None and tuple(initial_state.shape) != (batch, heads, dk, v.shape[-1]):
         raise ValueError(f"initial_state must be [B, H, K, V] = {[batch, heads, dk, v.shape[-1]]}, "
                          f"got {list(initial_state.shape)}")
-    check_log_decay(g)
     tensors = (q, k, v, beta, g, write) + (() if initial_state is None else (initial_state,))
     if len({x.device for x in tensors}) != 1:
         raise ValueError("q, k, v, beta, g, write and initial_state must be on one device")
@@ -350,36 +350,34 @@ def _settings(q: torch.Tensor, dk: int, dv: int, precision: Optional[str]) -> di
                 LEVELS=LAUNCH["diagonal"][size] == "levels")
 
 
-def _forward(q, k, v, beta, g, write, scale: float, initial_state, cfg: dict) -> Tuple[torch.Tensor, dict]:
-    """The three forward launches on contiguous inputs: ``(o, saved)``, ``saved`` the chunk terms, h, U and the final
-    state (fp32, ``[B*H, N, ...]``) that the backward reads."""
+def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Optional[torch.Tensor],
+                       precision: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three forward launches (inputs checked by the caller): ``(o [B, T, H, V]`` in q's dtype, the final state
+    ``[B, H, K, V]`` fp32, the terms the backward reads in one fp32 buffer, :mod:`.terms`)."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
+    cfg = _settings(q, dk, dv, precision)
+    q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
     bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
     f32 = dict(device=q.device, dtype=torch.float32)
-    z = dict(gcum=torch.empty(bh, n_chunks * CHUNK, bk, **f32), aqk=torch.empty(bh, n_chunks, CHUNK, CHUNK, **f32),
-             tm=torch.empty(bh, n_chunks, CHUNK, CHUNK, **f32), u=torch.empty(bh, n_chunks, CHUNK, dv, **f32),
-             gamma=torch.empty(bh, n_chunks, dk, **f32), h=torch.empty(bh, n_chunks, dk, dv, **f32),
-             new=torch.empty(bh, n_chunks, CHUNK, dv, **f32), final=torch.empty(bh, dk, dv, **f32))
-    z.update((name, torch.empty(bh, n_chunks, CHUNK, dk, **f32)) for name in ("w", "kg", "qg"))
-    _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], z["u"], z["kg"],
+    saved = torch.empty(saved_numel(batch, seq_len, heads, dk, dv), **f32)
+    z = carve(saved, batch, seq_len, heads, dk, dv)
+    u = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
+    final = torch.empty(bh, dk, dv, **f32)
+    _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], u, z["kg"],
                                     z["qg"], z["gamma"], seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB,
                                     BK=bk, KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
                                     LEVELS=cfg["LEVELS"], **_launch("P", bk))
-    h0 = initial_state.contiguous() if initial_state is not None else z["final"]
-    _state_kernel[(cdiv(dv, bv), bh)](z["w"], z["u"], z["kg"], z["gamma"], h0, z["h"], z["new"], z["final"], dk, dv,
+    h0 = initial_state.contiguous() if initial_state is not None else final
+    _state_kernel[(cdiv(dv, bv), bh)](z["w"], u, z["kg"], z["gamma"], h0, z["h"], z["new"], final, dk, dv,
                                       n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=prec,
                                       **_launch("S", bk))
     o = torch.empty(batch, seq_len, heads, dv, device=q.device, dtype=q.dtype)
     _output_kernel[(n_chunks, cdiv(dv, bv), bh)](z["qg"], z["aqk"], z["h"], z["new"], o, seq_len, heads, dk, dv,
                                                  n_chunks, C=CHUNK, BK=bk, BV=bv, PREC=prec, **_launch("O", bk))
-    return o, z
-
-
-# the forward's terms the backward reads (u~ and the final state it does not)
-BACKWARD_TERMS = ("gcum", "aqk", "tm", "w", "kg", "qg", "gamma", "h", "new")
+    return o, final.view(batch, heads, dk, dv), saved
 
 
 @triton.jit
@@ -594,11 +592,15 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
     tl.store(dom_ptr + scalar_rows, d_om.to(dom_ptr.dtype.element_ty), mask=valid)
 
 
-def _backward(do, dht, q, k, v, beta, g, write, scale: float, z: dict, has_h0: bool, cfg: dict):
-    """Every input gradient from the forward's saved terms: the serial pass for dS and dU, then each chunk's VJP.
-    Returns ``(dq, dk, dv, dbeta, dg, dwrite, dh0 or None)`` in the inputs' dtypes (dh0 fp32)."""
+def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_state: Optional[torch.Tensor],
+                        saved: torch.Tensor, precision: Optional[str]):
+    """Every input gradient from the forward's ``saved`` terms: the serial pass for dS and dU, then each chunk's VJP.
+    Returns ``(dq, dk, dv, dbeta, dg, dwrite, dh0 [B, H, K, V] fp32 or None)``, the others in the inputs' dtypes."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
+    cfg = _settings(q, dk, dv, precision)
+    q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
+    z = carve(saved, batch, seq_len, heads, dk, dv)
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
     bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
@@ -615,30 +617,10 @@ def _backward(do, dht, q, k, v, beta, g, write, scale: float, z: dict, has_h0: b
     # the band form's copies of dA and dAqk (its scratch); the levels read none
     dgram = du if cfg["LEVELS"] else torch.empty(bh, n_chunks, 2, CHUNK, CHUNK, **f32)
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
-                                      ds, du, dgram, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB, BK=bk,
-                                      KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, LEVELS=cfg["LEVELS"],
-                                      **_launch("dC", bk))
-    return (*grads, dh0.view(batch, heads, dk, dv) if has_h0 else None)
-
-
-class _DeltaRuleFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, beta, g, write, scale, initial_state, output_final_state, precision):
-        cfg = _settings(q, q.shape[-1], v.shape[-1], precision)
-        q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
-        o, z = _forward(q, k, v, beta, g, write, scale, initial_state, cfg)
-        ctx.save_for_backward(q, k, v, beta, g, write, *(z[name] for name in BACKWARD_TERMS))
-        ctx.scale, ctx.cfg, ctx.has_h0 = scale, cfg, initial_state is not None
-        batch, _, heads, dk = q.shape
-        final = z["final"].view(batch, heads, dk, v.shape[-1]) if output_final_state else None
-        return o, final
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, beta, g, write, *saved = ctx.saved_tensors
-        grads = _backward(do, dht, q, k, v, beta, g, write, ctx.scale, dict(zip(BACKWARD_TERMS, saved)), ctx.has_h0,
-                          ctx.cfg)
-        return (*grads[:6], None, grads[6], None, None)
+                                      ds, du, dgram, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK,
+                                      SUB=SUB, BK=bk, KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
+                                      LEVELS=cfg["LEVELS"], **_launch("dC", bk))
+    return (*grads, dh0.view(batch, heads, dk, dv) if initial_state is not None else None)
 
 
 def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
@@ -662,9 +644,13 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
                                     output_final_state, precision)
         return o.flip(1), final
     if use_triton(q):
+        from ..custom_ops import chunk_delta_rule_op
+
         def op(q, k, v, beta, g, write, initial_state):  # a grid axis holds at most MAX_GRID_BATCH_HEADS programs
-            return _DeltaRuleFunction.apply(q, k, v, beta, g, write, 1.0 if scale is None else float(scale),
-                                            initial_state, output_final_state, precision)
-        return per_batch_slice(op, dict(q=q, k=k, v=v, beta=beta, g=g, write=write, initial_state=initial_state),
-                               q.shape[2])
+            return chunk_delta_rule_op(q, k, v, beta, g, write, 1.0 if scale is None else float(scale),
+                                       initial_state, output_final_state, precision)[:2]
+        o, final = per_batch_slice(op, dict(q=q, k=k, v=v, beta=beta, g=g, write=write, initial_state=initial_state),
+                                   q.shape[2])
+        return o, (final if output_final_state else None)
+    check_log_decay(g)
     return torch_chunk_delta_rule(q, k, v, beta, g, write, scale, initial_state, output_final_state)

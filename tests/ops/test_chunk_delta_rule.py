@@ -143,8 +143,8 @@ def test_batches_past_a_grid_axis_run_in_slices(backend, monkeypatch):
     from hdla_vision.kernels.delta_rule import chunk as chunk_module
 
     calls = []
-    apply = chunk_module._DeltaRuleFunction.apply
-    monkeypatch.setattr(chunk_module._DeltaRuleFunction, "apply", lambda *a: calls.append(a[0].shape) or apply(*a))
+    forward = chunk_module.delta_rule_forward
+    monkeypatch.setattr(chunk_module, "delta_rule_forward", lambda *a: calls.append(a[0].shape) or forward(*a))
     monkeypatch.setattr(utils, "MAX_GRID_BATCH_HEADS", 2)  # one batch element (two heads) per slice
     errors = _errors(delta_problem(3, 20, 2, 16, 8), backend, torch.float32)
     assert max(errors.values()) < FP32_TOL, errors
@@ -209,3 +209,39 @@ def test_delta_family_leaves_float64_and_the_cpu_form_alone(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert on_delta_rule(torch.zeros(1, 2, 1, 16)) and not on_delta_rule(torch.zeros(1, 2, 1, 16, dtype=torch.float64))
     assert not on_delta_rule(torch.zeros(1, 2, 1, MAX_HEAD_DIM + 1))
+
+
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+def test_custom_op_schema_fake_and_autograd(backend):
+    """``torch.library.opcheck`` of the registered op (schema, fake implementation: the saved terms' buffer size
+    without running a kernel, autograd registration, AOT dispatch) on one small case with an initial state."""
+    from hdla_vision.kernels import custom_ops
+
+    p = delta_problem(1, 70, 1, 16, 8)
+    args = [p[n].float().requires_grad_() for n in ("q", "k", "v", "beta", "g", "write")]
+    torch.library.opcheck(custom_ops.chunk_delta_rule_op,
+                          (*args, 0.5, p["initial_state"].float().requires_grad_(), True, None))
+
+
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+def test_compiled_fullgraph_equals_eager(backend, monkeypatch):
+    """``torch.compile(fullgraph=True)`` (aot_eager: the fake implementations trace forward and backward) of HDLA
+    on the delta family, both directions, equals eager: one graph, no break."""
+    monkeypatch.setenv(KERNEL_FAMILY_ENV, "delta")
+    p = hdla_problem(1, 40, 2, 16, 8, g_min=-20.0)
+    names = ["q", "k", "v", "beta", "g", "initial_state"]
+
+    def loss(q, k, v, beta, g, h0):
+        o, s = chunk_hdla(q, k, v, beta, g, 0.5, h0, output_final_state=True)
+        y = chunk_hdla_bidirectional(q, k, v, torch.stack([beta, beta.flip(1)]), torch.stack([g, g.flip(1)]), 0.5)[0]
+        return (o * o).sum() + s.sum() + (y * y).sum()
+
+    results = []
+    for fn in (loss, torch.compile(loss, fullgraph=True, backend="aot_eager")):
+        leaves = [p[n].float().requires_grad_() for n in names]
+        value = fn(*leaves)
+        results.append((value, torch.autograd.grad(value, leaves)))
+    (eager, eager_grads), (compiled, compiled_grads) = results
+    torch.testing.assert_close(compiled, eager)
+    for c, e in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(c, e)
