@@ -1,7 +1,8 @@
 """The delta rule (kernels/delta_rule, kernels/README.md §12) on the GPU against today's HDLA op and fla's KDA, in
 one process: the first timing of the KDA-shaped kernel family (issue 11's LM target).
 
-    python -m benchmarks.delta_rule [--shapes lm,hires,b1024] [--precisions tf32,tf32x3] [--cuda-graphs] [--out DIR]
+    python -m benchmarks.delta_rule [--shapes lm,hires,b1024] [--precisions tf32,tf32x3] [--cuda-graphs] [--no-fla]
+                                    [--out DIR]
 
 Per shape (B, T, H, d), bf16 inputs, forward (no gradient) and forward+backward, do_bench medians
 (benchmarks/timing.py; ``--cuda-graphs``: also as CUDA-graph replays):
@@ -50,15 +51,16 @@ def fla_kda(q, k, v, beta, g):
     return chunk_kda(q, k, v, g.float(), beta, scale=1.0)[0]
 
 
-def ops(precisions):
+def ops(precisions, with_fla: bool = True):
     table = {"hdla_today": hdla_today}
     for precision in precisions:
         table[f"delta_hdla_{precision}"] = delta_hdla(precision)
         table[f"delta_kda_{precision}"] = delta_kda(precision)
     try:
-        import fla  # noqa: F401
+        if with_fla:
+            import fla  # noqa: F401
 
-        table["fla_kda"] = fla_kda
+            table["fla_kda"] = fla_kda
     except ImportError:
         pass
     return table
@@ -94,6 +96,7 @@ def main():
     parser.add_argument("--cuda-graphs", action="store_true", help="also time each op as CUDA-graph replays")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--autotune-rep-ms", type=float, default=None, help="time each fla autotune config this long")
+    parser.add_argument("--no-fla", action="store_true", help="leave fla's chunk_kda out (its autotuning takes minutes)")
     args = parser.parse_args()
     if args.autotune_rep_ms:
         from tools.triton_cache import shorten_autotune
@@ -107,7 +110,7 @@ def main():
         inputs = make_inputs(batch, seq_len, heads, dim, torch.bfloat16, "cuda")
         for part in ("fwd_ms", "fwd_bwd_ms"):
             result[part].setdefault(name, {"bthd": [batch, seq_len, heads, dim]})
-        for op, fn in ops(precisions).items():
+        for op, fn in ops(precisions, not args.no_fla).items():
             for graphs in (False, True) if args.cuda_graphs else (False,):
                 label = op + ("_graphed" if graphs else "")
                 try:

@@ -4,20 +4,22 @@
 # 1. pytest -m gpu tests/ops/test_chunk_delta_rule.py (against the float64 loop at d = 64 and 128: output, final
 #    state and every gradient; HDLA's steps; both forms of the pair decays).
 # 2. python -m benchmarks.delta_rule_kernels --no-fla: fwd+bwd and µs per kernel of the delta rule at KDA's shape,
-#    per launch setting ($VARIANTS; default: the levels and the band form of the pair decays), at the LM and
-#    high-res shapes (fla's chunk_kda per kernel is in results/delta_kernels_h200/, its autotuning takes minutes).
-# 3. python -m benchmarks.delta_rule --cuda-graphs: fwd and fwd+bwd of HDLA through the delta rule, the delta rule
-#    at KDA's shape, today's chunk_hdla and fla's chunk_kda, eager and as CUDA graphs, at $SHAPES; bf16 parity.
+#    per launch setting ($VARIANTS; default: the levels and the band form of the pair decays, and V blocks of 32),
+#    at the LM and high-res shapes (fla's chunk_kda per kernel is in results/delta_kernels_h200/: its autotuning
+#    takes minutes on a fresh machine).
+# 3. python -m benchmarks.delta_rule --cuda-graphs --no-fla: fwd and fwd+bwd of HDLA through the delta rule, the
+#    delta rule at KDA's shape and today's chunk_hdla, eager and as CUDA graphs, at $SHAPES; bf16 parity (fla's
+#    graphed chunk_kda: results/op_floor_h200/graphs).
 # Usage on the device, repository root (carry .whl):   COMMIT=<sha> bash tools/device_delta_rule.sh
 # Writes under $OUT: gpu_tests.txt, delta_rule_kernels.{json,txt}, delta_rule.{json,txt}, timeline.txt.
 source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
-timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py > "$OUT/gpu_tests.txt" 2>&1
+timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py > "$OUT/gpu_tests.txt" 2>&1
 stamp "gpu tests done (rc $?)"
-timeout 150 python3 -m benchmarks.delta_rule_kernels --no-fla --shapes lm,hires --variants "${VARIANTS:-base,band}" \
+timeout 200 python3 -m benchmarks.delta_rule_kernels --no-fla --shapes lm,hires --variants "${VARIANTS:-base,band,bv32}" \
     --out "$OUT" > "$OUT/delta_rule_kernels.txt" 2>&1
 stamp "per-kernel timing done (rc $?)"
-timeout 250 python3 -m benchmarks.delta_rule --cuda-graphs --autotune-rep-ms 5 --shapes "${SHAPES:-lm,hires}" \
+timeout 200 python3 -m benchmarks.delta_rule --cuda-graphs --no-fla --shapes "${SHAPES:-lm,hires}" \
     --out "$OUT" > "$OUT/delta_rule.txt" 2>&1
 stamp "benchmark done (rc $?)"
 cat "$OUT/timeline.txt"
