@@ -26,7 +26,9 @@ else:
     from .generalized.torch_chunk import torch_chunk_generalized
     from .hdla.naive import hdla_decay_factors, naive_hdla
     from .hdla.fused_recurrent import fused_recurrent_hdla
-    from .ops import chunk_generalized, chunk_generalized_bidirectional, chunk_hdla, chunk_hdla_bidirectional
+    from .ops import (chunk_generalized, chunk_generalized_bidirectional, chunk_hdla, chunk_hdla_bidirectional,
+                      on_delta_rule)
+    from .delta_rule.steps import chunk_delta_substeps
     from .loglinear.chunk import chunk_loglinear_generalized, chunk_loglinear_hdla
     from .loglinear.fused_recurrent import fused_recurrent_loglinear_generalized, fused_recurrent_loglinear_hdla
     from .loglinear.naive import naive_loglinear_generalized, naive_loglinear_hdla
@@ -42,6 +44,8 @@ else:
         "chunk_hdla",
         "chunk_generalized_bidirectional",
         "chunk_hdla_bidirectional",
+        "chunk_delta_substeps",
+        "on_delta_rule",
         "naive_generalized",
         "naive_hdla",
         "hdla_decay_factors",

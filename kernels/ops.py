@@ -36,8 +36,9 @@ def _scale(scale: Optional[float]) -> float:
 
 
 def on_delta_rule(q: torch.Tensor) -> bool:
-    """Whether an HDLA op runs on the delta rule's kernels (``HDLA_VISION_KERNELS=delta``, utils.py): Triton runs,
-    q is fp32 / bf16 / fp16 and its head dim fits their one K tile; never inside an ONNX export."""
+    """Whether an op runs on the delta rule's kernels (``HDLA_VISION_KERNELS=delta``, utils.py): the HDLA ops, and
+    the seed mixers whose step is a product of delta steps (``layers/seed.py``). Triton runs, q is fp32 / bf16 /
+    fp16 and its head dim fits their one K tile; never inside an ONNX export."""
     return (kernel_family() == "delta" and use_triton(q) and q.dtype != torch.float64
             and q.shape[-1] <= DELTA_MAX_HEAD_DIM and not exporting_to_onnx())
 

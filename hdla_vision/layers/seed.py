@@ -30,9 +30,9 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from hdla_vision.kernels import (chunk_generalized, chunk_generalized_bidirectional, chunk_loglinear_generalized,
-                                 fused_recurrent_generalized, fused_recurrent_loglinear_generalized,
-                                 torch_chunk_generalized)
+from hdla_vision.kernels import (chunk_delta_substeps, chunk_generalized, chunk_generalized_bidirectional,
+                                 chunk_loglinear_generalized, fused_recurrent_generalized,
+                                 fused_recurrent_loglinear_generalized, on_delta_rule, torch_chunk_generalized)
 
 from . import seed_mixers as sm
 from .gates import (BetaGate, HeadInHeadMask, RWKV7Gates, ScalarLogDecay, VectorLogDecay, at_least_fp32,
@@ -81,10 +81,24 @@ class GeneralizedMixer(LinearAttentionMixer):
         return tuple(once_per_object([(t,) for t in (step.k, step.v, step.a, step.b)],
                                      lambda t: t.to(q.dtype).contiguous()))
 
+    def delta_route(self, q: torch.Tensor) -> bool:
+        """Whether a mixer whose step is a product of delta steps (GLA, DeltaNet, Gated DeltaNet / DeltaProduct,
+        KDA: their :meth:`features` give :class:`~hdla_vision.layers.seed_mixers.DeltaSteps` then) scans on the
+        delta rule's op (``chunk_delta_substeps``, kernels/README.md §12): under ``HDLA_VISION_KERNELS=delta``
+        where its kernels run q, not log-linear, not under :func:`set_chunk_backend` ``("torch")``."""
+        return on_delta_rule(q) and not self.log_linear and chunk_backend() != "torch"
+
     def op_inputs(self, q, feats):
+        if isinstance(feats, sm.DeltaSteps):
+            return feats
         return sm.GeneralizedStep(*self.kernel_inputs(q, feats), feats.g.contiguous())
 
     def scan(self, q, feats, reverse=False, initial_state=None, output_final_state=False, recurrent=False):
+        if isinstance(feats, sm.DeltaSteps):
+            if not recurrent:
+                return chunk_delta_substeps(q, *feats, scale=self.scale, initial_state=initial_state,
+                                            output_final_state=output_final_state, reverse=reverse)
+            feats = sm.generalized_step(feats)  # decoding: the generalized recurrence's step
         k, v, a, b = self.kernel_inputs(q, feats)
         g = feats.g.contiguous()
         if recurrent:
@@ -106,6 +120,8 @@ class GeneralizedMixer(LinearAttentionMixer):
                                            output_final_state=output_final_state, offset=offset)
 
     def own_write(self, q, feats):
+        if isinstance(feats, sm.DeltaSteps):
+            feats = sm.generalized_step(feats)
         k, v, _, _ = self.kernel_inputs(q, feats)
         return self.scale * ((q.unsqueeze(-2) * k).sum(-1, keepdim=True) * v).sum(-2)
 
@@ -113,7 +129,7 @@ class GeneralizedMixer(LinearAttentionMixer):
         """:meth:`two_scans` as one ``chunk_generalized_bidirectional``: the ``shared_fields`` once (the
         forward step's), the other fields and g stacked ``[2, ...]`` (forward, reversed); a tensor that
         fills two fields in both directions (:meth:`kernel_inputs`) is stacked once."""
-        if chunk_backend() == "torch":
+        if chunk_backend() == "torch" or isinstance(fwd, sm.DeltaSteps):
             return self.two_scans(q, fwd, bwd)
         names = ("k", "v", "a", "b")
         pairs = [(x_fwd,) if name in self.shared_fields else (x_fwd, x_bwd)
@@ -153,7 +169,8 @@ class GLAMixer(_DecayOptions, GeneralizedMixer):
         return nn.ModuleDict({"decay": self.vector_decay(tau=16.0)})
 
     def features(self, x, q, k, v, gates):
-        return sm.gla_factors(k[..., 0, :], v[..., 0, :], gates["decay"](x))
+        factors = sm.gla_steps if self.delta_route(q) else sm.gla_factors
+        return factors(k[..., 0, :], v[..., 0, :], gates["decay"](x))
 
 
 @register_mixer("deltanet")
@@ -167,7 +184,8 @@ class DeltaNetMixer(GeneralizedMixer):
         return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads, **self.factory_kwargs)})
 
     def features(self, x, q, k, v, gates):
-        return sm.deltanet_factors(k[..., 0, :], v[..., 0, :], gates["beta"](x)[..., 0])
+        factors = sm.deltanet_steps if self.delta_route(q) else sm.deltanet_factors
+        return factors(k[..., 0, :], v[..., 0, :], gates["beta"](x)[..., 0])
 
 
 class _GatedDelta(GeneralizedMixer):
@@ -190,6 +208,8 @@ class _GatedDelta(GeneralizedMixer):
         })
 
     def features(self, x, q, k, v, gates):
+        if self.delta_route(q):  # the sub-steps as they are: the kernels read k, v in their own dtype
+            return sm.gated_deltaproduct_steps(k, v, gates["beta"](x), gates["alpha"](x))
         return sm.gated_deltaproduct_factors_5d(at_least_fp32(k), at_least_fp32(v), gates["beta"](x), gates["alpha"](x))
 
 
@@ -224,7 +244,8 @@ class KDAMixer(_DecayOptions, GeneralizedMixer):
                               "decay": self.vector_decay(tau=1.0)})
 
     def features(self, x, q, k, v, gates):
-        return sm.kda_factors(k[..., 0, :], v[..., 0, :], gates["beta"](x)[..., 0], gates["decay"](x))
+        factors = sm.kda_steps if self.delta_route(q) else sm.kda_factors
+        return factors(k[..., 0, :], v[..., 0, :], gates["beta"](x)[..., 0], gates["decay"](x))
 
 
 @register_mixer("rwkv7")

@@ -1,7 +1,8 @@
 """The seed mixers as parameterizations of the generalized recurrence (the table in kernels/README.md §2).
 
 Every function maps one mixer's per-token quantities to the inputs of
-``chunk_generalized(q, k, v, a, b, g)``, whose step is
+``chunk_generalized(q, k, v, a, b, g)`` (the ``*_steps`` functions: to the delta rule's sub-steps,
+:class:`DeltaSteps`), whose step is
 
     S_t = (Diag(exp g_t) - A_t B_t^T) S_{t-1} + K_t V_t^T,      o_t = scale * S_t^T q_t
 
@@ -114,29 +115,100 @@ def gated_deltaproduct_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Ten
     Returns:
         a, b: ``[B, T, H, n, K]``; k_write: ``[B, T, H, n, K]``; v_write = v.
     """
-    n = k.shape[-2]
     alpha = (g[..., :1] if g.dim() == k.dim() - 1 else g.unsqueeze(-1)).exp()  # [B, T, H, 1]
-    # decay part: M_j = M_{j-1} - b_j k_j (k_j^T M_{j-1}); with M = I - sum a_i b_i^T,
-    # k_j^T M_{j-1} = k_j^T - sum_i (k_j . a_i) b_i^T, so b_new = k_j - sum_i (k_j . a_i) b_i, a_new = b_j k_j.
+    a, b = _householder_merge(k, beta)
+    return a * alpha.unsqueeze(-1), b, _written_keys(k, beta, beta), v
+
+
+def _householder_merge(k: torch.Tensor, beta: torch.Tensor):
+    """``(A, B)`` ``[B, T, H, n, K]`` with ``I - A B^T = prod_j (I - b_j k_j k_j^T)`` (the last j leftmost).
+
+    M_j = M_{j-1} - b_j k_j (k_j^T M_{j-1}); with M = I - sum a_i b_i^T, k_j^T M_{j-1} = k_j^T - sum_i (k_j . a_i)
+    b_i^T, so b_new = k_j - sum_i (k_j . a_i) b_i, a_new = b_j k_j."""
     a_cols, b_cols = [], []
-    for j in range(n):
+    for j in range(k.shape[-2]):
         kj, bj = k[..., j, :], beta[..., j : j + 1]
         b_new = kj
         for a_i, b_i in zip(a_cols, b_cols):
             b_new = b_new - (kj * a_i).sum(-1, keepdim=True) * b_i
         a_cols.append(bj * kj)
         b_cols.append(b_new)
-    a = torch.stack(a_cols, dim=-2) * alpha.unsqueeze(-1)
-    b = torch.stack(b_cols, dim=-2)
-    # writes: apply the later sub-steps' Householder factors to b_j k_j
+    return torch.stack(a_cols, dim=-2), torch.stack(b_cols, dim=-2)
+
+
+def _written_keys(k: torch.Tensor, beta: torch.Tensor, write: torch.Tensor) -> torch.Tensor:
+    """The write keys ``[B, T, H, n, K]``: sub-step j's ``write_j k_j`` through the later sub-steps' Householder
+    factors ``prod_{i > j} (I - b_i k_i k_i^T)``."""
+    n = k.shape[-2]
     k_cols = []
     for j in range(n):
-        w = beta[..., j : j + 1] * k[..., j, :]
+        w = write[..., j : j + 1] * k[..., j, :]
         for i in range(j + 1, n):
             ki, bi = k[..., i, :], beta[..., i : i + 1]
             w = w - bi * (ki * w).sum(-1, keepdim=True) * ki
         k_cols.append(w)
-    return a, b, torch.stack(k_cols, dim=-2), v
+    return torch.stack(k_cols, dim=-2)
+
+
+class DeltaSteps(NamedTuple):
+    """Inputs of the delta rule's sub-step op for one scan (``kernels.chunk_delta_substeps``, kernels/README.md
+    §12): a token is n delta-rule sub-steps ``S <- (I - beta_j k_j k_j^T) Diag(exp g_j) S + write_j k_j v_j^T``,
+    the token's decay on the first (later ``g_j = 0``). ``k [B, T, H, n, K]`` (unit rows), ``v [B, T, H, n, V]``,
+    ``beta`` and ``write`` ``[B, T, H, n]``, ``g`` ``[B, T, H, K]`` per channel or ``[B, T, H]`` per head. The
+    mixers whose step is such a product (GLA, DeltaNet, Gated DeltaNet / DeltaProduct, KDA) give these under
+    ``HDLA_VISION_KERNELS=delta`` (``seed.GeneralizedMixer.delta_route``)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    beta: torch.Tensor
+    write: torch.Tensor
+    g: torch.Tensor
+
+
+def generalized_step(steps: DeltaSteps) -> GeneralizedStep:
+    """The same recurrence as one generalized step: ``prod_j (I - b_j k_j k_j^T) Diag(alpha) = Diag(alpha) -
+    A (alpha * B)^T`` with :func:`_householder_merge`'s A, B and :func:`_written_keys` (for the decoding step and
+    the bidirectional own write)."""
+    k, v, beta, write = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in steps[:4])
+    a, b = _householder_merge(k, beta)
+    alpha = steps.g.exp() if steps.g.dim() == k.dim() - 1 else steps.g.exp().unsqueeze(-1)  # [B, T, H, K | 1]
+    return GeneralizedStep(_written_keys(k, beta, write), v, a, alpha.unsqueeze(-2).to(b.dtype) * b, steps.g)
+
+
+def _one_step(x: torch.Tensor) -> torch.Tensor:
+    """``[B, T, H, ...] -> [B, T, H, 1, ...]``: one sub-step per token."""
+    return x.unsqueeze(3)
+
+
+def gla_steps(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> DeltaSteps:
+    """GLA as one sub-step with no reflection (beta = 0) and write scale 1."""
+    _check_same_shape(k=k, g=g)
+    no_beta = torch.zeros(k.shape[:-1] + (1,), dtype=g.dtype, device=k.device)
+    return DeltaSteps(_one_step(k), _one_step(v), no_beta, torch.ones_like(no_beta), g)
+
+
+def deltanet_steps(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> DeltaSteps:
+    """DeltaNet as one sub-step: reflection and write scale beta, no decay."""
+    if beta.shape != k.shape[:-1]:
+        raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
+    return DeltaSteps(_one_step(k), _one_step(v), beta.unsqueeze(-1), beta.unsqueeze(-1), _no_log_decay(k))
+
+
+def gated_deltaproduct_steps(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                             log_alpha: torch.Tensor) -> DeltaSteps:
+    """Gated DeltaProduct (Gated DeltaNet at n_h = 1) as its n_h sub-steps (write scale beta_j), the scalar gate on
+    the first. Args as :func:`gated_deltaproduct_factors_5d`."""
+    if k.dim() != 5 or beta.shape != k.shape[:-1]:
+        raise ValueError(f"expected k [B, T, H, n_h, K] and beta [B, T, H, n_h], got {list(k.shape)}, {list(beta.shape)}")
+    return DeltaSteps(k, v, beta, beta, _scalar_log_decay(log_alpha, k[..., 0, :]))
+
+
+def kda_steps(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor) -> DeltaSteps:
+    """KDA as one sub-step: reflection and write scale beta after the per-channel decay."""
+    _check_same_shape(k=k, g=g)
+    if beta.shape != k.shape[:-1]:
+        raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
+    return DeltaSteps(_one_step(k), _one_step(v), beta.unsqueeze(-1), beta.unsqueeze(-1), g)
 
 
 def kda_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor) -> GeneralizedStep:

@@ -1,0 +1,68 @@
+"""The seed mixers whose step is a product of delta steps (GLA, DeltaNet, Gated DeltaNet / DeltaProduct, KDA) on the
+delta rule's op under ``HDLA_VISION_KERNELS=delta`` (``layers/seed.py``: ``delta_route``, kernels/README.md §12):
+their features become the sub-steps, and the mixer's output and every parameter gradient equal the generalized
+chunk form's, causal (with a decoded continuation through the generalized step) and bidirectional."""
+import pytest
+import torch
+
+from hdla_vision.kernels.utils import KERNEL_FAMILY_ENV
+from hdla_vision.layers import create_mixer
+from hdla_vision.layers import seed_mixers as sm
+from hdla_vision.layers.mixer import set_chunk_backend
+from tests.backends import CUDA_TOL, FP32_TOL, backends, device_of
+from tests.oracle import rel_err
+from tests.test_mixer_uses import ListCache, spread_gates
+
+DELTA_SHAPED = {"gla": {}, "deltanet": {}, "gated_deltanet": {"beta_range": 2.0},
+                "gated_deltaproduct": {"num_householder": 3}, "kda": {}}
+DIM, HEADS = 32, 2
+
+
+def output_and_grads(mixer, x, backend="auto"):
+    """The mixer's output on x and the gradients of every parameter (of a random projection of it), with
+    ``set_chunk_backend(backend)``."""
+    set_chunk_backend(backend)
+    try:
+        y = mixer(x)
+        weights = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.device)
+        params = [p for p in mixer.parameters() if p.requires_grad]
+        return y, torch.autograd.grad((y * weights).sum(), params, allow_unused=True)
+    finally:
+        set_chunk_backend("auto")
+
+
+@pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
+@pytest.mark.parametrize("directions", [("fwd",), ("fwd", "bwd")], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("name", sorted(DELTA_SHAPED))
+def test_delta_shaped_mixers_on_the_delta_rule_equal_the_chunk_form(name, directions, backend, monkeypatch):
+    torch.manual_seed(0)
+    device = device_of(backend)
+    mixer = spread_gates(create_mixer(name, dim=DIM, num_heads=HEADS, directions=directions,
+                                      **DELTA_SHAPED[name])).to(device)
+    x = torch.randn(2, 70, DIM, device=device)
+    ref, ref_grads = output_and_grads(mixer, x, "torch")
+    monkeypatch.setenv(KERNEL_FAMILY_ENV, "delta")
+    q, k, v = mixer.projections(x)
+    assert isinstance(mixer.features(x, q, k, v, mixer.directions[0]), sm.DeltaSteps)
+    out, grads = output_and_grads(mixer, x)
+    tol = CUDA_TOL if backend == "cuda" else FP32_TOL
+    errors = [rel_err(out, ref)] + [rel_err(a, b) for a, b in zip(grads, ref_grads) if b is not None]
+    assert max(errors) < tol, errors  # NaN fails too
+
+
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+@pytest.mark.parametrize("name", sorted(DELTA_SHAPED))
+def test_delta_route_prefill_then_decoding_equals_one_pass(name, backend, monkeypatch):
+    """A prefill on the delta rule's op (its final state into the cache), then one-token steps on the generalized
+    decoding op (``seed_mixers.generalized_step``): the one-pass output."""
+    monkeypatch.setenv(KERNEL_FAMILY_ENV, "delta")
+    torch.manual_seed(0)
+    mixer = spread_gates(create_mixer(name, dim=DIM, num_heads=HEADS, directions=("fwd",), **DELTA_SHAPED[name]))
+    x = torch.randn(2, 9, DIM)
+    with torch.no_grad():
+        full = mixer(x)
+        cache, pieces = ListCache(), []
+        for start, stop in ((0, 6), (6, 7), (7, 8), (8, 9)):
+            pieces.append(mixer(x[:, start:stop], cache=cache))
+            cache.tokens = stop
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-4, atol=1e-5)
