@@ -1,4 +1,6 @@
-"""Seed mixers: our ``chunk_generalized`` against fla 0.6's dedicated kernels (parity and time).
+"""Seed mixers: our ``chunk_generalized`` against fla 0.6's dedicated kernels (parity and time); with
+``HDLA_VISION_KERNELS=delta`` our side of GLA, DeltaNet, Gated DeltaNet / DeltaProduct and KDA is the delta rule's
+sub-step op, as the mixers then run them (tools/fla_ops.py).
 
     python -m benchmarks.fla_seed                       # parity + timing, all mixers, vision and LM shapes
     python -m benchmarks.fla_seed --mixers gla kda --shapes vision --no-parity

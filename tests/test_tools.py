@@ -9,6 +9,9 @@ import torch
 from tools import fla_seed_merge, triton_cache
 from tools.fla_ops import MIXERS, as_float64
 from hdla_vision.kernels import naive_generalized
+from hdla_vision.kernels.utils import KERNEL_FAMILY_ENV
+from tests.backends import backends
+from tests.oracle import rel_err
 
 
 def _fake_entry(root, name, kernel):
@@ -89,6 +92,25 @@ def test_each_mixer_runs_our_op_like_its_float64_loop():
         ref = ours(as_float64(x), 0.5, op=naive_generalized)
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err < 1e-5, (name, err)
+
+
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+def test_delta_shaped_mixers_run_the_delta_rule_in_the_fla_comparison(backend, monkeypatch):
+    """Under HDLA_VISION_KERNELS=delta the 'ours' side of the mixers that are products of delta steps takes the
+    delta rule's sub-step op (as the mixers do), and still equals the float64 loop; the others keep theirs."""
+    from hdla_vision.kernels.delta_rule import steps as delta_steps
+
+    monkeypatch.setenv(KERNEL_FAMILY_ENV, "delta")
+    calls = []
+    substeps = delta_steps.substeps
+    monkeypatch.setattr(delta_steps, "substeps", lambda *a: calls.append(a[1].shape[3]) or substeps(*a))
+    for name, (make, _fla, ours, _kernel) in MIXERS.items():
+        calls.clear()
+        x = make(1, 21, 2, 16, torch.float32, "cpu", torch.Generator().manual_seed(0))
+        out = ours(x, 0.5)
+        ref = ours(as_float64(x), 0.5, op=naive_generalized)
+        assert rel_err(out, ref) < 1e-5, name
+        assert calls == ([] if name == "rwkv7" else [int(name[-1]) if name[-1].isdigit() else 1]), (name, calls)
 
 
 def test_benchmark_readme_is_what_the_committed_jsons_give():

@@ -1,4 +1,6 @@
-"""The seed mixers on two kernels: fla 0.6's dedicated chunk kernel and our ``chunk_generalized``.
+"""The seed mixers on two kernels: fla 0.6's dedicated chunk kernel and ours: ``chunk_generalized``, or under
+``HDLA_VISION_KERNELS=delta`` the delta rule's sub-step op for the mixers that are products of delta steps (as the
+mixers run them, ``layers/seed.py``).
 
 Each entry of :data:`MIXERS` draws one mixer's raw per-token inputs (the quantities its paper
 names: keys, values, gates, betas) and runs them through fla's kernel and through ours via the
@@ -12,7 +14,7 @@ fla is imported lazily: this module loads without it.
 import torch
 import torch.nn.functional as F
 
-from hdla_vision.kernels import chunk_generalized
+from hdla_vision.kernels import chunk_delta_substeps, chunk_generalized, on_delta_rule
 from hdla_vision.layers import seed_mixers as sm
 
 
@@ -40,6 +42,15 @@ def _ours(q, step, scale, op):
     return op(q, k, v, a, b, step.g, scale=scale)[0]
 
 
+def _ours_by_route(q, factors, steps, scale, op):
+    """Our side as the mixers run it: under ``HDLA_VISION_KERNELS=delta`` (``on_delta_rule``) the delta rule's
+    sub-step op on the mixer's ``*_steps`` (``steps()``), else ``op`` on its factor function's step
+    (``factors()``); the float64 reference (``op`` another than ``chunk_generalized``) always the latter."""
+    if op is chunk_generalized and on_delta_rule(q):
+        return chunk_delta_substeps(q, *steps(), scale=scale)[0]
+    return _ours(q, factors(), scale, op)
+
+
 # ---- GLA: S = Diag(alpha) S + k v^T --------------------------------------------------------
 def gla_inputs(B, T, H, D, dtype, device, gen):
     g = F.logsigmoid(_rand(gen, device, B, T, H, D) + 3.0)
@@ -53,7 +64,8 @@ def gla_fla(x, scale):
 
 
 def gla_ours(x, scale, op=chunk_generalized):
-    return _ours(x["q"], sm.gla_factors(x["k"], x["v"], x["g"]), scale, op)
+    return _ours_by_route(x["q"], lambda: sm.gla_factors(x["k"], x["v"], x["g"]),
+                          lambda: sm.gla_steps(x["k"], x["v"], x["g"]), scale, op)
 
 
 # ---- DeltaNet: S = (I - beta k k^T) S + beta k v^T ------------------------------------------
@@ -68,7 +80,8 @@ def deltanet_fla(x, scale):
 
 
 def deltanet_ours(x, scale, op=chunk_generalized):
-    return _ours(x["q"], sm.deltanet_factors(x["k"], x["v"], x["beta"]), scale, op)
+    return _ours_by_route(x["q"], lambda: sm.deltanet_factors(x["k"], x["v"], x["beta"]),
+                          lambda: sm.deltanet_steps(x["k"], x["v"], x["beta"]), scale, op)
 
 
 # ---- Gated DeltaNet: S = alpha (I - beta k k^T) S + beta k v^T, scalar alpha per head -------
@@ -84,7 +97,9 @@ def gdn_fla(x, scale):
 
 
 def gdn_ours(x, scale, op=chunk_generalized):
-    return _ours(x["q"], sm.gated_deltanet_factors(x["k"], x["v"], x["beta"], x["log_alpha"]), scale, op)
+    k1, v1, beta1 = x["k"].unsqueeze(3), x["v"].unsqueeze(3), x["beta"].unsqueeze(-1)
+    return _ours_by_route(x["q"], lambda: sm.gated_deltanet_factors(x["k"], x["v"], x["beta"], x["log_alpha"]),
+                          lambda: sm.gated_deltaproduct_steps(k1, v1, beta1, x["log_alpha"]), scale, op)
 
 
 # ---- KDA: S = (I - beta k k^T) Diag(alpha) S + beta k v^T -----------------------------------
@@ -100,7 +115,8 @@ def kda_fla(x, scale):
 
 
 def kda_ours(x, scale, op=chunk_generalized):
-    return _ours(x["q"], sm.kda_factors(x["k"], x["v"], x["beta"], x["g"]), scale, op)
+    return _ours_by_route(x["q"], lambda: sm.kda_factors(x["k"], x["v"], x["beta"], x["g"]),
+                          lambda: sm.kda_steps(x["k"], x["v"], x["beta"], x["g"]), scale, op)
 
 
 # ---- RWKV-7 (diagonal plus rank 1): S = (Diag(w) - (a * kh) kh^T) S + k v^T -----------------
@@ -144,7 +160,8 @@ def gdp_fla(x, scale):
 
 
 def gdp_ours(x, scale, op=chunk_generalized):
-    return _ours(x["q"], sm.gated_deltaproduct_factors_5d(x["k"], x["v"], x["beta"], x["log_alpha"]), scale, op)
+    return _ours_by_route(x["q"], lambda: sm.gated_deltaproduct_factors_5d(x["k"], x["v"], x["beta"], x["log_alpha"]),
+                          lambda: sm.gated_deltaproduct_steps(x["k"], x["v"], x["beta"], x["log_alpha"]), scale, op)
 
 
 def _gdp3_inputs(*args):
