@@ -229,8 +229,8 @@ def render_delta_rule(name: str) -> str:
     return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{timing}\n\n{errors}\n"
 
 
-DELTA_KERNELS = {"_prepare_kernel": "P", "_state_kernel": "S", "_output_kernel": "O", "_state_bwd_kernel": "dS",
-                 "_chunk_bwd_kernel": "dC"}
+DELTA_KERNELS = {"_prepare_kernel": "P", "_state_kernel": "S", "_output_kernel": "O", "_dout_kernel": "dO",
+                 "_state_bwd_kernel": "dS", "_chunk_bwd_kernel": "dC"}
 
 
 def render_delta_kernels(name: str) -> str:
@@ -250,7 +250,7 @@ def render_delta_kernels(name: str) -> str:
                 top = sorted(us.items(), key=lambda kv: -kv[1])[:3]
                 detail = ", ".join(f"{k[:32]} {v:.0f}" for k, v in top)
             else:
-                detail = ", ".join(f"{label} {us.get(kernel, 0):.0f}" for kernel, label in DELTA_KERNELS.items())
+                detail = ", ".join(f"{label} {us[kernel]:.0f}" for kernel, label in DELTA_KERNELS.items() if kernel in us)
             rows.append([shape, variant, ms(run["fwd_bwd_ms"]), f"{sum(us.values()):.0f}", detail])
     table = markdown(["shape", "variant", "fwd+bwd ms", "kernels µs", "µs per kernel"], rows)
     return f"{provenance(name, result)}, {result.get('dtype', '')}, precision {result.get('precision', '')}\n\n{table}\n"

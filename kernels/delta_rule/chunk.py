@@ -1,4 +1,4 @@
-"""The delta rule in five Triton kernels on 64-step chunks, forward and backward (kernels/README.md §12; the math of
+"""The delta rule in six Triton kernels on 64-step chunks, forward and backward (kernels/README.md §12; the math of
 :mod:`.torch_chunk`, whose names these follow).
 
     P  ``_prepare_kernel``    grid (N, B*H): G = cumsum(g) in the chunk; the Grams A (rows times beta, strictly
@@ -8,6 +8,7 @@
     S  ``_state_kernel``      grid (V / BV, B*H), serial over chunks: U = u~ - w S, S <- gamma S + kg^T U; stores
                               the state entering each chunk (h) and U.
     O  ``_output_kernel``     grid (N, V / BV, B*H): O = qg h + Aqk U.
+    dO ``_dout_kernel``       grid (N, V / BV, B*H): dO's chunk-local products Aqk^T dO and qg^T dO.
     dS ``_state_bwd_kernel``  grid (V / BV, B*H), serial from the last chunk: dU = Aqk^T dO + kg dS_C, then
                               dS_0 = gamma dS_C + qg^T dO - w^T dU; stores dS_C and dU per chunk, and dh0.
     dC ``_chunk_bwd_kernel``  grid (N, B*H): the chunk's VJP from h, U, dS_C, dU: dqg, dAqk, dw, dkg, dgamma by
@@ -381,35 +382,51 @@ def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Opt
 
 
 @triton.jit
-def _state_bwd_kernel(do_ptr, aqk_ptr, kg_ptr, qg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, dh0_ptr, T, H, K, V,
-                      NT, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                      PREC: tl.constexpr):
-    """The serial pass backwards over chunks: stores dS_C (the cotangent of the state leaving each chunk) and
-    dU = Aqk^T dO + kg dS_C, then dS_0 = gamma dS_C + qg^T dO - w^T dU enters the chunk before; dh0 at the end."""
+def _dout_kernel(do_ptr, aqk_ptr, qg_ptr, ds_ptr, du_ptr, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr, PREC: tl.constexpr):
+    """dO's chunk-local products, before the serial pass (which they would otherwise lengthen), for chunk
+    ``program_id(0)`` and V block ``program_id(1)``: Aqk^T dO into dU's slot and qg^T dO into dS_C's slot."""
+    c, b, h, blk = _this_chunk(H, NT, 2)
+    cv = tl.program_id(1) * BV + tl.arange(0, BV)
+    rows = tl.arange(0, C)
+    chunk_rows = (blk * C + rows)[:, None]
+    do = _rows_of(do_ptr, b, c, h, T, H, V, rows, cv, C)
+    aqk = tl.load(aqk_ptr + chunk_rows * C + rows[None, :])
+    qg = _chunk_tile(qg_ptr, chunk_rows, tl.arange(0, BK), K)
+    tl.store(du_ptr + chunk_rows * V + cv[None, :], tl.dot(tl.trans(aqk), do, input_precision=PREC),
+             mask=(cv < V)[None, :])
+    state_offs = tl.arange(0, BK)[:, None] * V + cv[None, :]
+    tl.store(ds_ptr + blk * K * V + state_offs, tl.dot(tl.trans(qg), do, input_precision=PREC),
+             mask=(tl.arange(0, BK) < K)[:, None] & (cv < V)[None, :])
+
+
+@triton.jit
+def _state_bwd_kernel(kg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, dh0_ptr, K, V, NT, C: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr, PREC: tl.constexpr):
+    """The serial pass backwards over chunks, on :func:`_dout_kernel`'s products (read from the slots it then
+    overwrites): dU = Aqk^T dO + kg dS_C and dS_0 = gamma dS_C + qg^T dO - w^T dU enters the chunk before; stores
+    dS_C (the cotangent of the state leaving each chunk) and dU per chunk, and dh0."""
     i_v = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    bh64 = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
-    bh64 = bh.to(tl.int64)
     ds, state_offs, state_mask = _state_tile(dht_ptr, bh64, K, V, i_v, BK, BV, HAS_DHT)
     for i in range(NT):
         n = NT - 1 - i
         blk = bh64 * NT + n
-        tl.store(ds_ptr + blk * K * V + state_offs, ds, mask=state_mask)
         chunk_rows = (blk * C + rows)[:, None]
-        do = _rows_of(do_ptr, b, n, h, T, H, V, rows, cv, C)
-        aqk = tl.load(aqk_ptr + chunk_rows * C + rows[None, :])
+        du_slot = du_ptr + chunk_rows * V + cv[None, :]
+        q_do = tl.load(ds_ptr + blk * K * V + state_offs, mask=state_mask, other=0.0)  # qg^T dO
+        aqk_do = tl.load(du_slot, mask=(cv < V)[None, :], other=0.0)  # Aqk^T dO
         kg = _chunk_tile(kg_ptr, chunk_rows, ck, K)
-        qg = _chunk_tile(qg_ptr, chunk_rows, ck, K)
         w = _chunk_tile(w_ptr, chunk_rows, ck, K)
         gam = tl.load(gam_ptr + blk * K + ck, mask=ck < K, other=0.0)
-        du = tl.dot(tl.trans(aqk), do, input_precision=PREC) + tl.dot(kg, ds, input_precision=PREC)
-        tl.store(du_ptr + chunk_rows * V + cv[None, :], du, mask=(cv < V)[None, :])
-        ds = gam[:, None] * ds + tl.dot(tl.trans(qg), do, input_precision=PREC) \
-            - tl.dot(tl.trans(w), du, input_precision=PREC)
+        tl.debug_barrier()  # every thread has read the slots before any overwrites them
+        tl.store(ds_ptr + blk * K * V + state_offs, ds, mask=state_mask)
+        du = aqk_do + tl.dot(kg, ds, input_precision=PREC)
+        tl.store(du_slot, du, mask=(cv < V)[None, :])
+        ds = gam[:, None] * ds + q_do - tl.dot(tl.trans(w), du, input_precision=PREC)
     tl.store(dh0_ptr + bh64 * K * V + state_offs, ds, mask=state_mask)
 
 
@@ -609,10 +626,11 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
     du = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
     dh0 = torch.empty(bh, dk, dv, **f32)
     do = do.contiguous()
-    _state_bwd_kernel[(cdiv(dv, bv), bh)](do, z["aqk"], z["kg"], z["qg"], z["w"], z["gamma"],
-                                          dht.contiguous() if dht is not None else dh0, ds, du, dh0, seq_len, heads,
-                                          dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_DHT=dht is not None, PREC=prec,
-                                          **_launch("dS", bk))
+    _dout_kernel[(n_chunks, cdiv(dv, bv), bh)](do, z["aqk"], z["qg"], ds, du, seq_len, heads, dk, dv, n_chunks,
+                                               C=CHUNK, BK=bk, BV=bv, PREC=prec, **_launch("O", bk))
+    _state_bwd_kernel[(cdiv(dv, bv), bh)](z["kg"], z["w"], z["gamma"], dht.contiguous() if dht is not None else dh0,
+                                          ds, du, dh0, dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv,
+                                          HAS_DHT=dht is not None, PREC=prec, **_launch("dS", bk))
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
     # the band form's copies of dA and dAqk (its scratch); the levels read none
     dgram = du if cfg["LEVELS"] else torch.empty(bh, n_chunks, 2, CHUNK, CHUNK, **f32)
