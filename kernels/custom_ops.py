@@ -581,7 +581,7 @@ def _(q, k, v, beta, g, write, scale, initial_state, output_final_state, precisi
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     state = q.new_empty(batch, heads, dk, dv, dtype=torch.float32) if output_final_state else _empty(q)
-    saved = q.new_empty(saved_numel(batch, seq_len, heads, dk, dv), dtype=torch.float32)
+    saved = q.new_empty(saved_numel(batch, seq_len, heads, dk, dv, g.dim() == 3), dtype=torch.float32)
     return q.new_empty(batch, seq_len, heads, dv), state, saved
 
 

@@ -99,6 +99,21 @@ def _chunk_decays(q, k, G, scale, rows, C: tl.constexpr):
 
 
 @triton.jit
+def _load_G(gcum_blk, rows, cols, BK: tl.constexpr, KB: tl.constexpr, SCALAR: tl.constexpr):
+    """A chunk's cumulative log-decay G as a ``[C, KB]`` tile of the K block ``cols`` (SCALAR: one per head, its
+    ``[C]`` values repeated over the block)."""
+    if SCALAR:
+        return tl.load(gcum_blk + rows)[:, None] + tl.zeros([1, KB], dtype=tl.float32)
+    return tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
+
+
+@triton.jit
+def _scalar_pairs(Gs, rows):
+    """``[C, C]``: e^{G_t - G_i} for t >= i of one decay per head (exponent <= 0), 0 above the diagonal."""
+    return tl.exp(tl.where(rows[:, None] >= rows[None, :], Gs[:, None] - Gs[None, :], float("-inf")))
+
+
+@triton.jit
 def _gram_block(a_mat, aqk, q, k, G, rows, C: tl.constexpr, SUB: tl.constexpr, PREC: tl.constexpr):
     """The Grams' off-diagonal 16-step blocks added for one K block (``q, k, G [C, KB]``): through r = G at row block
     n's first step, e^{G_t - r} <= 1 and e^{r - G_i} <= 1."""
@@ -193,35 +208,49 @@ def _inverse(a_mat, rows, PREC: tl.constexpr):
 def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
                     qg_ptr, gam_ptr, T, H, K, V, NT, scale,
                     C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr):
-    """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward's gathered rows), Aqk, T, w,
-    u~, kg, qg and gamma, each ``[B*H, N, ...]`` fp32. Two passes over K blocks of KB columns: the Grams (sums over
-    K; the pair decays by :func:`_gram_levels` if LEVELS, else 16-step blocks and exact diagonal bands), then the
-    terms T maps (column blocks)."""
+                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr, SCALAR: tl.constexpr):
+    """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward), Aqk, T, w, u~, kg, qg and
+    gamma, each ``[B*H, N, ...]`` fp32. Two passes over K blocks of KB columns: the Grams (sums over K; the pair
+    decays by :func:`_gram_levels` if LEVELS, else 16-step blocks and exact diagonal bands; SCALAR, one decay per
+    head: the plain Grams times the ``[C, C]`` pair decays), then the terms T maps (column blocks)."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
     om = _scalars_of(om_ptr, b, c, h, T, H, rows, C)
-    gcum_blk = gcum_ptr + blk * C * BK
+    gcum_blk = gcum_ptr + blk * C * (1 if SCALAR else BK)
     a_mat = tl.zeros([C, C], dtype=tl.float32)
     aqk = tl.zeros([C, C], dtype=tl.float32)
     band_a = tl.zeros([C, SUB], dtype=tl.float32)
     band_q = tl.zeros([C, SUB], dtype=tl.float32)
-    for k0 in range(0, K, KB):
-        cols = k0 + tl.arange(0, KB)
-        q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
-        k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
-        G = tl.cumsum(tl.maximum(_rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C), LOG_ZERO), axis=0)  # -inf: 0
-        tl.store(gcum_blk + rows[:, None] * BK + cols[None, :], G)
-        tl.debug_barrier()  # G's rows are read back by other threads of this program
-        if LEVELS:
-            a_mat, aqk = _gram_levels(a_mat, aqk, q, k, G, gcum_blk, rows, cols, BK, PREC)
-        else:
-            a_mat, aqk = _gram_block(a_mat, aqk, q, k, G, rows, C, SUB, PREC)
-            band_a, band_q = _gram_band(band_a, band_q, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C,
-                                        SUB, BK)
+    if SCALAR:
+        Gs = tl.cumsum(tl.maximum(_scalars_of(g_ptr, b, c, h, T, H, rows, C), LOG_ZERO), axis=0)  # -inf: 0
+        tl.store(gcum_blk + rows, Gs)
+        for k0 in range(0, K, KB):
+            cols = k0 + tl.arange(0, KB)
+            q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
+            k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
+            a_mat += tl.dot(k, tl.trans(k), input_precision=PREC)
+            aqk += tl.dot(q, tl.trans(k), input_precision=PREC)
+        pairs = _scalar_pairs(Gs, rows)
+        a_mat = tl.where(rows[:, None] > rows[None, :], a_mat * pairs, 0.0)
+        aqk = aqk * pairs
+        tl.debug_barrier()  # G is read back below by other threads of this program
+    else:
+        for k0 in range(0, K, KB):
+            cols = k0 + tl.arange(0, KB)
+            q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
+            k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
+            G = tl.cumsum(tl.maximum(_rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C), LOG_ZERO), axis=0)  # -inf: 0
+            tl.store(gcum_blk + rows[:, None] * BK + cols[None, :], G)
+            tl.debug_barrier()  # G's rows are read back by other threads of this program
+            if LEVELS:
+                a_mat, aqk = _gram_levels(a_mat, aqk, q, k, G, gcum_blk, rows, cols, BK, PREC)
+            else:
+                a_mat, aqk = _gram_block(a_mat, aqk, q, k, G, rows, C, SUB, PREC)
+                band_a, band_q = _gram_band(band_a, band_q, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C,
+                                            SUB, BK)
     out_rows = (blk * C + rows)[:, None]
-    if not LEVELS:
+    if not LEVELS and not SCALAR:
         chunk_tile = aqk_ptr + blk * C * C  # the [C, C] outputs double as the bands' scratch before they are written
         aqk = _add_band(aqk, band_q, chunk_tile, rows, C, SUB, False)
         a_mat = _add_band(a_mat, band_a, chunk_tile, rows, C, SUB, True)
@@ -233,7 +262,7 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
         kmask = (cols < K)[None, :]
         q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
-        G = tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
+        G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
         decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
         w = tl.dot(t_mat, k * decayed * beta[:, None], input_precision=PREC)
         tl.store(w_ptr + out_rows * K + cols[None, :], w, mask=kmask)
@@ -319,9 +348,11 @@ def _check(q, k, v, beta, g, write, initial_state):
     if q.dim() != 4:
         raise ValueError(f"q must be [B, T, H, K], got {list(q.shape)}")
     batch, seq_len, heads, dk = q.shape
-    for name, x in (("k", k), ("g", g)):
-        if x.shape != q.shape:
-            raise ValueError(f"{name} must be [B, T, H, K] = {list(q.shape)}, got {list(x.shape)}")
+    if k.shape != q.shape:
+        raise ValueError(f"k must be [B, T, H, K] = {list(q.shape)}, got {list(k.shape)}")
+    if g.shape != q.shape and tuple(g.shape) != (batch, seq_len, heads):
+        raise ValueError(f"g must be [B, T, H, K] = {list(q.shape)} (per channel) or [B, T, H] = "
+                         f"{[batch, seq_len, heads]} (per head), got {list(g.shape)}")
     if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"v must be [B, T, H, V] with B, T, H = {list(q.shape[:3])}, got {list(v.shape)}")
     for name, x in (("beta", beta), ("write", write)):
@@ -335,10 +366,11 @@ def _check(q, k, v, beta, g, write, initial_state):
         raise ValueError("q, k, v, beta, g, write and initial_state must be on one device")
 
 
-def _settings(q: torch.Tensor, dk: int, dv: int, precision: Optional[str]) -> dict:
+def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str]) -> dict:
     """Tiles and operand precision of a call (ValueError for a K over one tile or an unknown precision). tf32 is the
     GPU's default (bf16 parity 4e-3 on the H200): with tf32x3 the backward chunk kernel at K = 64 needs 340 KB of
     shared memory, more than sm_90a's 227."""
+    dk = q.shape[-1]
     if dk > MAX_HEAD_DIM:
         raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
     bk = max(16, next_power_of_2(dk))
@@ -348,7 +380,7 @@ def _settings(q: torch.Tensor, dk: int, dv: int, precision: Optional[str]) -> di
     bv = max(16, min(LAUNCH["BV"][64 if bk <= 64 else 128], next_power_of_2(dv)))  # S's loads within shared memory
     size = 64 if bk <= 64 else 128
     return dict(BK=bk, BV=bv, KB=min(bk, LAUNCH["KB"][size]), PREC=precision,
-                LEVELS=LAUNCH["diagonal"][size] == "levels")
+                LEVELS=LAUNCH["diagonal"][size] == "levels", SCALAR=g.dim() == 3)
 
 
 def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Optional[torch.Tensor],
@@ -357,20 +389,20 @@ def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Opt
     ``[B, H, K, V]`` fp32, the terms the backward reads in one fp32 buffer, :mod:`.terms`)."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
-    cfg = _settings(q, dk, dv, precision)
+    cfg = _settings(q, g, dv, precision)
     q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
     bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
     f32 = dict(device=q.device, dtype=torch.float32)
-    saved = torch.empty(saved_numel(batch, seq_len, heads, dk, dv), **f32)
-    z = carve(saved, batch, seq_len, heads, dk, dv)
+    saved = torch.empty(saved_numel(batch, seq_len, heads, dk, dv, cfg["SCALAR"]), **f32)
+    z = carve(saved, batch, seq_len, heads, dk, dv, cfg["SCALAR"])
     u = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
     final = torch.empty(bh, dk, dv, **f32)
     _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], u, z["kg"],
                                     z["qg"], z["gamma"], seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB,
                                     BK=bk, KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
-                                    LEVELS=cfg["LEVELS"], **_launch("P", bk))
+                                    LEVELS=cfg["LEVELS"], SCALAR=cfg["SCALAR"], **_launch("P", bk))
     h0 = initial_state.contiguous() if initial_state is not None else final
     _state_kernel[(cdiv(dv, bv), bh)](z["w"], u, z["kg"], z["gamma"], h0, z["h"], z["new"], final, dk, dv,
                                       n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=prec,
@@ -508,17 +540,19 @@ def _state_block(ptr, K, V, k0, v0, KB: tl.constexpr, BV: tl.constexpr):
 def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, h_ptr,
                       new_ptr, ds_ptr, du_ptr, dgram_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
                       scale, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr,
-                      BV: tl.constexpr, LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr):
+                      BV: tl.constexpr, LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr,
+                      SCALAR: tl.constexpr):
     """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12), in three
     passes that keep at most ``[C, KB]`` column blocks live: over V, the products without the state (dAqk, dT's
     value side, dv, d omega); over K, dT's key side -dU S_0^T (beta k e^G)^T, which completes dT and so
     dA = -(T^T dT T^T); over K again, each block's products with the state (dqg, dw, dkg, dgamma, dw recomputed),
-    the Gram VJPs, and dq, dk, dg (the chunk's reverse cumsum of dG) and dbeta's share."""
+    the Gram VJPs, and dq, dk, dg (the chunk's reverse cumsum of dG) and dbeta's share. SCALAR (one decay per
+    head): the Gram VJPs through the ``[C, C]`` pair decays, and dG summed over K before the cumsum."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
     om = _scalars_of(om_ptr, b, c, h, T, H, rows, C)
-    gcum_blk = gcum_ptr + blk * C * BK
+    gcum_blk = gcum_ptr + blk * C * (1 if SCALAR else BK)
     h_blk = h_ptr + blk * K * V
     ds_blk = ds_ptr + blk * K * V
     chunk_rows = (blk * C + rows)[:, None]
@@ -541,6 +575,8 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         tl.store(dv_ptr + io_rows * V + cv[None, :], (om[:, None] * t_du).to(dv_ptr.dtype.element_ty),
                  mask=valid[:, None] & (cv < V)[None, :])
         d_om += tl.sum(vals * t_du, axis=1)
+    gram_kk = tl.zeros([C, C], dtype=tl.float32)  # SCALAR: the plain Grams, for dG's Gram share
+    gram_qk = tl.zeros([C, C], dtype=tl.float32)
     for k0 in range(0, K, KB):
         cols = k0 + tl.arange(0, KB)
         d_w = tl.zeros([C, KB], dtype=tl.float32)
@@ -548,14 +584,25 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
             du = _chunk_tile(du_ptr, chunk_rows, v0 + tl.arange(0, BV), V)
             d_w -= tl.dot(du, tl.trans(_state_block(h_blk, K, V, k0, v0, KB, BV)), input_precision=PREC)
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
-        G = tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
+        G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
         d_t += tl.dot(d_w, tl.trans(beta[:, None] * k * tl.exp(G)), input_precision=PREC)
+        if SCALAR:
+            gram_kk += tl.dot(k, tl.trans(k), input_precision=PREC)
+            gram_qk += tl.dot(_rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C), tl.trans(k), input_precision=PREC)
     d_a = -tl.dot(tl.dot(tl.trans(t_mat), d_t, input_precision=PREC), tl.trans(t_mat), input_precision=PREC)
     d_a = tl.where(rows[:, None] > rows[None, :], d_a, 0.0)
     d_p = tl.where(rows[:, None] >= rows[None, :], d_aqk * scale, 0.0)
     m_a_blk = dgram_ptr + blk * 2 * C * C
     m_q_blk = m_a_blk + C * C
-    if LEVELS:
+    if SCALAR:  # the cotangents on the plain Grams k k^T and q k^T
+        pairs = _scalar_pairs(tl.load(gcum_blk + rows), rows)
+        m_a, m_q = d_a * pairs, d_p * pairs
+        m_a_col = m_a * beta[:, None]
+        # the Grams' share of dG from their pair decays e^{G_t - G_i}, on the [C, C] level: E = (their cotangents) o
+        # (the Grams), row sums minus column sums; summing the channels' dG instead would cancel terms in fp32
+        e_pairs = m_a_col * gram_kk + m_q * gram_qk
+        dg_sum = tl.sum(e_pairs, axis=1) - tl.sum(e_pairs, axis=0)
+    elif LEVELS:
         d_p_diag = tl.sum(tl.where(rows[:, None] == rows[None, :], d_p, 0.0), axis=1)
     else:
         tl.store(m_a_blk + rows[:, None] * C + rows[None, :], d_a)
@@ -566,8 +613,7 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         cols = k0 + tl.arange(0, KB)
         q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
-        g_raw = _rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C)
-        G = tl.load(gcum_blk + rows[:, None] * BK + cols[None, :])
+        G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
         decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
         d_qg = tl.zeros([C, KB], dtype=tl.float32)
         d_w = tl.zeros([C, KB], dtype=tl.float32)
@@ -586,7 +632,11 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         bke = beta[:, None] * k * decayed
         t_dw = tl.dot(tl.trans(t_mat), d_w, input_precision=PREC)  # d(beta k e^G)
         # A = beta_t P_A, Aqk = scale P_q: their cotangents on the unscaled Grams (d_a is strictly lower)
-        if LEVELS:
+        if SCALAR:
+            row_a = tl.dot(m_a, k, input_precision=PREC)
+            row_q = tl.dot(m_q, k, input_precision=PREC)
+            col_k = tl.dot(tl.trans(m_a_col), k, input_precision=PREC) + tl.dot(tl.trans(m_q), q, input_precision=PREC)
+        elif LEVELS:
             row_a, row_q, col_k = _gram_vjps_levels(d_a, d_a * beta[:, None], d_p, d_p_diag, k, q, G, gcum_blk, rows,
                                                     cols, C, BK, KB, PREC)
         else:
@@ -598,13 +648,22 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         d_big = beta[:, None] * k * row_a + q * row_q - k * col_k + d_qg * qg + bke * t_dw - d_kg * kg
         d_last = tl.sum(d_kg * kg, axis=0) + d_gam * tl.reshape(tl.exp(last), [KB])  # G_C: kg's and gamma's
         d_big += tl.where((rows == C - 1)[:, None], d_last[None, :], 0.0)
-        dg = tl.cumsum(d_big, axis=0, reverse=True)
-        dg = tl.where(g_raw >= LOG_ZERO, dg, 0.0)  # below the floor exp(g) is 0 whatever g: no gradient
         out_mask = valid[:, None] & (cols < K)[None, :]
         tl.store(dq_ptr + io_rows * K + cols[None, :], dq.to(dq_ptr.dtype.element_ty), mask=out_mask)
         tl.store(dk_ptr + io_rows * K + cols[None, :], dk.to(dk_ptr.dtype.element_ty), mask=out_mask)
-        tl.store(dg_ptr + io_rows * K + cols[None, :], dg.to(dg_ptr.dtype.element_ty), mask=out_mask)
+        if SCALAR:  # G_t feeds every channel's G_tc: the terms outside the Grams, summed over K
+            d_out = d_qg * qg + bke * t_dw - d_kg * kg
+            dg_sum += tl.sum(tl.where((rows == C - 1)[:, None], d_out + d_last[None, :], d_out), axis=1)
+        else:
+            dg = tl.cumsum(d_big, axis=0, reverse=True)
+            g_raw = _rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C)
+            dg = tl.where(g_raw >= LOG_ZERO, dg, 0.0)  # below the floor exp(g) is 0 whatever g: no gradient
+            tl.store(dg_ptr + io_rows * K + cols[None, :], dg.to(dg_ptr.dtype.element_ty), mask=out_mask)
     scalar_rows = ((b * T + t_rows) * H + h).to(tl.int64)
+    if SCALAR:
+        dg = tl.cumsum(dg_sum, axis=0, reverse=True)
+        dg = tl.where(_scalars_of(g_ptr, b, c, h, T, H, rows, C) >= LOG_ZERO, dg, 0.0)
+        tl.store(dg_ptr + scalar_rows, dg.to(dg_ptr.dtype.element_ty), mask=valid)
     tl.store(dbeta_ptr + scalar_rows, d_beta.to(dbeta_ptr.dtype.element_ty), mask=valid)
     tl.store(dom_ptr + scalar_rows, d_om.to(dom_ptr.dtype.element_ty), mask=valid)
 
@@ -615,9 +674,9 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
     Returns ``(dq, dk, dv, dbeta, dg, dwrite, dh0 [B, H, K, V] fp32 or None)``, the others in the inputs' dtypes."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
-    cfg = _settings(q, dk, dv, precision)
+    cfg = _settings(q, g, dv, precision)
     q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
-    z = carve(saved, batch, seq_len, heads, dk, dv)
+    z = carve(saved, batch, seq_len, heads, dk, dv, cfg["SCALAR"])
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
     bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
@@ -637,7 +696,7 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
                                       ds, du, dgram, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK,
                                       SUB=SUB, BK=bk, KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
-                                      LEVELS=cfg["LEVELS"], **_launch("dC", bk))
+                                      LEVELS=cfg["LEVELS"], SCALAR=cfg["SCALAR"], **_launch("dC", bk))
     return (*grads, dh0.view(batch, heads, dk, dv) if initial_state is not None else None)
 
 
@@ -649,7 +708,8 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
     S_t^T q_t`` (kernels/README.md §12), with gradients for every input: the Triton kernels where Triton runs (CUDA,
     or the CPU under ``TRITON_INTERPRET=1``), else :func:`.torch_chunk.torch_chunk_delta_rule` (PyTorch's autograd).
 
-    Args: q, k, g ``[B, T, H, K]`` (k unit rows, g <= 0), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
+    Args: q, k ``[B, T, H, K]`` (k unit rows), g ``[B, T, H, K]`` per channel or ``[B, T, H]`` per head (g <= 0;
+        its own kernels' specialisation), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
         initial_state ``[B, H, K, V]`` or None; ``precision``: every product's fp32 operands as :data:`PRECISIONS`
         names them (``tl.dot``'s ``input_precision``; None: tf32 on CUDA, exact under the interpreter);
         ``reverse``: the scan from the last step to the first (on time-flipped copies of the inputs, for now).
@@ -671,4 +731,5 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
                                    q.shape[2])
         return o, (final if output_final_state else None)
     check_log_decay(g)
-    return torch_chunk_delta_rule(q, k, v, beta, g, write, scale, initial_state, output_final_state)
+    per_channel = g if g.dim() == 4 else g.unsqueeze(-1).expand(q.shape)  # its gradient sums over K
+    return torch_chunk_delta_rule(q, k, v, beta, per_channel, write, scale, initial_state, output_final_state)

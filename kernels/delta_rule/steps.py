@@ -34,14 +34,18 @@ def substeps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tens
     Token t: ``S <- (I - beta_j k_j k_j^T) Diag(exp g_j) S + write_j k_j v_j^T`` for j = 1..n, with the token's decay
     on its first sub-step (``g_1 = g``, later ``g_j = 0``), then ``o_t = scale S^T q_t``: the query on the last
     sub-step. Inputs: q ``[B, T, H, K]``, k ``[B, T, H, n, K]``, v ``[B, T, H, n, V]``, beta and write
-    ``[B, T, H, n]``, g ``[B, T, H, K]`` per channel or ``[B, T, H]`` per head."""
-    batch, seq_len, heads, n, dk = k.shape
-    g = g if g.dim() == 4 else g.unsqueeze(-1).expand(batch, seq_len, heads, dk)
+    ``[B, T, H, n]``, g ``[B, T, H, K]`` per channel or ``[B, T, H]`` per head (kept so: the kernels' per-head
+    specialisation)."""
+    n = k.shape[3]
     first = torch.arange(n, device=k.device) == 0
     last = torch.arange(n, device=k.device) == n - 1
-    g_steps = torch.where(first[:, None], g.unsqueeze(3), torch.zeros((), dtype=g.dtype, device=g.device))
+    zero = torch.zeros((), dtype=g.dtype, device=g.device)
+    if g.dim() == 4:  # per channel: [B, T, H, n, K]
+        g_s = _steps_of(torch.where(first[:, None], g.unsqueeze(3), zero))
+    else:  # per head: [B, T, H, n]
+        g_s = _steps_of(torch.where(first, g.unsqueeze(-1), zero).unsqueeze(-1)).squeeze(-1)
     q_steps = torch.where(last[:, None], q.unsqueeze(3), torch.zeros((), dtype=q.dtype, device=q.device))
-    q_s, k_s, v_s, g_s = (_steps_of(x) for x in (q_steps, k, v, g_steps))
+    q_s, k_s, v_s = (_steps_of(x) for x in (q_steps, k, v))
     beta_s, write_s = (_steps_of(x.unsqueeze(-1)).squeeze(-1) for x in (beta, write))
     return q_s, k_s, v_s, beta_s, g_s, write_s
 

@@ -2,7 +2,8 @@
 buffer: the custom op (``custom_ops.chunk_delta_rule_op``) returns that buffer as one tensor, and its fake
 implementation needs only its size (no Triton import).
 
-    gcum  [B*H, N*C, BK]   G, the chunk's cumulative log-decay (BK: K up to a power of two, >= 16)
+    gcum  [B*H, N*C, BK]   G, the chunk's cumulative log-decay (BK: K up to a power of two, >= 16; one decay per
+                           head: [B*H, N*C, 1])
     aqk   [B*H, N, C, C]   scale times the q-k Gram (lower)
     tm    [B*H, N, C, C]   T = (I + A)^-1
     w, kg, qg [B*H, N, C, K]
@@ -23,24 +24,26 @@ def padded_head_dim(dk: int) -> int:
     return max(16, 1 << (dk - 1).bit_length())
 
 
-def saved_layout(batch: int, seq_len: int, heads: int, dk: int, dv: int) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
-    """``(name, shape)`` of each term, in the buffer's order."""
+def saved_layout(batch: int, seq_len: int, heads: int, dk: int, dv: int,
+                 scalar: bool = False) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+    """``(name, shape)`` of each term, in the buffer's order; ``scalar``: one log-decay per head."""
     bh, n_chunks, bk = batch * heads, -(-seq_len // CHUNK), padded_head_dim(dk)
     per_row = lambda width: (bh, n_chunks, CHUNK, width)  # noqa: E731
-    return (("gcum", (bh, n_chunks * CHUNK, bk)), ("aqk", per_row(CHUNK)), ("tm", per_row(CHUNK)),
+    return (("gcum", (bh, n_chunks * CHUNK, 1 if scalar else bk)), ("aqk", per_row(CHUNK)), ("tm", per_row(CHUNK)),
             ("w", per_row(dk)), ("kg", per_row(dk)), ("qg", per_row(dk)), ("gamma", (bh, n_chunks, dk)),
             ("h", (bh, n_chunks, dk, dv)), ("new", per_row(dv)))
 
 
-def saved_numel(batch: int, seq_len: int, heads: int, dk: int, dv: int) -> int:
+def saved_numel(batch: int, seq_len: int, heads: int, dk: int, dv: int, scalar: bool = False) -> int:
     """The buffer's length (fp32 elements)."""
-    return sum(math.prod(shape) for _, shape in saved_layout(batch, seq_len, heads, dk, dv))
+    return sum(math.prod(shape) for _, shape in saved_layout(batch, seq_len, heads, dk, dv, scalar))
 
 
-def carve(buffer: torch.Tensor, batch: int, seq_len: int, heads: int, dk: int, dv: int) -> Dict[str, torch.Tensor]:
+def carve(buffer: torch.Tensor, batch: int, seq_len: int, heads: int, dk: int, dv: int,
+          scalar: bool = False) -> Dict[str, torch.Tensor]:
     """The terms as contiguous views of ``buffer`` (``[saved_numel(...)]`` fp32)."""
     views, start = {}, 0
-    for name, shape in saved_layout(batch, seq_len, heads, dk, dv):
+    for name, shape in saved_layout(batch, seq_len, heads, dk, dv, scalar):
         size = math.prod(shape)
         views[name] = buffer[start:start + size].view(shape)
         start += size

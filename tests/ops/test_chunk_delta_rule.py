@@ -16,9 +16,10 @@ from tests.oracle import compare_with_loop, hdla_problem, rel_err, with_resets
 
 
 def delta_problem(batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, write="random", beta_ends=False, resets=0.0,
-                  seed=0):
+                  seed=0, per_head=False):
     """Random float64 inputs: unit k, beta in [0, 2] (with ``beta_ends``, 0 and 2 at the first steps), g in [g_min, 0]
-    (a fraction ``resets`` of -inf), write scales random in [0, 1], ones or zeros."""
+    (a fraction ``resets`` of -inf; ``per_head``: one per head, ``[B, T, H]``), write scales random in [0, 1], ones
+    or zeros."""
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     uniform = lambda *s: torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
@@ -30,16 +31,18 @@ def delta_problem(batch, seq_len, heads, dk, dv, g_min=-3.0, h0=True, write="ran
                   zeros=torch.zeros(batch, seq_len, heads, dtype=torch.float64))
     return dict(q=rnd(batch, seq_len, heads, dk), k=F.normalize(rnd(batch, seq_len, heads, dk), dim=-1),
                 v=rnd(batch, seq_len, heads, dv), beta=beta,
-                g=with_resets(uniform(batch, seq_len, heads, dk) * g_min, resets, gen), write=writes[write],
+                g=with_resets(uniform(batch, seq_len, heads, *(() if per_head else (dk,))) * g_min, resets, gen),
+                write=writes[write],
                 initial_state=rnd(batch, heads, dk, dv) if h0 else None)
 
 
 def reference(p, scale, reverse=False):
     """The generalized float64 loop on the delta rule's factors."""
     k = p["k"]
+    g = p["g"] if p["g"].dim() == 4 else p["g"].unsqueeze(-1).expand(k.shape)  # per head: dg sums over K
     a = (p["beta"].unsqueeze(-1) * k).unsqueeze(3)
-    b = (p["g"].exp() * k).unsqueeze(3)
-    return naive_generalized(p["q"], (p["write"].unsqueeze(-1) * k).unsqueeze(3), p["v"].unsqueeze(3), a, b, p["g"],
+    b = (g.exp() * k).unsqueeze(3)
+    return naive_generalized(p["q"], (p["write"].unsqueeze(-1) * k).unsqueeze(3), p["v"].unsqueeze(3), a, b, g,
                              scale=scale, initial_state=p["initial_state"], output_final_state=True, reverse=reverse)
 
 
@@ -72,9 +75,15 @@ SMALL = [  # (name, problem kwargs): lengths around the 64-step chunk, batch 1, 
     ("T65_no_write", dict(batch=1, seq_len=65, heads=2, dk=16, dv=8, write="zeros")),
     # K = 48: two 32-column blocks in the chunk kernels, the second half past K
     ("T70_d48_gates-20", dict(batch=1, seq_len=70, heads=1, dk=48, dv=24, g_min=-20.0)),
+    # one log-decay per head (the kernels' scalar specialisation), with -20 gates, resets and two K blocks
+    ("T130_per_head_gates-20_resets", dict(batch=2, seq_len=130, heads=1, dk=16, dv=8, g_min=-20.0, resets=0.05,
+                                           per_head=True)),
+    ("T70_d48_per_head", dict(batch=1, seq_len=70, heads=2, dk=48, dv=24, per_head=True, beta_ends=True)),
 ]
 LARGE = [("T300_d64", dict(batch=2, seq_len=300, heads=3, dk=64, dv=64, g_min=-20.0, beta_ends=True)),
-         ("T200_d128", dict(batch=1, seq_len=200, heads=2, dk=128, dv=128))]
+         ("T200_d128", dict(batch=1, seq_len=200, heads=2, dk=128, dv=128)),
+         ("T300_d64_per_head", dict(batch=2, seq_len=300, heads=3, dk=64, dv=64, g_min=-20.0, per_head=True)),
+         ("T200_d128_per_head", dict(batch=1, seq_len=200, heads=2, dk=128, dv=128, per_head=True))]
 
 
 def _case_id(case):
