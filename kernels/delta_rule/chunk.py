@@ -27,10 +27,9 @@ import triton
 import triton.language as tl
 
 from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, next_power_of_2, per_batch_slice, use_triton
-from .terms import carve, saved_numel
+from .terms import CHUNK, carve, padded_head_dim, saved_numel
 from .torch_chunk import torch_chunk_delta_rule
 
-CHUNK = 64
 SUB = 16
 MAX_HEAD_DIM = 128
 # tl.dot's input_precision for the fp32 operands: exact (the default, and what the interpreter tests check), or the
@@ -79,14 +78,6 @@ def _this_chunk(H, NT, BH_AXIS: tl.constexpr):
     c = tl.program_id(0)
     bh = tl.program_id(BH_AXIS)
     return c, bh // H, bh % H, (bh * NT + c).to(tl.int64)
-
-
-@triton.jit
-def _chunk_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, om_ptr, b, c, h, T, H, K, rows, cols, C: tl.constexpr):
-    """A chunk's step inputs, fp32: ``q, k, g [C, BK]`` (g as given, unclamped) and ``beta, write [C]``."""
-    return (_rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C), _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C),
-            _rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C), _scalars_of(beta_ptr, b, c, h, T, H, rows, C),
-            _scalars_of(om_ptr, b, c, h, T, H, rows, C))
 
 
 @triton.jit
@@ -373,7 +364,7 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
     dk = q.shape[-1]
     if dk > MAX_HEAD_DIM:
         raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
-    bk = max(16, next_power_of_2(dk))
+    bk = padded_head_dim(dk)
     precision = precision or ("tf32" if q.is_cuda else "ieee")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")

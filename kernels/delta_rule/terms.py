@@ -16,7 +16,7 @@ from typing import Dict, Tuple
 
 import torch
 
-CHUNK = 64
+CHUNK = 64  # steps per chunk, of every kernel in chunk.py
 
 
 def padded_head_dim(dk: int) -> int:
