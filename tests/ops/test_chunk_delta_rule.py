@@ -237,6 +237,9 @@ def test_compiled_fullgraph_equals_eager(backend, monkeypatch):
     """``torch.compile(fullgraph=True)`` (aot_eager: the fake implementations trace forward and backward) of HDLA
     on the delta family, both directions, equals eager: one graph, no break."""
     monkeypatch.setenv(KERNEL_FAMILY_ENV, "delta")
+    calls = []
+    forward = delta_chunk.delta_rule_forward
+    monkeypatch.setattr(delta_chunk, "delta_rule_forward", lambda *a: calls.append(1) or forward(*a))
     p = hdla_problem(1, 40, 2, 16, 8, g_min=-20.0)
     names = ["q", "k", "v", "beta", "g", "initial_state"]
 
@@ -248,8 +251,10 @@ def test_compiled_fullgraph_equals_eager(backend, monkeypatch):
     results = []
     for fn in (loss, torch.compile(loss, fullgraph=True, backend="aot_eager")):
         leaves = [p[n].float().requires_grad_() for n in names]
+        calls.clear()
         value = fn(*leaves)
         results.append((value, torch.autograd.grad(value, leaves)))
+        assert len(calls) == 3, calls  # the op ran on the delta family: one direction, then both
     (eager, eager_grads), (compiled, compiled_grads) = results
     torch.testing.assert_close(compiled, eager)
     for c, e in zip(compiled_grads, eager_grads):
