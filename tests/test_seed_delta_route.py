@@ -31,9 +31,14 @@ def output_and_grads(mixer, x, backend="auto"):
         set_chunk_backend("auto")
 
 
+# every mixer causal; both directions (the same two scans for every mixer, seed.GeneralizedMixer.two_scans) for a
+# per-channel and a per-head decay
+CASES = [(name, ("fwd",)) for name in sorted(DELTA_SHAPED)] + [("kda", ("fwd", "bwd")),
+                                                                ("gated_deltaproduct", ("fwd", "bwd"))]
+
+
 @pytest.mark.parametrize("backend", backends("interpreter", "cuda"), indirect=True)
-@pytest.mark.parametrize("directions", [("fwd",), ("fwd", "bwd")], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("name", sorted(DELTA_SHAPED))
+@pytest.mark.parametrize("name,directions", CASES, ids=[f"{n}-{'+'.join(d)}" for n, d in CASES])
 def test_delta_shaped_mixers_on_the_delta_rule_equal_the_chunk_form(name, directions, backend, monkeypatch):
     torch.manual_seed(0)
     device = device_of(backend)
@@ -51,7 +56,7 @@ def test_delta_shaped_mixers_on_the_delta_rule_equal_the_chunk_form(name, direct
 
 
 @pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
-@pytest.mark.parametrize("name", sorted(DELTA_SHAPED))
+@pytest.mark.parametrize("name", ["gla", "kda", "gated_deltaproduct"])  # rank 0, per channel, per head with n_h = 3
 def test_delta_route_prefill_then_decoding_equals_one_pass(name, backend, monkeypatch):
     """A prefill on the delta rule's op (its final state into the cache), then one-token steps on the generalized
     decoding op (``seed_mixers.generalized_step``): the one-pass output."""
