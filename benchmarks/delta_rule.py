@@ -24,14 +24,13 @@ from benchmarks.kernels import SHAPES, make_inputs, rel_err
 from benchmarks.timing import time_fwd_bwd
 from hdla_vision.kernels import chunk_hdla, naive_hdla
 from hdla_vision.kernels.delta_rule.chunk import PRECISIONS, chunk_delta_rule
-from hdla_vision.kernels.delta_rule.steps import hdla_steps
+from hdla_vision.kernels.delta_rule.steps import chunk_token_steps, hdla_steps
 from tools.provenance import provenance
 
 
 def delta_hdla(precision):
     def run(q, k, v, beta, g):
-        o = chunk_delta_rule(*hdla_steps(q, k, v, beta, g), precision=precision)[0]
-        return o[:, 1::2]
+        return chunk_token_steps(hdla_steps, 2, (q, k, v, beta, g), None, None, False, False, precision)[0]
     return run
 
 

@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from benchmarks.delta_rule import delta_kda, fla_kda
 from benchmarks.kernels import SHAPES, make_inputs
 from benchmarks.timing import device_us, median_ms, profile_steps
 from hdla_vision.kernels.delta_rule import chunk as delta_chunk
@@ -53,18 +54,6 @@ def kernel_us(step, calls: int = 5) -> dict:
 def fwd_bwd_step(fn, inputs):
     grad = torch.randn_like(fn(*inputs))
     return lambda: torch.autograd.grad(fn(*inputs), inputs, grad)
-
-
-def delta_kda(precision):
-    def run(q, k, v, beta, g):
-        return delta_chunk.chunk_delta_rule(q, k, v, beta, g, beta, precision=precision)[0]
-    return run
-
-
-def fla_kda(q, k, v, beta, g):
-    from fla.ops.kda import chunk_kda
-
-    return chunk_kda(q, k, v, g.float(), beta, scale=1.0)[0]
 
 
 def measure(fn, inputs) -> dict:

@@ -22,8 +22,7 @@ from .bidirectional_ops import (chunk_generalized_bidirectional_op, chunk_hdla_b
                                 per_direction)
 from .custom_ops import _generalized_path, _hdla_path, chunk_generalized_op, chunk_hdla_op, fused_recurrent_hdla_op
 from .delta_rule.chunk import MAX_HEAD_DIM as DELTA_MAX_HEAD_DIM
-from .delta_rule.chunk import chunk_delta_rule
-from .delta_rule.steps import hdla_steps
+from .delta_rule.steps import chunk_token_steps, hdla_steps
 from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
 from .utils import (MAX_GRID_BATCH_HEADS, batch_slices, check_generalized_bidirectional_inputs,
@@ -47,10 +46,7 @@ def delta_rule_hdla(q, k, v, beta, g, scale: float, initial_state, reverse: bool
     """HDLA through the delta rule over two steps per token (kernels/README.md §2, §12): ``(o, final state fp32)``,
     the signature of :func:`exportable_hdla`. Reversed, the tokens are flipped before they become steps (each
     token's two steps keep their order)."""
-    tokens = [x.flip(1) if reverse else x for x in (q, k, v, beta, g)]
-    o, final = chunk_delta_rule(*hdla_steps(*tokens), scale, initial_state, output_final_state=True)
-    o = o[:, 1::2]
-    return (o.flip(1) if reverse else o), final
+    return chunk_token_steps(hdla_steps, 2, (q, k, v, beta, g), scale, initial_state, True, reverse)
 
 
 def exporting_to_onnx() -> bool:
