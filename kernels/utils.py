@@ -28,8 +28,9 @@ def use_triton(x: torch.Tensor) -> bool:
 #            log-decay per head, and the bidirectional generalized op of rank r_ab >= 1, on chunk64 at every
 #            length (custom_ops._path: chunk16's per-head dg is less exact; the fused bidirectional path is faster);
 #   delta:   the HDLA ops (one and both directions) on the delta rule's kernels over two steps per token
-#            (delta_rule/, kernels/README.md §12; head dims up to 128, eager: not a registered op yet), the
-#            generalized ops as auto. Untimed on a GPU so far: an experiment's switch, not a default.
+#            (delta_rule/, kernels/README.md §12; head dims up to 128; the registered op chunk_delta_rule), and the
+#            seed mixers that are products of delta steps (layers/seed.py); the generalized ops as auto. ~2.4x
+#            fla's KDA on an H200 so far (benchmarks/results/delta_kernels_h200): an experiment's switch, not a default.
 KERNEL_FAMILY_ENV = "HDLA_VISION_KERNELS"
 KERNEL_FAMILIES = ("auto", "chunk16", "chunk64", "delta")
 DEFAULT_KERNEL_FAMILY = "auto"
