@@ -76,6 +76,11 @@ def render_kernels(name: str) -> str:
     return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{table}\n"
 
 
+def timed(value: float | str) -> str:
+    """A time in ms, or why there is none (fla's refusal, recorded as "raised: ..."), shortened for a cell."""
+    return ms(value) if isinstance(value, (int, float)) else value.split(" on Hopper")[0][:60]
+
+
 def render_fla_seed(name: str) -> str:
     """Ours against fla's kernel per seed mixer and use (``benchmarks.fla_seed``)."""
     result = load(name)
@@ -83,8 +88,9 @@ def render_fla_seed(name: str) -> str:
     for key, timing in result["timings_ms"].items():
         use, mixer = key.split("/", 1)
         ours, fla = timing["ours"], timing["fla"]
-        rows.append([mixer, use, ms(ours["fwd"]), ms(fla["fwd"]), ms(ours["fwd_bwd"]), ms(fla["fwd_bwd"]),
-                     f"{timing['ours_over_fla_fwd_bwd']:.2f}"])
+        ratio = timing.get("ours_over_fla_fwd_bwd")
+        rows.append([mixer, use, ms(ours["fwd"]), ms(fla["fwd"]), ms(ours["fwd_bwd"]), timed(fla["fwd_bwd"]),
+                     f"{ratio:.2f}" if ratio is not None else ""])
     table = markdown(["mixer", "use", "ours fwd ms", "fla fwd ms", "ours fwd+bwd ms", "fla fwd+bwd ms",
                       "ours / fla (fwd+bwd)"], rows)
     return f"{provenance(name, result)}\n\n{table}\n"
