@@ -5,6 +5,7 @@ sub-step op, as the mixers then run them (tools/fla_ops.py).
     python -m benchmarks.fla_seed                       # parity + timing, all mixers, vision and LM shapes
     python -m benchmarks.fla_seed --mixers gla kda --shapes vision --no-parity
     python -m benchmarks.fla_seed --warm fla --mixers kda   # one fla fwd+bwd per shape (fills Triton's caches)
+    python -m benchmarks.fla_seed --no-parity --sides ours ours_delta   # our two routes, no fla (no autotuning)
 
 Parity (bf16 at (B, T, H, D) = (2, 300, 2, 64), T not a multiple of any chunk; fp32 would make fla
 autotune every kernel again for new dtypes, minutes per mixer): outputs and the gradients of every leaf input, ours vs fla, and each vs the float64
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import time
+from contextlib import contextmanager
 
 import torch
 import triton
@@ -30,10 +32,14 @@ from tools.fla_seed_merge import merge
 from tools.provenance import provenance
 from tools.triton_cache import shorten_autotune
 from hdla_vision.kernels import naive_generalized
+from hdla_vision.kernels.utils import KERNEL_FAMILY_ENV
 
 SHAPES = {"vision": (128, 196, 3, 64), "lm": (4, 4096, 16, 128)}
 PARITY_SHAPE = (2, 300, 2, 64)
 SCALE = 0.125
+# what each timed side runs: fla's kernel, ours as HDLA_VISION_KERNELS says (None: as the environment has it), and
+# ours on the delta rule's kernels (the mixers made of delta steps; the others as "ours")
+SIDES = {"fla": None, "ours": None, "ours_delta": "delta"}
 # mixers whose fla backward goes through the gated chunk_bwd_dqkwg that fla refuses on Hopper with Triton < 3.7.1
 FLA_GATED_BWD = ("gated_deltanet", "gated_deltaproduct_2", "gated_deltaproduct_3")
 
@@ -95,11 +101,36 @@ def bench(fn, x, fwd_bwd):
     return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median")
 
 
-def timing(name, shape, device):
+@contextmanager
+def kernel_family_set(family):
+    """``HDLA_VISION_KERNELS`` set to ``family`` inside the block (None: left as it is); the ops read it per call."""
+    before = os.environ.get(KERNEL_FAMILY_ENV)
+    if family is not None:
+        os.environ[KERNEL_FAMILY_ENV] = family
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(KERNEL_FAMILY_ENV, None)
+        else:
+            os.environ[KERNEL_FAMILY_ENV] = before
+
+
+def on_side(side, fn):
+    """``fn`` under the kernel family of ``side`` (:data:`SIDES`)."""
+    def run(x):
+        with kernel_family_set(SIDES[side]):
+            return fn(x)
+    return run
+
+
+def timing(name, shape, device, sides=("ours", "fla")):
+    """fwd and fwd+bwd ms of each side (:data:`SIDES`) on the same inputs, and ours (each of our sides) over fla."""
     make, fla_fn, ours_fn, _ = MIXERS[name]
     x = make(*shape, torch.bfloat16, device, torch.Generator(device=device).manual_seed(0))
     out = {}
-    for side, fn in (("ours", lambda t: ours_fn(t, SCALE)), ("fla", lambda t: fla_fn(t, SCALE))):
+    for side in sides:
+        fn = on_side(side, (lambda t: fla_fn(t, SCALE)) if side == "fla" else (lambda t: ours_fn(t, SCALE)))
         t0 = time.perf_counter()
         entry = {}
         for mode, fwd_bwd in (("fwd", False), ("fwd_bwd", True)):
@@ -109,10 +140,11 @@ def timing(name, shape, device):
                 entry[mode] = f"raised: {str(err).splitlines()[0][:200]}"
         entry["wall_s"] = time.perf_counter() - t0
         out[side] = entry
-    for mode in ("fwd", "fwd_bwd"):
-        a, b = out["ours"].get(mode), out["fla"].get(mode)
-        if isinstance(a, float) and isinstance(b, float):
-            out[f"ours_over_fla_{mode}"] = a / b
+    for ours in ("ours", "ours_delta"):
+        for mode in ("fwd", "fwd_bwd"):
+            a, b = out.get(ours, {}).get(mode), out.get("fla", {}).get(mode)
+            if isinstance(a, float) and isinstance(b, float):
+                out[f"{ours}_over_fla_{mode}"] = a / b
     return out
 
 
@@ -166,6 +198,8 @@ def main():
     p.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=list(MIXERS))
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--no-parity", action="store_true")
+    p.add_argument("--sides", nargs="+", default=["ours", "fla"], choices=list(SIDES),
+                   help="what to time: ours (as HDLA_VISION_KERNELS says), ours_delta (on the delta rule), fla")
     p.add_argument("--warm", choices=["fla", "ours"], help="only run that side once per shape")
     p.add_argument("--autotune-rep-ms", type=float, default=None, help="time each autotune config this long")
     p.add_argument("--shard", default=None, metavar="I/N", help="with --warm: compile configurations I::N only")
@@ -201,7 +235,7 @@ def main():
             result["parity"][name] = {"bfloat16": parity(name, torch.bfloat16, device)}
             print(name, json.dumps(result["parity"][name]), flush=True)
         for shape in args.shapes:
-            result["timings_ms"][f"{shape}/{name}"] = t = timing(name, SHAPES[shape], device)
+            result["timings_ms"][f"{shape}/{name}"] = t = timing(name, SHAPES[shape], device, args.sides)
             print(shape, name, json.dumps(t), flush=True)
         with open(os.path.join(args.out, "fla_seed.json"), "w") as f:
             json.dump(result, f, indent=1)

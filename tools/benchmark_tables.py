@@ -76,24 +76,33 @@ def render_kernels(name: str) -> str:
     return f"{provenance(name, result)}, {result.get('dtype', '')}\n\n{table}\n"
 
 
-def timed(value: float | str) -> str:
+def timed(value: float | str | None) -> str:
     """A time in ms, or why there is none (fla's refusal, recorded as "raised: ..."), shortened for a cell."""
-    return ms(value) if isinstance(value, (int, float)) else value.split(" on Hopper")[0][:60]
+    return ms(value) if not isinstance(value, str) else value.split(" on Hopper")[0][:60]
 
 
 def render_fla_seed(name: str) -> str:
-    """Ours against fla's kernel per seed mixer and use (``benchmarks.fla_seed``)."""
+    """Ours against fla's kernel per seed mixer and use (``benchmarks.fla_seed``); runs that timed our delta-rule
+    route (``--sides ... ours_delta``) get its columns, and runs without fla none of fla's."""
     result = load(name)
+    timings = result["timings_ms"]
+    sides = [side for side in ("ours", "ours_delta", "fla") if any(side in t for t in timings.values())]
     rows = []
-    for key, timing in result["timings_ms"].items():
+    for key, timing in timings.items():
         use, mixer = key.split("/", 1)
-        ours, fla = timing["ours"], timing["fla"]
-        ratio = timing.get("ours_over_fla_fwd_bwd")
-        rows.append([mixer, use, ms(ours["fwd"]), ms(fla["fwd"]), ms(ours["fwd_bwd"]), timed(fla["fwd_bwd"]),
-                     f"{ratio:.2f}" if ratio is not None else ""])
-    table = markdown(["mixer", "use", "ours fwd ms", "fla fwd ms", "ours fwd+bwd ms", "fla fwd+bwd ms",
-                      "ours / fla (fwd+bwd)"], rows)
-    return f"{provenance(name, result)}\n\n{table}\n"
+        row = [mixer, use]
+        for side in sides:
+            entry = timing.get(side, {})
+            row += [timed(entry.get("fwd")), timed(entry.get("fwd_bwd"))]
+        for ours in ("ours", "ours_delta"):
+            if ours in sides and "fla" in sides:
+                ratio = timing.get(f"{ours}_over_fla_fwd_bwd")
+                row.append(f"{ratio:.2f}" if ratio is not None else "")
+        rows.append(row)
+    label = {"ours": "ours", "ours_delta": "ours (delta rule)", "fla": "fla"}
+    header = ["mixer", "use"] + [f"{label[side]} {mode} ms" for side in sides for mode in ("fwd", "fwd+bwd")]
+    header += [f"{label[ours]} / fla (fwd+bwd)" for ours in ("ours", "ours_delta") if ours in sides and "fla" in sides]
+    return f"{provenance(name, result)}\n\n{markdown(header, rows)}\n"
 
 
 def render_models(name: str) -> str:
