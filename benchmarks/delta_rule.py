@@ -34,9 +34,10 @@ def delta_hdla(precision):
     return run
 
 
-def delta_kda(precision):
+def delta_kda(precision, recompute: bool = False):
+    """The delta rule at KDA's shape (write scale = beta) with these operands (and ``recompute`` mode)."""
     def run(q, k, v, beta, g):
-        return chunk_delta_rule(q, k, v, beta, g, beta, precision=precision)[0]
+        return chunk_delta_rule(q, k, v, beta, g, beta, precision=precision, recompute=recompute)[0]
     return run
 
 

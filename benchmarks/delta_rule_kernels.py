@@ -4,8 +4,9 @@ chunk_kda at the same shape: the tuning harness of issue 11's KDA-shaped family.
     python -m benchmarks.delta_rule_kernels [--shapes lm,hires] [--precision tf32] [--variants base,...] [--out DIR]
 
 Per shape (B, T, H, d), bf16 inputs, the delta rule at KDA's shape (T steps, write scale = beta): fwd+bwd ms
-(do_bench median) and µs per kernel (torch.profiler over five calls), for each variant of ``chunk.LAUNCH``
-(:data:`VARIANTS`: warps, pipeline stages, V block per kernel); and fla's chunk_kda the same way if fla is installed.
+(do_bench median), µs per kernel (torch.profiler over five calls) and the step's peak memory, for each variant of
+``chunk.LAUNCH`` (:data:`VARIANTS`: warps, pipeline stages, V block per kernel; the recompute mode); and fla's
+chunk_kda the same way if fla is installed.
 ``delta_rule_kernels.json`` under ``--out`` (rewritten after every variant), headed by device, date and commit.
 """
 import argparse
@@ -21,9 +22,11 @@ from benchmarks.timing import device_us, median_ms, profile_steps
 from hdla_vision.kernels.delta_rule import chunk as delta_chunk
 from tools.provenance import provenance
 
-# name -> {kernel: {bk: settings}} overrides of chunk.LAUNCH (BV: {bk: block})
+# name -> {kernel: {bk: settings}} overrides of chunk.LAUNCH (BV: {bk: block}); "recompute": True runs the op in
+# its recompute mode (the backward remakes the chunk terms; kernels/delta_rule/terms.py)
 VARIANTS = {
     "base": {},
+    "recompute": {"recompute": True},
     "band": {"diagonal": {64: "band", 128: "band"}},
     "warps4": {k: {64: dict(num_warps=4, num_stages=1), 128: dict(num_warps=4, num_stages=1)} for k in ("P", "dC")},
     "warps16": {k: {64: dict(num_warps=16, num_stages=1), 128: dict(num_warps=16, num_stages=1)} for k in ("P", "dC")},
@@ -41,7 +44,8 @@ VARIANTS = {
 def with_launch(overrides: dict) -> dict:
     launch = copy.deepcopy(delta_chunk.LAUNCH)
     for kernel, table in overrides.items():
-        launch[kernel].update(table)
+        if kernel != "recompute":
+            launch[kernel].update(table)
     return launch
 
 
@@ -56,10 +60,20 @@ def fwd_bwd_step(fn, inputs):
     return lambda: torch.autograd.grad(fn(*inputs), inputs, grad)
 
 
+def peak_mib(step) -> float:
+    """The memory one call of ``step()`` allocates at its peak beyond what was allocated before (MiB)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return round((torch.cuda.max_memory_allocated() - before) / 2 ** 20, 1)
+
+
 def measure(fn, inputs) -> dict:
     try:
         step = fwd_bwd_step(fn, inputs)
-        return {"fwd_bwd_ms": round(median_ms(step), 3), "kernel_us": kernel_us(step)}
+        return {"fwd_bwd_ms": round(median_ms(step), 3), "kernel_us": kernel_us(step), "peak_mib": peak_mib(step)}
     except Exception as error:  # a setting out of shared memory or registers leaves the others
         return {"failed": f"{type(error).__name__}: {str(error)[:200]}"}
 
@@ -88,7 +102,7 @@ def main():
             pass
         for name in args.variants.split(","):
             delta_chunk.LAUNCH = with_launch(VARIANTS[name])
-            runs[name] = measure(delta_kda(args.precision), inputs)
+            runs[name] = measure(delta_kda(args.precision, VARIANTS[name].get("recompute", False)), inputs)
             delta_chunk.LAUNCH = default
             print(shape, name, json.dumps(runs[name]), flush=True)
             with open(os.path.join(args.out, "delta_rule_kernels.json"), "w") as f:

@@ -557,31 +557,34 @@ fused_recurrent_generalized_op.register_autograd(_fused_generalized_backward,
 
 
 # ----------------------------------------------------------------------------- chunk_delta_rule
-# hdla_vision::chunk_delta_rule(q, k, v, beta, g, write, scale, initial_state, output_final_state, precision)
-#     -> (o, state, saved): the delta rule's Triton kernels (delta_rule/chunk.py, kernels/README.md §12); ``saved``
-#     the terms its backward reads, one fp32 buffer (delta_rule/terms.py). Inputs checked by the caller
+# hdla_vision::chunk_delta_rule(q, k, v, beta, g, write, scale, initial_state, output_final_state, precision,
+#     recompute) -> (o, state, saved): the delta rule's Triton kernels (delta_rule/chunk.py, kernels/README.md §12);
+#     ``saved`` the terms its backward reads, one fp32 buffer (delta_rule/terms.py; with ``recompute`` the states
+#     alone, the backward remaking the rest). Inputs checked by the caller
 #     (``delta_rule.chunk.chunk_delta_rule``); only its Triton path comes here.
 @torch.library.custom_op(f"{NAMESPACE}::chunk_delta_rule", mutates_args=())
 def chunk_delta_rule_op(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, write: Tensor, scale: float,
     initial_state: Optional[Tensor], output_final_state: bool, precision: Optional[str] = None,
+    recompute: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(o [B, T, H, V]`` in q's dtype, the final state fp32 or empty, ``saved)``."""
     from .delta_rule.chunk import delta_rule_forward
 
     check_log_decay(g)
-    o, state, saved = delta_rule_forward(q, k, v, beta, g, write, scale, initial_state, precision)
+    o, state, saved = delta_rule_forward(q, k, v, beta, g, write, scale, initial_state, precision, recompute)
     return _contiguous(o, _state_or_empty(state, q, output_final_state), saved)
 
 
 @chunk_delta_rule_op.register_fake
-def _(q, k, v, beta, g, write, scale, initial_state, output_final_state, precision=None):
-    from .delta_rule.terms import saved_numel
+def _(q, k, v, beta, g, write, scale, initial_state, output_final_state, precision=None, recompute=False):
+    from .delta_rule.terms import saved_numel, saved_terms
 
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     state = q.new_empty(batch, heads, dk, dv, dtype=torch.float32) if output_final_state else _empty(q)
-    saved = q.new_empty(saved_numel(batch, seq_len, heads, dk, dv, g.dim() == 3), dtype=torch.float32)
+    saved = q.new_empty(saved_numel(batch, seq_len, heads, dk, dv, g.dim() == 3, saved_terms(recompute)),
+                        dtype=torch.float32)
     return q.new_empty(batch, seq_len, heads, dv), state, saved
 
 
@@ -589,34 +592,37 @@ def _(q, k, v, beta, g, write, scale, initial_state, output_final_state, precisi
 def chunk_delta_rule_backward_op(
     do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, write: Tensor,
     initial_state: Optional[Tensor], saved: Tensor, scale: float, precision: Optional[str] = None,
+    recompute: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dbeta, dg, dwrite, dh0)`` in the inputs' dtypes; dh0 is empty without an initial state."""
     from .delta_rule.chunk import delta_rule_backward
 
-    *grads, dh0 = delta_rule_backward(do, dht, q, k, v, beta, g, write, scale, initial_state, saved, precision)
+    *grads, dh0 = delta_rule_backward(do, dht, q, k, v, beta, g, write, scale, initial_state, saved, precision,
+                                      recompute)
     return _contiguous(*grads, _dh0_or_empty(dh0, initial_state, q))
 
 
 @chunk_delta_rule_backward_op.register_fake
-def _(do, dht, q, k, v, beta, g, write, initial_state, saved, scale, precision=None):
+def _(do, dht, q, k, v, beta, g, write, initial_state, saved, scale, precision=None, recompute=False):
     return _fake_grads(q, (q, k, v, beta, g, write), initial_state)
 
 
 def _delta_rule_setup_context(ctx, inputs, output):
-    *tensors, scale, initial_state, output_final_state, precision = inputs
+    *tensors, scale, initial_state, output_final_state, precision, recompute = inputs
     ctx.mark_non_differentiable(output[2])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(*tensors, initial_state, output[2])
-    ctx.scale, ctx.output_final_state, ctx.precision = scale, output_final_state, precision
+    ctx.scale, ctx.output_final_state, ctx.precision, ctx.recompute = scale, output_final_state, precision, recompute
 
 
 def _delta_rule_backward(ctx, do, dstate, dsaved):
     if do is None and dstate is None:
-        return (None,) * 10
+        return (None,) * 11
     q, k, v, beta, g, write, h0, saved = ctx.saved_tensors
     do, dht = _cotangents(ctx, q, v, do, dstate)
-    *grads, dh0 = chunk_delta_rule_backward_op(do, dht, q, k, v, beta, g, write, h0, saved, ctx.scale, ctx.precision)
-    return (*grads, None, None if h0 is None else dh0, None, None)
+    *grads, dh0 = chunk_delta_rule_backward_op(do, dht, q, k, v, beta, g, write, h0, saved, ctx.scale, ctx.precision,
+                                               ctx.recompute)
+    return (*grads, None, None if h0 is None else dh0, None, None, None)
 
 
 chunk_delta_rule_op.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup_context)

@@ -75,7 +75,10 @@ vision backbones' blocks recompute their MLP's activation the same way):
   activations' inputs, the fp32 gate logits, nor a copy of k and v per direction. The backward never
   reruns the op's forward;
 - the output stage before ``W_o``: the per-head RMS norm, ``x W_g`` and its activation, their product.
-  Autograd keeps y and x.
+  Autograd keeps y and x;
+- on the delta rule's kernels (the seed mixers' delta route, ``seed.GeneralizedMixer.delta_route``), the
+  op's chunk terms: it saves only the state entering each chunk, and its backward remakes the rest with one
+  more launch of its prepare kernel (``kernels/delta_rule/terms.py``).
 A pre-norm block passes its norm (``forward(x, norm=...)``): both stages apply it to x themselves, so
 autograd keeps the block's input (which the residual path needs anyway), not the normalised x.
 The recomputation runs the same ops on the same inputs, so outputs and gradients are those of the plain
@@ -123,7 +126,8 @@ def chunk_backend() -> str:
 
 def set_activation_recompute(enabled: bool) -> None:
     """Recompute the mixers' prologue and output stage in the backward (True, the default) or save
-    their activations (False: more memory, no second forward of those ops); module docstring."""
+    their activations (False: more memory, no second forward of those ops); on the delta rule's kernels
+    also its chunk terms (``chunk_delta_rule(recompute=...)``); module docstring."""
     global _activation_recompute
     if not isinstance(enabled, bool):
         raise ValueError(f"enabled must be a bool, got {enabled!r}")

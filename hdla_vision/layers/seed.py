@@ -37,7 +37,7 @@ from hdla_vision.kernels import (chunk_delta_substeps, chunk_generalized, chunk_
 from . import seed_mixers as sm
 from .gates import (BetaGate, HeadInHeadMask, RWKV7Gates, ScalarLogDecay, VectorLogDecay, at_least_fp32,
                     check_memory_range, check_rank)
-from .mixer import LinearAttentionMixer, check_positive_int, chunk_backend
+from .mixer import LinearAttentionMixer, activation_recompute, check_positive_int, chunk_backend
 from .registry import register_mixer
 
 
@@ -97,7 +97,8 @@ class GeneralizedMixer(LinearAttentionMixer):
         if isinstance(feats, sm.DeltaSteps):
             if not recurrent:
                 return chunk_delta_substeps(q, *feats, scale=self.scale, initial_state=initial_state,
-                                            output_final_state=output_final_state, reverse=reverse)
+                                            output_final_state=output_final_state, reverse=reverse,
+                                            recompute=activation_recompute())
             feats = sm.generalized_step(feats)  # decoding: the generalized recurrence's step
         k, v, a, b = self.kernel_inputs(q, feats)
         g = feats.g.contiguous()

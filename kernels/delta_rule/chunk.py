@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, next_power_of_2, per_batch_slice, use_triton
-from .terms import CHUNK, carve, padded_head_dim, saved_numel
+from .terms import CHUNK, carve, padded_head_dim, recomputed_terms, saved_numel, saved_terms
 from .torch_chunk import torch_chunk_delta_rule
 
 SUB = 16
@@ -197,13 +197,15 @@ def _inverse(a_mat, rows, PREC: tl.constexpr):
 
 @triton.jit
 def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
-                    qg_ptr, gam_ptr, T, H, K, V, NT, scale,
+                    qg_ptr, gam_ptr, h_ptr, T, H, K, V, NT, scale,
                     C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr, SCALAR: tl.constexpr):
+                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr, SCALAR: tl.constexpr,
+                    HAS_H: tl.constexpr):
     """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward), Aqk, T, w, u~, kg, qg and
     gamma, each ``[B*H, N, ...]`` fp32. Two passes over K blocks of KB columns: the Grams (sums over K; the pair
     decays by :func:`_gram_levels` if LEVELS, else 16-step blocks and exact diagonal bands; SCALAR, one decay per
-    head: the plain Grams times the ``[C, C]`` pair decays), then the terms T maps (column blocks)."""
+    head: the plain Grams times the ``[C, C]`` pair decays), then the terms T maps (column blocks). HAS_H (the
+    backward's recompute, given the states h the serial pass stored): U = u~ - w h in place of u~."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
@@ -260,10 +262,17 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
         tl.store(kg_ptr + out_rows * K + cols[None, :], kg, mask=kmask)
         tl.store(qg_ptr + out_rows * K + cols[None, :], qg, mask=kmask)
         tl.store(gam_ptr + blk * K + cols[None, :], tl.exp(last), mask=kmask)
+    if HAS_H:
+        tl.debug_barrier()  # w's rows, stored above, are read back by other threads
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
         vals = _rows_of(v_ptr, b, c, h, T, H, V, rows, vcols, C) * om[:, None]
         u = tl.dot(t_mat, vals, input_precision=PREC)
+        if HAS_H:  # U = u~ - w h, the state pass's U from the state it stored
+            for k0 in range(0, K, KB):
+                cols = k0 + tl.arange(0, KB)
+                w = tl.load(w_ptr + out_rows * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
+                u -= tl.dot(w, _state_block(h_ptr + blk * K * V, K, V, k0, v0, KB, BV), input_precision=PREC)
         tl.store(u_ptr + out_rows * V + vcols[None, :], u, mask=(vcols < V)[None, :])
 
 
@@ -374,10 +383,37 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
                 LEVELS=LAUNCH["diagonal"][size] == "levels", SCALAR=g.dim() == 3)
 
 
+def _terms(saved: torch.Tensor, q: torch.Tensor, v: torch.Tensor, scalar: bool, recompute: bool) -> dict:
+    """Every term of :mod:`.terms` as a view: those in ``saved``, and with ``recompute`` the others in a fresh
+    buffer (alive while the views are)."""
+    batch, seq_len, heads, dk = q.shape
+    shape = (batch, seq_len, heads, dk, v.shape[-1], scalar)
+    terms = carve(saved, *shape, saved_terms(recompute))
+    if recompute:
+        others = recomputed_terms(True)
+        terms.update(carve(torch.empty(saved_numel(*shape, others), device=q.device, dtype=torch.float32), *shape,
+                           others))
+    return terms
+
+
+def _prepare(q, k, v, beta, g, write, z: dict, u: torch.Tensor, scale: float, cfg: dict, with_state: bool) -> None:
+    """P into the terms ``z`` and ``u`` (u~, or with ``with_state`` U = u~ - w h from ``z["h"]``)."""
+    batch, seq_len, heads, dk = q.shape
+    n_chunks = cdiv(seq_len, CHUNK)
+    _prepare_kernel[(n_chunks, batch * heads)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], u,
+                                               z["kg"], z["qg"], z["gamma"], z["h"], seq_len, heads, dk, v.shape[-1],
+                                               n_chunks, scale, C=CHUNK, SUB=SUB, BK=cfg["BK"], KB=cfg["KB"],
+                                               BV=cfg["BV"], LOG_ZERO=LOG_ZERO_FP32, PREC=cfg["PREC"],
+                                               LEVELS=cfg["LEVELS"], SCALAR=cfg["SCALAR"], HAS_H=with_state,
+                                               **_launch("P", cfg["BK"]))
+
+
 def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Optional[torch.Tensor],
-                       precision: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       precision: Optional[str],
+                       recompute: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The three forward launches (inputs checked by the caller): ``(o [B, T, H, V]`` in q's dtype, the final state
-    ``[B, H, K, V]`` fp32, the terms the backward reads in one fp32 buffer, :mod:`.terms`)."""
+    ``[B, H, K, V]`` fp32, the terms the backward reads in one fp32 buffer, :mod:`.terms`: all of them, or with
+    ``recompute`` the states h alone)."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     cfg = _settings(q, g, dv, precision)
@@ -386,14 +422,11 @@ def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Opt
     bh = batch * heads
     bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
     f32 = dict(device=q.device, dtype=torch.float32)
-    saved = torch.empty(saved_numel(batch, seq_len, heads, dk, dv, cfg["SCALAR"]), **f32)
-    z = carve(saved, batch, seq_len, heads, dk, dv, cfg["SCALAR"])
+    saved = torch.empty(saved_numel(batch, seq_len, heads, dk, dv, cfg["SCALAR"], saved_terms(recompute)), **f32)
+    z = _terms(saved, q, v, cfg["SCALAR"], recompute)
     u = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
     final = torch.empty(bh, dk, dv, **f32)
-    _prepare_kernel[(n_chunks, bh)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], u, z["kg"],
-                                    z["qg"], z["gamma"], seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, SUB=SUB,
-                                    BK=bk, KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
-                                    LEVELS=cfg["LEVELS"], SCALAR=cfg["SCALAR"], **_launch("P", bk))
+    _prepare(q, k, v, beta, g, write, z, u, scale, cfg, with_state=False)
     h0 = initial_state.contiguous() if initial_state is not None else final
     _state_kernel[(cdiv(dv, bv), bh)](z["w"], u, z["kg"], z["gamma"], h0, z["h"], z["new"], final, dk, dv,
                                       n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=prec,
@@ -660,14 +693,17 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
 
 
 def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_state: Optional[torch.Tensor],
-                        saved: torch.Tensor, precision: Optional[str]):
-    """Every input gradient from the forward's ``saved`` terms: the serial pass for dS and dU, then each chunk's VJP.
-    Returns ``(dq, dk, dv, dbeta, dg, dwrite, dh0 [B, H, K, V] fp32 or None)``, the others in the inputs' dtypes."""
+                        saved: torch.Tensor, precision: Optional[str], recompute: bool = False):
+    """Every input gradient from the forward's ``saved`` terms (``recompute``: the states h alone, the rest remade
+    first by P): the serial pass for dS and dU, then each chunk's VJP. Returns ``(dq, dk, dv, dbeta, dg, dwrite, dh0
+    [B, H, K, V] fp32 or None)``, the others in the inputs' dtypes."""
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     cfg = _settings(q, g, dv, precision)
     q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
-    z = carve(saved, batch, seq_len, heads, dk, dv, cfg["SCALAR"])
+    z = _terms(saved, q, v, cfg["SCALAR"], recompute)
+    if recompute:
+        _prepare(q, k, v, beta, g, write, z, z["new"], scale, cfg, with_state=True)
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
     bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
@@ -694,7 +730,7 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
 def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
                      write: torch.Tensor, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
                      output_final_state: bool = False, precision: Optional[str] = None,
-                     reverse: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                     reverse: bool = False, recompute: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The delta rule ``S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + write_t k_t v_t^T``, ``o_t = scale
     S_t^T q_t`` (kernels/README.md §12), with gradients for every input: the Triton kernels where Triton runs (CUDA,
     or the CPU under ``TRITON_INTERPRET=1``), else :func:`.torch_chunk.torch_chunk_delta_rule` (PyTorch's autograd).
@@ -703,21 +739,23 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
         its own kernels' specialisation), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
         initial_state ``[B, H, K, V]`` or None; ``precision``: every product's fp32 operands as :data:`PRECISIONS`
         names them (``tl.dot``'s ``input_precision``; None: tf32 on CUDA, exact under the interpreter);
-        ``reverse``: the scan from the last step to the first (on time-flipped copies of the inputs, for now).
+        ``reverse``: the scan from the last step to the first (on time-flipped copies of the inputs, for now);
+        ``recompute``: the Triton path saves only the states entering each chunk for the backward, which remakes
+        the other terms from the inputs (:mod:`.terms`; less memory, one more prepare launch).
         Returns ``(o [B, T, H, V]`` in q's dtype, the final state ``[B, H, K, V]`` (fp32; float64 for float64 inputs on the CPU form) or
         None).
     """
     _check(q, k, v, beta, g, write, initial_state)
     if reverse:
         o, final = chunk_delta_rule(*(x.flip(1) for x in (q, k, v, beta, g, write)), scale, initial_state,
-                                    output_final_state, precision)
+                                    output_final_state, precision, recompute=recompute)
         return o.flip(1), final
     if use_triton(q):
         from ..custom_ops import chunk_delta_rule_op
 
         def op(q, k, v, beta, g, write, initial_state):  # a grid axis holds at most MAX_GRID_BATCH_HEADS programs
             return chunk_delta_rule_op(q, k, v, beta, g, write, 1.0 if scale is None else float(scale),
-                                       initial_state, output_final_state, precision)[:2]
+                                       initial_state, output_final_state, precision, recompute)[:2]
         o, final = per_batch_slice(op, dict(q=q, k=k, v=v, beta=beta, g=g, write=write, initial_state=initial_state),
                                    q.shape[2])
         return o, (final if output_final_state else None)

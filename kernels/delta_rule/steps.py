@@ -51,25 +51,27 @@ def substeps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tens
 
 
 def chunk_token_steps(make_steps, n: int, tokens, scale: Optional[float], initial_state: Optional[torch.Tensor],
-                      output_final_state: bool, reverse: bool,
-                      precision: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                      output_final_state: bool, reverse: bool, precision: Optional[str] = None,
+                      recompute: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Tokens of n delta-rule steps each on the delta rule's op (``chunk_delta_rule``: its Triton kernels where
     Triton runs, else its PyTorch chunk form): ``make_steps(*tokens)`` gives the steps' inputs, and a token's output
     is its last step's. ``(o [B, T, H, V]`` in q's dtype, the final state ``[B, H, K, V]`` fp32 (float64 for float64
     inputs on the CPU form) or None). ``reverse``: the scan from the last token to the first (the tokens flipped
-    before they become steps, so each token's steps keep their order)."""
+    before they become steps, so each token's steps keep their order); ``recompute``: ``chunk_delta_rule``'s."""
     from .chunk import chunk_delta_rule  # imports triton
 
     tokens = [x.flip(1) if reverse else x for x in tokens]
-    o, final = chunk_delta_rule(*make_steps(*tokens), scale, initial_state, output_final_state, precision)
+    o, final = chunk_delta_rule(*make_steps(*tokens), scale, initial_state, output_final_state, precision,
+                                recompute=recompute)
     o = o[:, n - 1::n]
     return (o.flip(1) if reverse else o), final
 
 
 def chunk_delta_substeps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, write: torch.Tensor,
                          g: torch.Tensor, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
-                         output_final_state: bool = False,
-                         reverse: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """The recurrence of :func:`substeps` on the delta rule's op (:func:`chunk_token_steps`)."""
+                         output_final_state: bool = False, reverse: bool = False,
+                         recompute: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The recurrence of :func:`substeps` on the delta rule's op (:func:`chunk_token_steps`; ``recompute``: the
+    backward remakes the chunk terms, ``chunk_delta_rule``'s)."""
     return chunk_token_steps(substeps, k.shape[3], (q, k, v, beta, write, g), scale, initial_state,
-                             output_final_state, reverse)
+                             output_final_state, reverse, recompute=recompute)

@@ -10,13 +10,18 @@ implementation needs only its size (no Triton import).
     gamma [B*H, N, K]      e^{G_C}
     h     [B*H, N, K, V]   the state entering each chunk
     new   [B*H, N, C, V]   U = u~ - w h
+
+With ``recompute`` the buffer holds h alone (about a tenth of the whole at d = 64, a quarter at 128) and the backward
+recomputes the rest from the inputs and h (one more launch of the prepare kernel, which then also forms U): the
+:data:`STATE_TERMS` are saved, the others live only during a launch sequence.
 """
 import math
-from typing import Dict, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
 CHUNK = 64  # steps per chunk, of every kernel in chunk.py
+STATE_TERMS = ("h",)  # what the recompute mode saves: the serial pass's output, which no parallel kernel remakes
 
 
 def padded_head_dim(dk: int) -> int:
@@ -24,26 +29,39 @@ def padded_head_dim(dk: int) -> int:
     return max(16, 1 << (dk - 1).bit_length())
 
 
-def saved_layout(batch: int, seq_len: int, heads: int, dk: int, dv: int,
-                 scalar: bool = False) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
-    """``(name, shape)`` of each term, in the buffer's order; ``scalar``: one log-decay per head."""
+def saved_layout(batch: int, seq_len: int, heads: int, dk: int, dv: int, scalar: bool = False,
+                 terms: Optional[Sequence[str]] = None) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+    """``(name, shape)`` of each term, in the buffer's order; ``scalar``: one log-decay per head; ``terms``: only
+    these (None: all)."""
     bh, n_chunks, bk = batch * heads, -(-seq_len // CHUNK), padded_head_dim(dk)
     per_row = lambda width: (bh, n_chunks, CHUNK, width)  # noqa: E731
-    return (("gcum", (bh, n_chunks * CHUNK, 1 if scalar else bk)), ("aqk", per_row(CHUNK)), ("tm", per_row(CHUNK)),
-            ("w", per_row(dk)), ("kg", per_row(dk)), ("qg", per_row(dk)), ("gamma", (bh, n_chunks, dk)),
-            ("h", (bh, n_chunks, dk, dv)), ("new", per_row(dv)))
+    layout = (("gcum", (bh, n_chunks * CHUNK, 1 if scalar else bk)), ("aqk", per_row(CHUNK)), ("tm", per_row(CHUNK)),
+              ("w", per_row(dk)), ("kg", per_row(dk)), ("qg", per_row(dk)), ("gamma", (bh, n_chunks, dk)),
+              ("h", (bh, n_chunks, dk, dv)), ("new", per_row(dv)))
+    return tuple(term for term in layout if terms is None or term[0] in terms)
 
 
-def saved_numel(batch: int, seq_len: int, heads: int, dk: int, dv: int, scalar: bool = False) -> int:
-    """The buffer's length (fp32 elements)."""
-    return sum(math.prod(shape) for _, shape in saved_layout(batch, seq_len, heads, dk, dv, scalar))
+def recomputed_terms(recompute: bool) -> Optional[Tuple[str, ...]]:
+    """The terms outside the saved buffer: None (none) or, with ``recompute``, all but :data:`STATE_TERMS`."""
+    return tuple(name for name, _ in saved_layout(1, 1, 1, 1, 1) if name not in STATE_TERMS) if recompute else None
+
+
+def saved_terms(recompute: bool) -> Optional[Tuple[str, ...]]:
+    """The terms of the saved buffer (None: all)."""
+    return STATE_TERMS if recompute else None
+
+
+def saved_numel(batch: int, seq_len: int, heads: int, dk: int, dv: int, scalar: bool = False,
+                terms: Optional[Sequence[str]] = None) -> int:
+    """The buffer's length (fp32 elements) for ``terms`` (None: all)."""
+    return sum(math.prod(shape) for _, shape in saved_layout(batch, seq_len, heads, dk, dv, scalar, terms))
 
 
 def carve(buffer: torch.Tensor, batch: int, seq_len: int, heads: int, dk: int, dv: int,
-          scalar: bool = False) -> Dict[str, torch.Tensor]:
-    """The terms as contiguous views of ``buffer`` (``[saved_numel(...)]`` fp32)."""
+          scalar: bool = False, terms: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
+    """The terms (None: all) as contiguous views of ``buffer`` (``[saved_numel(...)]`` fp32)."""
     views, start = {}, 0
-    for name, shape in saved_layout(batch, seq_len, heads, dk, dv, scalar):
+    for name, shape in saved_layout(batch, seq_len, heads, dk, dv, scalar, terms):
         size = math.prod(shape)
         views[name] = buffer[start:start + size].view(shape)
         start += size

@@ -49,12 +49,13 @@ def reference(p, scale, reverse=False):
 NAMES = ("q", "k", "v", "beta", "g", "write", "initial_state")
 
 
-def _errors(p, backend, dtype, scale=0.5, reverse=False):
+def _errors(p, backend, dtype, scale=0.5, reverse=False, recompute=False):
     """Relative errors of the output, the final state and every gradient (random cotangents on both outputs)."""
     names = [n for n in NAMES if p[n] is not None]
     leaves = {n: p[n].to(dtype).requires_grad_() for n in names}
     run = on_backend(leaves, backend)
-    o, s = chunk_delta_rule(**{n: run.get(n) for n in NAMES}, scale=scale, output_final_state=True, reverse=reverse)
+    o, s = chunk_delta_rule(**{n: run.get(n) for n in NAMES}, scale=scale, output_final_state=True, reverse=reverse,
+                            recompute=recompute)
     exact = {n: p[n].clone().requires_grad_() for n in names}
     o_ref, s_ref = reference({**p, **exact}, scale, reverse)
     gen = torch.Generator().manual_seed(1)
@@ -109,6 +110,38 @@ def test_band_form_of_the_pair_decays_matches_the_float64_loop(backend, case, mo
     monkeypatch.setattr(delta_chunk, "LAUNCH", {**delta_chunk.LAUNCH, "diagonal": {64: "band", 128: "band"}})
     errors = _errors(delta_problem(**case[1]), backend, torch.float32)
     assert max(errors.values()) < (CUDA_TOL if backend == "cuda" else FP32_TOL), errors
+
+
+RECOMPUTE_CASES = [case for case in SMALL if case[0] in ("T130_gates-20_resets_beta_ends", "T70_d48_per_head")]
+
+
+@pytest.mark.parametrize("backend,case", backend_cases(_case_id, interpreter=RECOMPUTE_CASES, cuda=LARGE),
+                         indirect=["backend"])
+def test_recompute_mode_matches_the_float64_loop(backend, case):
+    """``recompute=True``: the forward saves only the states entering each chunk and the backward remakes the other
+    terms (P again, forming U = u~ - w h from those states); the gradients are the float64 loop's as before."""
+    errors = _errors(delta_problem(**case[1]), backend, torch.float32, recompute=True)
+    assert max(errors.values()) < (CUDA_TOL if backend == "cuda" else FP32_TOL), errors
+
+
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+def test_recompute_mode_saves_the_states_alone(backend):
+    """The saved buffer of the recompute mode is the states ``[B*H, N, K, V]`` (fp32), and the fake implementation
+    gives its size: what a training step keeps per call."""
+    from hdla_vision.kernels import custom_ops
+    from hdla_vision.kernels.delta_rule.terms import saved_numel
+
+    p = delta_problem(1, 70, 2, 16, 8)
+    args = [p[n].float() for n in ("q", "k", "v", "beta", "g", "write")]
+    sizes = {}
+    for recompute in (False, True):
+        saved = custom_ops.chunk_delta_rule_op(*args, 0.5, None, False, None, recompute)[2]
+        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+            fake = custom_ops.chunk_delta_rule_op(*(mode.from_tensor(a) for a in args), 0.5, None, False, None,
+                                                  recompute)[2]
+        assert fake.shape == saved.shape
+        sizes[recompute] = saved.numel()
+    assert sizes[True] == 2 * 2 * 16 * 8 < sizes[False] == saved_numel(1, 70, 2, 16, 8)
 
 
 @pytest.mark.parametrize("backend", backends("torch", "interpreter"), indirect=True)
@@ -221,15 +254,17 @@ def test_delta_family_leaves_float64_and_the_cpu_form_alone(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
-def test_custom_op_schema_fake_and_autograd(backend):
+@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
+def test_custom_op_schema_fake_and_autograd(backend, recompute):
     """``torch.library.opcheck`` of the registered op (schema, fake implementation: the saved terms' buffer size
-    without running a kernel, autograd registration, AOT dispatch) on one small case with an initial state."""
+    without running a kernel, autograd registration, AOT dispatch) on one small case with an initial state, with
+    every term saved and in the recompute mode."""
     from hdla_vision.kernels import custom_ops
 
     p = delta_problem(1, 70, 1, 16, 8)
     args = [p[n].float().requires_grad_() for n in ("q", "k", "v", "beta", "g", "write")]
     torch.library.opcheck(custom_ops.chunk_delta_rule_op,
-                          (*args, 0.5, p["initial_state"].float().requires_grad_(), True, None))
+                          (*args, 0.5, p["initial_state"].float().requires_grad_(), True, None, recompute))
 
 
 @pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
