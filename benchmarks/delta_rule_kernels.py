@@ -27,7 +27,6 @@ from tools.provenance import provenance
 VARIANTS = {
     "base": {},
     "recompute": {"recompute": True},
-    "band": {"diagonal": {64: "band", 128: "band"}},
     "warps4": {k: {64: dict(num_warps=4, num_stages=1), 128: dict(num_warps=4, num_stages=1)} for k in ("P", "dC")},
     "warps16": {k: {64: dict(num_warps=16, num_stages=1), 128: dict(num_warps=16, num_stages=1)} for k in ("P", "dC")},
     "serial_w4s3": {k: {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=4, num_stages=3)}
@@ -36,8 +35,8 @@ VARIANTS = {
                     for k in ("S", "dS")},
     "kb64": {"KB": {64: 64, 128: 64}},
     "kb16": {"KB": {64: 16, 128: 16}},
-    "bv32": {"BV": {64: 32, 128: 32}},
-    "bv16": {"BV": {64: 32, 128: 16}},
+    "bv64": {"BV": {64: 64, 128: 64}},
+    "bv16": {"BV": {64: 16, 128: 16}},
 }
 
 

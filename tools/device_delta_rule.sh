@@ -2,9 +2,9 @@
 # Device call (one H100 or H200, <= 560 s): the delta rule's kernels (kernels/delta_rule, kernels/README.md §12:
 # KDA's structure, HDLA over two steps per token), forward and backward.
 # 1. pytest -m gpu tests/ops/test_chunk_delta_rule.py (against the float64 loop at d = 64 and 128: output, final
-#    state and every gradient; HDLA's steps; both forms of the pair decays).
+#    state and every gradient; HDLA's steps; the recompute mode).
 # 2. python -m benchmarks.delta_rule_kernels --no-fla: fwd+bwd and µs per kernel of the delta rule at KDA's shape,
-#    per launch setting ($VARIANTS; default: the levels and the band form of the pair decays, and V blocks of 32),
+#    per launch setting ($VARIANTS; default: today's settings and the recompute mode, with the step's peak memory),
 #    at the LM and high-res shapes (fla's chunk_kda per kernel is in results/delta_kernels_h200/: its autotuning
 #    takes minutes on a fresh machine).
 # 3. python -m benchmarks.delta_rule --cuda-graphs --no-fla: fwd and fwd+bwd of HDLA through the delta rule, the
@@ -16,7 +16,7 @@ source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
 timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py > "$OUT/gpu_tests.txt" 2>&1
 stamp "gpu tests done (rc $?)"
-timeout 200 python3 -m benchmarks.delta_rule_kernels --no-fla --shapes lm,hires --variants "${VARIANTS:-base,band,bv32}" \
+timeout 200 python3 -m benchmarks.delta_rule_kernels --no-fla --shapes lm,hires --variants "${VARIANTS:-base,recompute}" \
     --out "$OUT" > "$OUT/delta_rule_kernels.txt" 2>&1
 stamp "per-kernel timing done (rc $?)"
 timeout 200 python3 -m benchmarks.delta_rule --cuda-graphs --no-fla --shapes "${SHAPES:-lm,hires}" \

@@ -2,8 +2,8 @@
 :mod:`.torch_chunk`, whose names these follow).
 
     P  ``_prepare_kernel``    grid (N, B*H): G = cumsum(g) in the chunk; the Grams A (rows times beta, strictly
-                              lower) and Aqk (lower), every pair decay a product of two factors <= 1 (``LAUNCH
-                              ["diagonal"]``: :func:`_gram_levels`, or 16-step blocks and exact diagonal bands);
+                              lower) and Aqk (lower), every pair decay a product of two factors <= 1
+                              (:func:`_gram_levels`);
                               T = (I + A)^-1 by block doubling; w = T (beta k e^G), u~ = T (omega v), kg, qg, gamma.
     S  ``_state_kernel``      grid (V / BV, B*H), serial over chunks: U = u~ - w S, S <- gamma S + kg^T U; stores
                               the state entering each chunk (h) and U.
@@ -13,8 +13,7 @@
                               dS_0 = gamma dS_C + qg^T dO - w^T dU; stores dS_C and dU per chunk, and dh0.
     dC ``_chunk_bwd_kernel``  grid (N, B*H): the chunk's VJP from h, U, dS_C, dU: dqg, dAqk, dw, dkg, dgamma by
                               products with the state; dT, dA = -(T^T dT T^T); the two Gram VJPs (the forward's
-                              factoring: :func:`_gram_vjps_levels` or :func:`_gram_vjps`); dg as the chunk's
-                              reverse cumsum of dG.
+                              factoring: :func:`_gram_vjps`); dg as the chunk's reverse cumsum of dG.
 
 Every intermediate is fp32, and every product exact fp32 (``ieee``) unless ``precision`` names the tensor cores' tf32
 (:data:`PRECISIONS`; tf32 by default on the GPU). P and dC take K in blocks of KB columns; the launch settings
@@ -30,7 +29,6 @@ from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, next_power_of_2, per_b
 from .terms import CHUNK, carve, padded_head_dim, recomputed_terms, saved_numel, saved_terms
 from .torch_chunk import torch_chunk_delta_rule
 
-SUB = 16
 MAX_HEAD_DIM = 128
 # tl.dot's input_precision for the fp32 operands: exact (the default, and what the interpreter tests check), or the
 # tensor cores' tf32 (one or three products) for the GPU's timing
@@ -42,12 +40,8 @@ LAUNCH = {
     "O": {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=4, num_stages=3)},
     "dS": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=1)},
     "dC": {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)},
-    "BV": {64: 64, 128: 32},
+    "BV": {64: 32, 128: 32},  # 32 at d <= 64: twice the serial passes' programs (H200: 2.24 -> 2.10 ms at (8, 4096, 3, 64))
     "KB": {64: 32, 128: 64},  # the K block of the chunk kernels (P, dC)
-    # the Grams' pair decays (P) and their VJPs (dC): "levels" (every pair through one doubling level's reference,
-    # products on the tensor cores) or "band" (16-step blocks and their exact diagonal blocks step by step, the form
-    # timed on the GPU so far), until one GPU run has timed both
-    "diagonal": {64: "levels", 128: "levels"},
 }
 
 
@@ -105,21 +99,6 @@ def _scalar_pairs(Gs, rows):
 
 
 @triton.jit
-def _gram_block(a_mat, aqk, q, k, G, rows, C: tl.constexpr, SUB: tl.constexpr, PREC: tl.constexpr):
-    """The Grams' off-diagonal 16-step blocks added for one K block (``q, k, G [C, KB]``): through r = G at row block
-    n's first step, e^{G_t - r} <= 1 and e^{r - G_i} <= 1."""
-    block = rows // SUB
-    for n in tl.static_range(1, C // SUB):
-        r = tl.sum(tl.where((rows == n * SUB)[:, None], G, 0.0), axis=0)[None, :]
-        reader = (block == n)[:, None]
-        x_decay = tl.exp(tl.minimum(G - r, 0.0))
-        y = tl.where((rows < n * SUB)[:, None], k * tl.exp(tl.minimum(r - G, 0.0)), 0.0)
-        a_mat += tl.dot(tl.where(reader, k * x_decay, 0.0), tl.trans(y), input_precision=PREC)
-        aqk += tl.dot(tl.where(reader, q * x_decay, 0.0), tl.trans(y), input_precision=PREC)
-    return a_mat, aqk
-
-
-@triton.jit
 def _level(G, gcum_blk, rows, cols, s, BK: tl.constexpr):
     """Level s of the pair decays' doubling (kernels/README.md §12): each 2s-step block's later half (rows t) against
     its earlier half (columns i), through r = G at the later half's first step, one per block and row, so that
@@ -148,40 +127,6 @@ def _gram_levels(a_mat, aqk, q, k, G, gcum_blk, rows, cols, BK: tl.constexpr, PR
 
 
 @triton.jit
-def _gram_band(band_a, band_q, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C: tl.constexpr,
-               SUB: tl.constexpr, BK: tl.constexpr):
-    """The Grams' diagonal 16-step blocks added for one K block, exactly, as bands ``[C, SUB]``: ``band[t, j]`` is
-    the entry of row t and column (t's block) * 16 + j, with the pair decays e^{G_t - G_i} (t >= i) from the rows
-    gathered in memory (G's from ``gcum_blk``, stored before a barrier). Each j's row sums land in band column j,
-    so no [C, C] tile is touched in the loop."""
-    block = rows // SUB
-    band_cols = tl.arange(0, SUB)[None, :]
-    for j in range(SUB):
-        at = block * SUB + j  # [C]: the column each row's block reads at this j
-        k_at = _rows_of(k_ptr, b, c, h, T, H, K, at, cols, C)
-        g_at = tl.load(gcum_blk + at[:, None] * BK + cols[None, :])
-        pair = tl.exp(tl.where((rows >= at)[:, None], G - g_at, float("-inf")))
-        band_q += tl.where(band_cols == j, tl.sum(q * k_at * pair, axis=1)[:, None], 0.0)
-        band_a += tl.where(band_cols == j, tl.sum(k * k_at * pair, axis=1)[:, None], 0.0)
-    return band_a, band_q
-
-
-@triton.jit
-def _add_band(tile, band, scratch, rows, C: tl.constexpr, SUB: tl.constexpr, STRICT: tl.constexpr):
-    """``tile [C, C]`` plus a band (:func:`_gram_band`) placed on its diagonal 16 x 16 blocks (lower triangle; below
-    the diagonal only if STRICT), through the chunk's ``[C, C]`` ``scratch`` in memory (the band's entries written,
-    then the blocks read back as a tile)."""
-    band_at = (rows // SUB * SUB)[:, None] + tl.arange(0, SUB)[None, :]
-    tl.store(scratch + rows[:, None] * C + band_at, band)
-    tl.debug_barrier()
-    lower = (rows[:, None] > rows[None, :]) if STRICT else (rows[:, None] >= rows[None, :])
-    same_block = (rows[:, None] // SUB) == (rows[None, :] // SUB)
-    tile += tl.load(scratch + rows[:, None] * C + rows[None, :], mask=same_block & lower, other=0.0)
-    tl.debug_barrier()  # read before the scratch is written again
-    return tile
-
-
-@triton.jit
 def _inverse(a_mat, rows, PREC: tl.constexpr):
     """T = (I + A)^-1 of a strictly lower ``[C, C]`` A by block doubling: D <- D - D L_s D, L_s the entries of A
     between the halves of each 2s block, s = 1, 2, ..., C / 2."""
@@ -198,13 +143,11 @@ def _inverse(a_mat, rows, PREC: tl.constexpr):
 @triton.jit
 def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
                     qg_ptr, gam_ptr, h_ptr, T, H, K, V, NT, scale,
-                    C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr, SCALAR: tl.constexpr,
-                    HAS_H: tl.constexpr):
+                    C: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
+                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr, SCALAR: tl.constexpr, HAS_H: tl.constexpr):
     """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward), Aqk, T, w, u~, kg, qg and
     gamma, each ``[B*H, N, ...]`` fp32. Two passes over K blocks of KB columns: the Grams (sums over K; the pair
-    decays by :func:`_gram_levels` if LEVELS, else 16-step blocks and exact diagonal bands; SCALAR, one decay per
-    head: the plain Grams times the ``[C, C]`` pair decays), then the terms T maps (column blocks). HAS_H (the
+    decays by :func:`_gram_levels`; SCALAR, one decay per head: the plain Grams times the ``[C, C]`` pair decays), then the terms T maps (column blocks). HAS_H (the
     backward's recompute, given the states h the serial pass stored): U = u~ - w h in place of u~."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
@@ -213,8 +156,6 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
     gcum_blk = gcum_ptr + blk * C * (1 if SCALAR else BK)
     a_mat = tl.zeros([C, C], dtype=tl.float32)
     aqk = tl.zeros([C, C], dtype=tl.float32)
-    band_a = tl.zeros([C, SUB], dtype=tl.float32)
-    band_q = tl.zeros([C, SUB], dtype=tl.float32)
     if SCALAR:
         Gs = tl.cumsum(tl.maximum(_scalars_of(g_ptr, b, c, h, T, H, rows, C), LOG_ZERO), axis=0)  # -inf: 0
         tl.store(gcum_blk + rows, Gs)
@@ -236,17 +177,8 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
             G = tl.cumsum(tl.maximum(_rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C), LOG_ZERO), axis=0)  # -inf: 0
             tl.store(gcum_blk + rows[:, None] * BK + cols[None, :], G)
             tl.debug_barrier()  # G's rows are read back by other threads of this program
-            if LEVELS:
-                a_mat, aqk = _gram_levels(a_mat, aqk, q, k, G, gcum_blk, rows, cols, BK, PREC)
-            else:
-                a_mat, aqk = _gram_block(a_mat, aqk, q, k, G, rows, C, SUB, PREC)
-                band_a, band_q = _gram_band(band_a, band_q, q, k, G, k_ptr, gcum_blk, b, c, h, T, H, K, rows, cols, C,
-                                            SUB, BK)
+            a_mat, aqk = _gram_levels(a_mat, aqk, q, k, G, gcum_blk, rows, cols, BK, PREC)
     out_rows = (blk * C + rows)[:, None]
-    if not LEVELS and not SCALAR:
-        chunk_tile = aqk_ptr + blk * C * C  # the [C, C] outputs double as the bands' scratch before they are written
-        aqk = _add_band(aqk, band_q, chunk_tile, rows, C, SUB, False)
-        a_mat = _add_band(a_mat, band_a, chunk_tile, rows, C, SUB, True)
     t_mat = _inverse(a_mat * beta[:, None], rows, PREC)
     tl.store(aqk_ptr + out_rows * C + rows[None, :], scale * aqk)
     tl.store(tm_ptr + out_rows * C + rows[None, :], t_mat)
@@ -379,8 +311,7 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     bv = max(16, min(LAUNCH["BV"][64 if bk <= 64 else 128], next_power_of_2(dv)))  # S's loads within shared memory
     size = 64 if bk <= 64 else 128
-    return dict(BK=bk, BV=bv, KB=min(bk, LAUNCH["KB"][size]), PREC=precision,
-                LEVELS=LAUNCH["diagonal"][size] == "levels", SCALAR=g.dim() == 3)
+    return dict(BK=bk, BV=bv, KB=min(bk, LAUNCH["KB"][size]), PREC=precision, SCALAR=g.dim() == 3)
 
 
 def _terms(saved: torch.Tensor, q: torch.Tensor, v: torch.Tensor, scalar: bool, recompute: bool) -> dict:
@@ -402,9 +333,9 @@ def _prepare(q, k, v, beta, g, write, z: dict, u: torch.Tensor, scale: float, cf
     n_chunks = cdiv(seq_len, CHUNK)
     _prepare_kernel[(n_chunks, batch * heads)](q, k, v, beta, g, write, z["gcum"], z["aqk"], z["tm"], z["w"], u,
                                                z["kg"], z["qg"], z["gamma"], z["h"], seq_len, heads, dk, v.shape[-1],
-                                               n_chunks, scale, C=CHUNK, SUB=SUB, BK=cfg["BK"], KB=cfg["KB"],
+                                               n_chunks, scale, C=CHUNK, BK=cfg["BK"], KB=cfg["KB"],
                                                BV=cfg["BV"], LOG_ZERO=LOG_ZERO_FP32, PREC=cfg["PREC"],
-                                               LEVELS=cfg["LEVELS"], SCALAR=cfg["SCALAR"], HAS_H=with_state,
+                                               SCALAR=cfg["SCALAR"], HAS_H=with_state,
                                                **_launch("P", cfg["BK"]))
 
 
@@ -487,56 +418,16 @@ def _state_bwd_kernel(kg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, dh0_ptr, 
 
 
 @triton.jit
-def _gram_vjps(m_a, m_a_col, m_q, m_a_blk, m_q_blk, beta_ptr, k, q, rows, G, q_ptr, k_ptr, gcum_blk, b, c, h, T, H,
-               K, cols, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr,
-               PREC: tl.constexpr):
+def _gram_vjps(m_a, m_a_col, m_q, m_q_diag, k, q, G, gcum_blk, rows, cols, C: tl.constexpr, BK: tl.constexpr,
+               KB: tl.constexpr, PREC: tl.constexpr):
     """The VJPs of the two Grams P_A[t, i] = sum_c k_tc k_ic e^{G_tc - G_ic} (i < t) and P_q[t, i] = sum_c q_tc k_ic
     e^{G_tc - G_ic} (i <= t), which share their columns (k) and decays: ``(row_a, row_q, col)`` ``[C, KB]`` with
     row_a_t = sum_i m_a[t, i] k_i e^{G_t - G_i}, row_q likewise with m_q, and col_i = sum_t (m_a_col[t, i] k_t +
     m_q[t, i] q_t) e^{G_t - G_i} (the column sides summed: both land on dk), for the K block ``cols``; m_a_col is
-    m_a with rows times beta. Off the diagonal 16-step blocks through each row block's first G (both factors <= 1),
-    from the cotangents in registers; on them exactly, one offset j in the block at a time, from rows gathered in
-    memory and the cotangents' entries read from their copies ``m_a_blk``, ``m_q_blk`` (``[C, C]``, stored before
-    a barrier): every term lands on its own row, so the loop reduces nothing across rows."""
-    block = rows // SUB
-    row_a = tl.zeros([C, KB], dtype=tl.float32)
-    row_q = tl.zeros([C, KB], dtype=tl.float32)
-    col = tl.zeros([C, KB], dtype=tl.float32)
-    for n in tl.static_range(1, C // SUB):
-        r = tl.sum(tl.where((rows == n * SUB)[:, None], G, 0.0), axis=0)[None, :]
-        earlier = (rows < n * SUB)[:, None]
-        to_earlier = (block == n)[:, None] & (rows[None, :] < n * SUB)  # [C, C]: row block n against earlier columns
-        y_n = tl.where(earlier, k * tl.exp(tl.minimum(r - G, 0.0)), 0.0)
-        x_decay = tl.where((block == n)[:, None], tl.exp(tl.minimum(G - r, 0.0)), 0.0)
-        row_a += tl.dot(tl.where(to_earlier, m_a, 0.0), y_n, input_precision=PREC) * x_decay
-        row_q += tl.dot(tl.where(to_earlier, m_q, 0.0), y_n, input_precision=PREC) * x_decay
-        cols_n = tl.dot(tl.trans(tl.where(to_earlier, m_a_col, 0.0)), k * x_decay, input_precision=PREC) \
-            + tl.dot(tl.trans(tl.where(to_earlier, m_q, 0.0)), q * x_decay, input_precision=PREC)
-        col += tl.where(earlier, cols_n * tl.exp(tl.minimum(r - G, 0.0)), 0.0)
-    for j in range(SUB):
-        # [C]: the step each row meets in its block at this j; as the column of row t's entries (i = at <= t), and
-        # as the row whose entries reach column i = rows (t = at >= i)
-        at = block * SUB + j
-        k_at = _rows_of(k_ptr, b, c, h, T, H, K, at, cols, C)
-        q_at = _rows_of(q_ptr, b, c, h, T, H, K, at, cols, C)
-        g_at = tl.load(gcum_blk + at[:, None] * BK + cols[None, :])
-        to_at = tl.exp(tl.where((rows >= at)[:, None], G - g_at, float("-inf")))  # e^{G_t - G_at}
-        from_at = tl.exp(tl.where((at >= rows)[:, None], g_at - G, float("-inf")))  # e^{G_at - G_i}
-        row_a += tl.load(m_a_blk + rows * C + at)[:, None] * k_at * to_at
-        row_q += tl.load(m_q_blk + rows * C + at)[:, None] * k_at * to_at
-        beta_at = _scalars_of(beta_ptr, b, c, h, T, H, at, C)
-        col += (tl.load(m_a_blk + at * C + rows)[:, None] * beta_at[:, None] * k_at
-                + tl.load(m_q_blk + at * C + rows)[:, None] * q_at) * from_at
-    return row_a, row_q, col
-
-
-@triton.jit
-def _gram_vjps_levels(m_a, m_a_col, m_q, m_q_diag, k, q, G, gcum_blk, rows, cols, C: tl.constexpr, BK: tl.constexpr,
-                      KB: tl.constexpr, PREC: tl.constexpr):
-    """:func:`_gram_vjps`'s ``(row_a, row_q, col)`` by the levels of :func:`_level`, as the forward's
-    :func:`_gram_levels` takes the Grams: per level, row_t = x_decay_t (M y)_t and col_i = y_decay_i (M^T x)_i with M
-    the cotangent on the level's cross; the diagonal of P_q (``m_q_diag [C]``, pair decay 1) adds m_q[t, t] k_t to
-    row_q and m_q[t, t] q_t to col."""
+    m_a with rows times beta. By the levels of :func:`_level`, as the forward's :func:`_gram_levels` takes the
+    Grams: per level, row_t = x_decay_t (M y)_t and col_i = y_decay_i (M^T x)_i with M the cotangent on the level's
+    cross; the diagonal of P_q (``m_q_diag [C]``, pair decay 1) adds m_q[t, t] k_t to row_q and m_q[t, t] q_t to
+    col."""
     row_a = tl.zeros([C, KB], dtype=tl.float32)
     row_q = m_q_diag[:, None] * k
     col = m_q_diag[:, None] * q
@@ -562,10 +453,9 @@ def _state_block(ptr, K, V, k0, v0, KB: tl.constexpr, BV: tl.constexpr):
 
 @triton.jit
 def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, h_ptr,
-                      new_ptr, ds_ptr, du_ptr, dgram_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
-                      scale, C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr,
-                      BV: tl.constexpr, LOG_ZERO: tl.constexpr, PREC: tl.constexpr, LEVELS: tl.constexpr,
-                      SCALAR: tl.constexpr):
+                      new_ptr, ds_ptr, du_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
+                      scale, C: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
+                      LOG_ZERO: tl.constexpr, PREC: tl.constexpr, SCALAR: tl.constexpr):
     """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12), in three
     passes that keep at most ``[C, KB]`` column blocks live: over V, the products without the state (dAqk, dT's
     value side, dv, d omega); over K, dT's key side -dU S_0^T (beta k e^G)^T, which completes dT and so
@@ -616,8 +506,6 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
     d_a = -tl.dot(tl.dot(tl.trans(t_mat), d_t, input_precision=PREC), tl.trans(t_mat), input_precision=PREC)
     d_a = tl.where(rows[:, None] > rows[None, :], d_a, 0.0)
     d_p = tl.where(rows[:, None] >= rows[None, :], d_aqk * scale, 0.0)
-    m_a_blk = dgram_ptr + blk * 2 * C * C
-    m_q_blk = m_a_blk + C * C
     if SCALAR:  # the cotangents on the plain Grams k k^T and q k^T
         pairs = _scalar_pairs(tl.load(gcum_blk + rows), rows)
         m_a, m_q = d_a * pairs, d_p * pairs
@@ -626,12 +514,8 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         # (the Grams), row sums minus column sums; summing the channels' dG instead would cancel terms in fp32
         e_pairs = m_a_col * gram_kk + m_q * gram_qk
         dg_sum = tl.sum(e_pairs, axis=1) - tl.sum(e_pairs, axis=0)
-    elif LEVELS:
-        d_p_diag = tl.sum(tl.where(rows[:, None] == rows[None, :], d_p, 0.0), axis=1)
     else:
-        tl.store(m_a_blk + rows[:, None] * C + rows[None, :], d_a)
-        tl.store(m_q_blk + rows[:, None] * C + rows[None, :], d_p)
-        tl.debug_barrier()  # their entries are read back by other threads (the Gram VJPs' diagonal blocks)
+        d_p_diag = tl.sum(tl.where(rows[:, None] == rows[None, :], d_p, 0.0), axis=1)
     d_beta = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, K, KB):
         cols = k0 + tl.arange(0, KB)
@@ -660,12 +544,9 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
             row_a = tl.dot(m_a, k, input_precision=PREC)
             row_q = tl.dot(m_q, k, input_precision=PREC)
             col_k = tl.dot(tl.trans(m_a_col), k, input_precision=PREC) + tl.dot(tl.trans(m_q), q, input_precision=PREC)
-        elif LEVELS:
-            row_a, row_q, col_k = _gram_vjps_levels(d_a, d_a * beta[:, None], d_p, d_p_diag, k, q, G, gcum_blk, rows,
-                                                    cols, C, BK, KB, PREC)
         else:
-            row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, m_a_blk, m_q_blk, beta_ptr, k, q, rows,
-                                             G, q_ptr, k_ptr, gcum_blk, b, c, h, T, H, K, cols, C, SUB, BK, KB, PREC)
+            row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, d_p_diag, k, q, G, gcum_blk, rows, cols, C,
+                                             BK, KB, PREC)
         dq = row_q + scale * d_qg * decayed
         dk = beta[:, None] * row_a + col_k + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
         d_beta += tl.sum(k * row_a, axis=1) + tl.sum(k * decayed * t_dw, axis=1)
@@ -718,12 +599,10 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
                                           ds, du, dh0, dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv,
                                           HAS_DHT=dht is not None, PREC=prec, **_launch("dS", bk))
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
-    # the band form's copies of dA and dAqk (its scratch); the levels read none
-    dgram = du if cfg["LEVELS"] else torch.empty(bh, n_chunks, 2, CHUNK, CHUNK, **f32)
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
-                                      ds, du, dgram, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK,
-                                      SUB=SUB, BK=bk, KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
-                                      LEVELS=cfg["LEVELS"], SCALAR=cfg["SCALAR"], **_launch("dC", bk))
+                                      ds, du, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, BK=bk,
+                                      KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, SCALAR=cfg["SCALAR"],
+                                      **_launch("dC", bk))
     return (*grads, dh0.view(batch, heads, dk, dv) if initial_state is not None else None)
 
 

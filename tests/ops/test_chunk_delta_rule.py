@@ -99,19 +99,6 @@ def test_matches_the_float64_loop(backend, case):
     assert max(errors.values()) < tol, errors  # NaN fails too
 
 
-BAND_CASES = [case for case in SMALL if case[0] == "T130_gates-20_resets_beta_ends"]
-
-
-@pytest.mark.parametrize("backend,case", backend_cases(_case_id, interpreter=BAND_CASES, cuda=LARGE),
-                         indirect=["backend"])
-def test_band_form_of_the_pair_decays_matches_the_float64_loop(backend, case, monkeypatch):
-    """The Grams' diagonal blocks step by step (``LAUNCH["diagonal"] = "band"``), the form beside the default
-    levels until the GPU has timed both."""
-    monkeypatch.setattr(delta_chunk, "LAUNCH", {**delta_chunk.LAUNCH, "diagonal": {64: "band", 128: "band"}})
-    errors = _errors(delta_problem(**case[1]), backend, torch.float32)
-    assert max(errors.values()) < (CUDA_TOL if backend == "cuda" else FP32_TOL), errors
-
-
 RECOMPUTE_CASES = [case for case in SMALL if case[0] in ("T130_gates-20_resets_beta_ends", "T70_d48_per_head")]
 
 
