@@ -34,11 +34,13 @@ def _scale(scale: Optional[float]) -> float:
     return 1.0 if scale is None else float(scale)
 
 
-def on_delta_rule(q: torch.Tensor) -> bool:
-    """Whether an op runs on the delta rule's kernels (``HDLA_VISION_KERNELS=delta``, utils.py): the HDLA ops, and
-    the seed mixers whose step is a product of delta steps (``layers/seed.py``). Triton runs, q is fp32 / bf16 /
-    fp16 and its head dim fits their one K tile; never inside an ONNX export."""
-    return (kernel_family() == "delta" and use_triton(q) and q.dtype != torch.float64
+def on_delta_rule(q: torch.Tensor, by_default: bool = False) -> bool:
+    """Whether an op runs on the delta rule's kernels: under ``HDLA_VISION_KERNELS=delta`` (utils.py) the HDLA ops
+    and the seed mixers whose step is a product of delta steps (``layers/seed.py``), and under ``auto`` (the
+    default) the callers that take them ``by_default``. Triton runs, q is fp32 / bf16 / fp16 and its head dim fits
+    their one K tile; never inside an ONNX export."""
+    family = kernel_family()
+    return ((family == "delta" or (by_default and family == "auto")) and use_triton(q) and q.dtype != torch.float64
             and q.shape[-1] <= DELTA_MAX_HEAD_DIM and not exporting_to_onnx())
 
 

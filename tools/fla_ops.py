@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from hdla_vision.kernels import chunk_delta_substeps, chunk_generalized, on_delta_rule
 from hdla_vision.layers import seed_mixers as sm
+from hdla_vision.layers.seed import DeltaNetMixer, GatedDeltaNetMixer, GatedDeltaProductMixer
 
 
 def _rand(gen, device, *shape):
@@ -42,11 +43,12 @@ def _ours(q, step, scale, op):
     return op(q, k, v, a, b, step.g, scale=scale)[0]
 
 
-def _ours_by_route(q, factors, steps, scale, op):
-    """Our side as the mixers run it: under ``HDLA_VISION_KERNELS=delta`` (``on_delta_rule``) the delta rule's
-    sub-step op on the mixer's ``*_steps`` (``steps()``), else ``op`` on its factor function's step
-    (``factors()``); the float64 reference (``op`` another than ``chunk_generalized``) always the latter."""
-    if op is chunk_generalized and on_delta_rule(q):
+def _ours_by_route(q, factors, steps, scale, op, mixer=None):
+    """Our side as the mixers run it: on the delta rule's route (``on_delta_rule``: under ``HDLA_VISION_KERNELS=
+    delta``, or under auto for a ``mixer`` class whose ``delta_by_default`` is set) the delta rule's sub-step op on
+    the mixer's ``*_steps`` (``steps()``), else ``op`` on its factor function's step (``factors()``); the float64
+    reference (``op`` another than ``chunk_generalized``) always the latter."""
+    if op is chunk_generalized and on_delta_rule(q, mixer is not None and mixer.delta_by_default):
         return chunk_delta_substeps(q, *steps(), scale=scale)[0]
     return _ours(q, factors(), scale, op)
 
@@ -81,7 +83,7 @@ def deltanet_fla(x, scale):
 
 def deltanet_ours(x, scale, op=chunk_generalized):
     return _ours_by_route(x["q"], lambda: sm.deltanet_factors(x["k"], x["v"], x["beta"]),
-                          lambda: sm.deltanet_steps(x["k"], x["v"], x["beta"]), scale, op)
+                          lambda: sm.deltanet_steps(x["k"], x["v"], x["beta"]), scale, op, DeltaNetMixer)
 
 
 # ---- Gated DeltaNet: S = alpha (I - beta k k^T) S + beta k v^T, scalar alpha per head -------
@@ -99,7 +101,8 @@ def gdn_fla(x, scale):
 def gdn_ours(x, scale, op=chunk_generalized):
     k1, v1, beta1 = x["k"].unsqueeze(3), x["v"].unsqueeze(3), x["beta"].unsqueeze(-1)
     return _ours_by_route(x["q"], lambda: sm.gated_deltanet_factors(x["k"], x["v"], x["beta"], x["log_alpha"]),
-                          lambda: sm.gated_deltaproduct_steps(k1, v1, beta1, x["log_alpha"]), scale, op)
+                          lambda: sm.gated_deltaproduct_steps(k1, v1, beta1, x["log_alpha"]), scale, op,
+                          GatedDeltaNetMixer)
 
 
 # ---- KDA: S = (I - beta k k^T) Diag(alpha) S + beta k v^T -----------------------------------
@@ -161,7 +164,8 @@ def gdp_fla(x, scale):
 
 def gdp_ours(x, scale, op=chunk_generalized):
     return _ours_by_route(x["q"], lambda: sm.gated_deltaproduct_factors_5d(x["k"], x["v"], x["beta"], x["log_alpha"]),
-                          lambda: sm.gated_deltaproduct_steps(x["k"], x["v"], x["beta"], x["log_alpha"]), scale, op)
+                          lambda: sm.gated_deltaproduct_steps(x["k"], x["v"], x["beta"], x["log_alpha"]), scale, op,
+                          GatedDeltaProductMixer)
 
 
 def _gdp3_inputs(*args):

@@ -70,6 +70,12 @@ class GeneralizedMixer(LinearAttentionMixer):
 
     normalize_q = True
     shared_fields = ("v",)  # v = the projection's values in every seed mixer
+    # whether HDLA_VISION_KERNELS=auto (the default) scans on the delta rule's op (delta_route): set for the mixers
+    # with one decay per head, where it was faster than chunk_generalized in every measured use (H200, bf16,
+    # fwd+bwd of the op, benchmarks/results/delta_routes_h200: DeltaNet 12.1 -> 5.3 ms at (4, 4096, 16, 128),
+    # 3.3 -> 2.2 at (128, 196, 3, 64); Gated DeltaNet 9.3 -> 5.3 and 3.5 -> 2.2; Gated DeltaProduct n_h = 2 18.2 ->
+    # 11.4 and 4.5 -> 2.1); KDA (12.6 against 12.3 at the LM shape) and GLA (4.8 against 12.3) stay on it
+    delta_by_default = False
 
     @property
     def scale(self) -> float:
@@ -84,9 +90,10 @@ class GeneralizedMixer(LinearAttentionMixer):
     def delta_route(self, q: torch.Tensor) -> bool:
         """Whether a mixer whose step is a product of delta steps (GLA, DeltaNet, Gated DeltaNet / DeltaProduct,
         KDA: their :meth:`features` give :class:`~hdla_vision.layers.seed_mixers.DeltaSteps` then) scans on the
-        delta rule's op (``chunk_delta_substeps``, kernels/README.md §12): under ``HDLA_VISION_KERNELS=delta``
-        where its kernels run q, not log-linear, not under :func:`set_chunk_backend` ``("torch")``."""
-        return on_delta_rule(q) and not self.log_linear and chunk_backend() != "torch"
+        delta rule's op (``chunk_delta_substeps``, kernels/README.md §12): under ``HDLA_VISION_KERNELS=delta``, and
+        under ``auto`` (the default) where :attr:`delta_by_default`; where its kernels run q, not log-linear, not
+        under :func:`set_chunk_backend` ``("torch")``."""
+        return on_delta_rule(q, self.delta_by_default) and not self.log_linear and chunk_backend() != "torch"
 
     def op_inputs(self, q, feats):
         if isinstance(feats, sm.DeltaSteps):
@@ -180,6 +187,7 @@ class DeltaNetMixer(GeneralizedMixer):
 
     mixer_name = "deltanet"
     shared_fields = ("v", "b")  # B = k
+    delta_by_default = True
 
     def make_gates(self):
         return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads, **self.factory_kwargs)})
@@ -196,6 +204,7 @@ class _GatedDelta(GeneralizedMixer):
     (:func:`~hdla_vision.layers.seed_mixers.gated_deltaproduct_factors`)."""
 
     default_beta_range = 1.0
+    delta_by_default = True
 
     def configure(self, beta_range: Optional[float] = None, **options):
         self.beta_range = self.default_beta_range if beta_range is None else beta_range
