@@ -300,13 +300,15 @@ def _check(q, k, v, beta, g, write, initial_state):
 
 def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str]) -> dict:
     """Tiles and operand precision of a call (ValueError for a K over one tile or an unknown precision). tf32 is the
-    GPU's default (bf16 parity 4e-3 on the H200): with tf32x3 the backward chunk kernel at K = 64 needs 340 KB of
+    GPU's default for 16-bit inputs (bf16 parity 5e-3 on the H200), exact fp32 (ieee) for fp32 inputs, as the
+    generalized kernels take them: tf32 there put a Gated DeltaNet mixer's gate-weight gradients 1-3e-2 from the
+    fp32 chunk form (sums over tokens cancel); with tf32x3 the backward chunk kernel at K = 64 needs 340 KB of
     shared memory, more than sm_90a's 227."""
     dk = q.shape[-1]
     if dk > MAX_HEAD_DIM:
         raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
     bk = padded_head_dim(dk)
-    precision = precision or ("tf32" if q.is_cuda else "ieee")
+    precision = precision or ("tf32" if q.is_cuda and q.dtype != torch.float32 else "ieee")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     bv = max(16, min(LAUNCH["BV"][64 if bk <= 64 else 128], next_power_of_2(dv)))  # S's loads within shared memory
@@ -617,7 +619,7 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
     Args: q, k ``[B, T, H, K]`` (k unit rows), g ``[B, T, H, K]`` per channel or ``[B, T, H]`` per head (g <= 0;
         its own kernels' specialisation), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
         initial_state ``[B, H, K, V]`` or None; ``precision``: every product's fp32 operands as :data:`PRECISIONS`
-        names them (``tl.dot``'s ``input_precision``; None: tf32 on CUDA, exact under the interpreter);
+        names them (``tl.dot``'s ``input_precision``; None: tf32 for 16-bit inputs on CUDA, else exact);
         ``reverse``: the scan from the last step to the first (on time-flipped copies of the inputs, for now);
         ``recompute``: the Triton path saves only the states entering each chunk for the backward, which remakes
         the other terms from the inputs (:mod:`.terms`; less memory, one more prepare launch).
