@@ -37,11 +37,13 @@ def _scale(scale: Optional[float]) -> float:
 def on_delta_rule(q: torch.Tensor, by_default: bool = False) -> bool:
     """Whether an op runs on the delta rule's kernels: under ``HDLA_VISION_KERNELS=delta`` (utils.py) the HDLA ops
     and the seed mixers whose step is a product of delta steps (``layers/seed.py``), and under ``auto`` (the
-    default) the callers that take them ``by_default``. Triton runs, q is fp32 / bf16 / fp16 and its head dim fits
-    their one K tile; never inside an ONNX export."""
+    default) the callers that take them ``by_default`` for 16-bit q (the inputs they were timed faster on; fp32
+    takes their exact products, not yet timed). Triton runs, q is fp32 / bf16 / fp16 and its head dim fits their
+    one K tile; never inside an ONNX export."""
     family = kernel_family()
-    return ((family == "delta" or (by_default and family == "auto")) and use_triton(q) and q.dtype != torch.float64
-            and q.shape[-1] <= DELTA_MAX_HEAD_DIM and not exporting_to_onnx())
+    chosen = family == "delta" or (by_default and family == "auto" and q.dtype in (torch.bfloat16, torch.float16))
+    return (chosen and use_triton(q) and q.dtype != torch.float64 and q.shape[-1] <= DELTA_MAX_HEAD_DIM
+            and not exporting_to_onnx())
 
 
 def delta_rule_hdla(q, k, v, beta, g, scale: float, initial_state, reverse: bool):
