@@ -4,7 +4,8 @@ chunk_kda at the same shape: the tuning harness of issue 11's KDA-shaped family.
     python -m benchmarks.delta_rule_kernels [--shapes lm,hires] [--precision tf32] [--variants base,...] [--out DIR]
 
 Per shape (B, T, H, d), bf16 inputs, the delta rule at KDA's shape (T steps, write scale = beta): fwd+bwd ms
-(do_bench median), µs per kernel (torch.profiler over five calls) and the step's peak memory, for each variant of
+(do_bench median), µs per kernel (torch.profiler over five calls), the step's peak memory and what the forward keeps
+for the backward, for each variant of
 ``chunk.LAUNCH`` (:data:`VARIANTS`: warps, pipeline stages, V block per kernel; the recompute mode); and fla's
 chunk_kda the same way if fla is installed.
 ``delta_rule_kernels.json`` under ``--out`` (rewritten after every variant), headed by device, date and commit.
@@ -69,10 +70,23 @@ def peak_mib(step) -> float:
     return round((torch.cuda.max_memory_allocated() - before) / 2 ** 20, 1)
 
 
+def kept_mib(fn, inputs) -> float:
+    """What a forward leaves allocated for its backward, the output included (MiB): the memory a training step holds
+    per call until its backward runs."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = fn(*inputs)
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before
+    del out
+    return round(kept / 2 ** 20, 1)
+
+
 def measure(fn, inputs) -> dict:
     try:
         step = fwd_bwd_step(fn, inputs)
-        return {"fwd_bwd_ms": round(median_ms(step), 3), "kernel_us": kernel_us(step), "peak_mib": peak_mib(step)}
+        return {"fwd_bwd_ms": round(median_ms(step), 3), "kernel_us": kernel_us(step), "peak_mib": peak_mib(step),
+                "kept_mib": kept_mib(fn, inputs)}
     except Exception as error:  # a setting out of shared memory or registers leaves the others
         return {"failed": f"{type(error).__name__}: {str(error)[:200]}"}
 

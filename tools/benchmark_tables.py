@@ -258,7 +258,7 @@ def render_delta_kernels(name: str) -> str:
             if variant == "bthd":
                 continue
             if "failed" in run:
-                rows.append([shape, variant, "failed", "", run["failed"][:60], ""])
+                rows.append([shape, variant, "failed", "", run["failed"][:60], "", ""])
                 continue
             us = run["kernel_us"]
             if variant == "fla_kda":
@@ -267,8 +267,9 @@ def render_delta_kernels(name: str) -> str:
             else:
                 detail = ", ".join(f"{label} {us[kernel]:.0f}" for kernel, label in DELTA_KERNELS.items() if kernel in us)
             rows.append([shape, variant, ms(run["fwd_bwd_ms"]), f"{sum(us.values()):.0f}", detail,
-                         run.get("peak_mib", "")])
-    table = markdown(["shape", "variant", "fwd+bwd ms", "kernels µs", "µs per kernel", "peak MiB"], rows)
+                         run.get("peak_mib", ""), run.get("kept_mib", "")])
+    table = markdown(["shape", "variant", "fwd+bwd ms", "kernels µs", "µs per kernel", "peak MiB",
+                      "kept for the backward MiB"], rows)
     return f"{provenance(name, result)}, {result.get('dtype', '')}, precision {result.get('precision', '')}\n\n{table}\n"
 
 
