@@ -1,9 +1,11 @@
-"""One fwd+bwd of ``chunk_hdla`` for Nsight Compute: a warm-up call (compiles), then the profiled call between
+"""One fwd+bwd of an op for Nsight Compute: a warm-up call (compiles), then the profiled call between
 ``cudaProfilerStart`` / ``cudaProfilerStop`` (run ncu with ``--profile-from-start off``).
 
     ncu --profile-from-start off --clock-control none -k regex:chunk_intra_kernel python3 -m tools.ncu_step lm
+    ncu --profile-from-start off ... -k regex:_chunk_bwd_kernel python3 -m tools.ncu_step lm delta_kda
 
-Shapes: benchmarks.kernels.SHAPES (the step is :func:`benchmarks.host_profile.op_steps`' fwd+bwd).
+Shapes: benchmarks.kernels.SHAPES. Ops: ``hdla`` (the default; :func:`benchmarks.host_profile.op_steps`' fwd+bwd of
+``chunk_hdla``) and ``delta_kda`` (the delta rule at KDA's shape with tf32 products, ``benchmarks.delta_rule``).
 """
 import sys
 
@@ -12,8 +14,24 @@ import torch
 from benchmarks.host_profile import op_steps
 
 
-def main(shape_name: str) -> None:
-    step = op_steps(shape_name)[0]
+def delta_kda_step(shape_name: str):
+    """fwd+bwd of the delta rule at KDA's shape on random bf16 inputs of ``SHAPES[shape_name]``."""
+    from benchmarks.delta_rule import delta_kda
+    from benchmarks.kernels import SHAPES, make_inputs
+
+    inputs = make_inputs(*SHAPES[shape_name], torch.bfloat16, torch.device("cuda"))
+    op = delta_kda("tf32")
+    grad = torch.randn_like(op(*inputs))
+    return lambda: torch.autograd.grad(op(*inputs), inputs, grad)
+
+
+STEPS = {"hdla": lambda shape: op_steps(shape)[0], "delta_kda": delta_kda_step}
+
+
+def main(shape_name: str, op: str = "hdla") -> None:
+    if op not in STEPS:
+        raise SystemExit(f"op must be one of {', '.join(STEPS)}, got {op!r}")
+    step = STEPS[op](shape_name)
     step()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
@@ -23,4 +41,4 @@ def main(shape_name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "lm")
+    main(*(sys.argv[1:] or ["lm"]))
