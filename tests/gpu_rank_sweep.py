@@ -1,5 +1,5 @@
-"""GPU sweep of ``chunk_generalized`` over ranks and head dims (and of ``chunk_hdla`` and HDLA's token
-recurrence over head dims), one subprocess per case.
+"""GPU sweep of ``chunk_generalized`` over ranks and head dims (and of ``chunk_hdla``, HDLA's token
+recurrence and the delta rule's ``chunk_delta_rule`` over head dims), one subprocess per case.
 
 Every (r_ab, r_kv, K, V) the op's input checks accept must run forward and backward in bf16
 and match the float64 token loop (relative error < 1e-2 on the output, the final state and
@@ -11,6 +11,7 @@ CUDA context of the process it happens in.
     python -m tests.gpu_rank_sweep --json r.json --markdown r.md
     python -m tests.gpu_rank_sweep --case 3 2 128 128   # one case: r_ab r_kv K V (what the workers run)
     python -m tests.gpu_rank_sweep --kinds recurrence   # only the HDLA recurrence (kernels/README.md §11)
+    python -m tests.gpu_rank_sweep --kinds delta        # only the delta rule (kernels/README.md §12)
 
 ``tests/test_gpu_rank_sweep.py`` runs the sweep under pytest (``-m gpu``).
 """
@@ -33,12 +34,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HDLA = -1  # r_ab of a chunk_hdla case (rank 2 built in-kernel from k, beta, g; r_kv = 1)
 RECURRENCE = -2  # r_ab of a case of HDLA's token recurrence with its Triton backward (hdla/fused_recurrent.py)
-KINDS = {"generalized": R_AB, "hdla": (HDLA,), "recurrence": (RECURRENCE,)}
+DELTA, DELTA_PER_HEAD = -3, -4  # r_ab of a chunk_delta_rule case: log-decay per channel / per head (r_kv = 1)
+KINDS = {"generalized": R_AB, "hdla": (HDLA,), "recurrence": (RECURRENCE,), "delta": (DELTA, DELTA_PER_HEAD)}
+NAMES = {HDLA: "HDLA", RECURRENCE: "HDLA recurrence", DELTA: "delta rule", DELTA_PER_HEAD: "delta rule, g per head"}
 
 
 def all_cases(dims=HEAD_DIMS, kinds=tuple(KINDS)):
-    """(r_ab, r_kv, K, V) for chunk_generalized, (HDLA, 1, K, V) for chunk_hdla and (RECURRENCE, 1, K, V)
-    for the recurrence, of the ``kinds`` named."""
+    """(r_ab, r_kv, K, V) for chunk_generalized, (HDLA, 1, K, V) for chunk_hdla, (RECURRENCE, 1, K, V)
+    for the recurrence and (DELTA or DELTA_PER_HEAD, 1, K, V) for the delta rule, of the ``kinds`` named."""
     ranks = [r for kind in kinds for r in KINDS[kind]]
     return [(r_ab, r_kv, dk, dv) for dk, dv in dims for r_ab in ranks for r_kv in R_KV if r_ab >= 0 or r_kv == 1]
 
@@ -70,9 +73,33 @@ def problem(r_ab, r_kv, dk, dv, seed=0):
     )
 
 
+def delta_case(dk, dv, per_head):
+    """One delta-rule case in this process (bf16 inputs, g fp32, against the float64 loop on the rounded inputs,
+    ``tests/ops/test_chunk_delta_rule.py``'s check), forward and reversed."""
+    import torch
+
+    from tests.ops.test_chunk_delta_rule import _errors, delta_problem
+
+    p = delta_problem(SHAPE["batch"], SHAPE["seq_len"], SHAPE["heads"], dk, dv, per_head=per_head, beta_ends=True)
+    for reverse in (False, True):
+        try:
+            errors = _errors(p, "cuda", torch.bfloat16, reverse=reverse)
+        except ValueError as exc:
+            torch.cuda.synchronize()  # a refusal must come before any launch: nothing pending fails
+            return {"status": "refused", "message": str(exc)}
+        torch.cuda.synchronize()
+        worst = max(errors.values())
+        if not worst < TOL:  # NaN fails too
+            return {"status": "failed", "reverse": reverse, "errors": errors}
+    return {"status": "ok", "worst": worst, "errors": errors}
+
+
 def run_case(r_ab, r_kv, dk, dv):
     """One case in this process: ``{"status": "ok" | "refused" | "failed", ...}``."""
     import torch
+
+    if r_ab in (DELTA, DELTA_PER_HEAD):
+        return delta_case(dk, dv, r_ab == DELTA_PER_HEAD)
 
     from hdla_vision.kernels import chunk_generalized, chunk_hdla
     from tests.oracle import compare_with_loop, hdla_recurrence
@@ -131,7 +158,7 @@ def markdown_table(results):
                     cells.append(f"{res['worst']:.1e}")
                 else:
                     cells.append(res["status"])
-            name = {HDLA: "HDLA", RECURRENCE: "HDLA recurrence"}.get(r_ab, r_ab)
+            name = NAMES.get(r_ab, r_ab)
             lines.append(f"| {name} | {r_kv} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

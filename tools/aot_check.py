@@ -5,6 +5,7 @@ report each kernel's registers, local-memory spills, shared memory and whether i
     python -m tools.aot_check --shapes lm     # one shape
     python -m tools.aot_check --bidirectional # the bidirectional ops (both directions in one launch)
     python -m tools.aot_check --host --ops hdla --shapes hires --s4-group 1,4   # host time, nothing launched
+    python -m tools.aot_check --ops delta_kda,delta_gdn --shapes lm,hires   # the delta rule's kernels
 
 A launch ``kernel[grid](...)`` inside :func:`compile_only` compiles exactly what the GPU would
 (the same specialisation, constexprs, num_warps and num_stages) through Triton's own pipeline down to
@@ -18,6 +19,7 @@ each launch, nothing launched; median of ``--repeats``) and counts its launches,
 zeroing) really run on CPU tensors, so only differences between settings carry over to a GPU's host.
 """
 import argparse
+import functools
 import os
 import re
 import subprocess
@@ -144,9 +146,15 @@ def triton_path_for_cpu_tensors():
 
 
 def op_inputs(op: str, batch: int, seq_len: int, heads: int, dim: int, dtype=torch.bfloat16):
-    """Zero inputs of the real shapes (CPU) for ``op``: ``hdla`` (q, k, v, beta, g) or a generalized
-    op (q, k, v, a, b, g): ``kda`` (r_ab = 1, vector decay), ``gla`` (r_ab = 0), ``gdn`` (r_ab = 1, decay per head)."""
+    """Zero inputs of the real shapes (CPU) for ``op``: ``hdla`` (q, k, v, beta, g), a generalized
+    op (q, k, v, a, b, g): ``kda`` (r_ab = 1, vector decay), ``gla`` (r_ab = 0), ``gdn`` (r_ab = 1, decay per head),
+    or the delta rule (q, k, v, beta, g, write): ``delta_kda`` (g per channel), ``delta_gdn`` (g per head)."""
     q = torch.zeros(batch, seq_len, heads, dim, dtype=dtype, requires_grad=True)
+    if op.startswith("delta_"):
+        beta = torch.zeros(batch, seq_len, heads, dtype=dtype, requires_grad=True)
+        g_shape = (batch, seq_len, heads) if op == "delta_gdn" else (batch, seq_len, heads, dim)
+        return (q, torch.zeros_like(q, requires_grad=True), torch.zeros_like(q, requires_grad=True), beta,
+                torch.zeros(*g_shape, requires_grad=True), torch.zeros_like(beta, requires_grad=True))
     if op == "hdla":
         beta = torch.zeros(batch, seq_len, heads, dtype=dtype, requires_grad=True)
         return q, torch.zeros_like(q, requires_grad=True), torch.zeros_like(q, requires_grad=True), beta, \
@@ -177,8 +185,12 @@ def compile_op(op: str, shape, backward: bool, bidirectional: bool = False) -> L
     bidirectional op with ``bidirectional``)."""
     from hdla_vision import kernels
 
+    from hdla_vision.kernels.delta_rule.chunk import chunk_delta_rule
+
     inputs = op_inputs(op, *shape)
     fn = kernels.chunk_hdla if op == "hdla" else kernels.chunk_generalized
+    if op.startswith("delta_"):  # tf32 products, the GPU's default for 16-bit inputs
+        fn = functools.partial(chunk_delta_rule, precision="tf32")
     if bidirectional:
         inputs = stacked_by_direction(op, inputs)
         fn = kernels.chunk_hdla_bidirectional if op == "hdla" else kernels.chunk_generalized_bidirectional
