@@ -455,13 +455,14 @@ def _state_block(ptr, K, V, k0, v0, KB: tl.constexpr, BV: tl.constexpr):
 
 @triton.jit
 def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, h_ptr,
-                      new_ptr, ds_ptr, du_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
+                      new_ptr, ds_ptr, du_ptr, dw_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
                       scale, C: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
                       LOG_ZERO: tl.constexpr, PREC: tl.constexpr, SCALAR: tl.constexpr):
     """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12), in three
     passes that keep at most ``[C, KB]`` column blocks live: over V, the products without the state (dAqk, dT's
-    value side, dv, d omega); over K, dT's key side -dU S_0^T (beta k e^G)^T, which completes dT and so
-    dA = -(T^T dT T^T); over K again, each block's products with the state (dqg, dw, dkg, dgamma, dw recomputed),
+    value side, dv, d omega); over K, dW = -dU S_0^T (stored in ``dw_ptr``, ``[B*H, N, C, K]`` fp32) and dT's key
+    side dW (beta k e^G)^T, which completes dT and so dA = -(T^T dT T^T); over K again, each block's products with
+    the state (dqg, dkg, dgamma; dW read back),
     the Gram VJPs, and dq, dk, dg (the chunk's reverse cumsum of dG) and dbeta's share. SCALAR (one decay per
     head): the Gram VJPs through the ``[C, C]`` pair decays, and dG summed over K before the cumsum."""
     c, b, h, blk = _this_chunk(H, NT, 1)
@@ -499,6 +500,7 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         for v0 in range(0, V, BV):
             du = _chunk_tile(du_ptr, chunk_rows, v0 + tl.arange(0, BV), V)
             d_w -= tl.dot(du, tl.trans(_state_block(h_blk, K, V, k0, v0, KB, BV)), input_precision=PREC)
+        tl.store(dw_ptr + chunk_rows * K + cols[None, :], d_w, mask=(cols < K)[None, :])
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
         G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
         d_t += tl.dot(d_w, tl.trans(beta[:, None] * k * tl.exp(G)), input_precision=PREC)
@@ -518,6 +520,7 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         dg_sum = tl.sum(e_pairs, axis=1) - tl.sum(e_pairs, axis=0)
     else:
         d_p_diag = tl.sum(tl.where(rows[:, None] == rows[None, :], d_p, 0.0), axis=1)
+    tl.debug_barrier()  # dW's rows, stored above, are read back by other threads
     d_beta = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, K, KB):
         cols = k0 + tl.arange(0, KB)
@@ -526,7 +529,7 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
         decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
         d_qg = tl.zeros([C, KB], dtype=tl.float32)
-        d_w = tl.zeros([C, KB], dtype=tl.float32)
+        d_w = _chunk_tile(dw_ptr, chunk_rows, cols, K)
         d_kg = tl.zeros([C, KB], dtype=tl.float32)
         d_gam = tl.zeros([KB], dtype=tl.float32)
         for v0 in range(0, V, BV):
@@ -534,9 +537,7 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
             s0 = _state_block(h_blk, K, V, k0, v0, KB, BV)
             ds = _state_block(ds_blk, K, V, k0, v0, KB, BV)
             do = _rows_of(do_ptr, b, c, h, T, H, V, rows, cv, C)
-            du = _chunk_tile(du_ptr, chunk_rows, cv, V)
             d_qg += tl.dot(do, tl.trans(s0), input_precision=PREC)
-            d_w -= tl.dot(du, tl.trans(s0), input_precision=PREC)
             d_kg += tl.dot(_chunk_tile(new_ptr, chunk_rows, cv, V), tl.trans(ds), input_precision=PREC)
             d_gam += tl.sum(ds * s0, axis=1)
         bke = beta[:, None] * k * decayed
@@ -601,8 +602,9 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
                                           ds, du, dh0, dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv,
                                           HAS_DHT=dht is not None, PREC=prec, **_launch("dS", bk))
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
+    d_w = torch.empty(bh, n_chunks, CHUNK, dk, **f32)
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
-                                      ds, du, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, BK=bk,
+                                      ds, du, d_w, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, BK=bk,
                                       KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, SCALAR=cfg["SCALAR"],
                                       **_launch("dC", bk))
     return (*grads, dh0.view(batch, heads, dk, dv) if initial_state is not None else None)
