@@ -37,6 +37,7 @@ VARIANTS = {
     "dc_stages2": {"dC": {64: dict(num_warps=8, num_stages=2), 128: dict(num_warps=8, num_stages=2)}},
     "p_stages2": {"P": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=4, num_stages=2)}},
     "kb64": {"KB": {64: 64, 128: 64}},
+    "kb32": {"KB": {64: 32, 128: 32}},
     "kb16": {"KB": {64: 16, 128: 16}},
     "bv64": {"BV": {64: 64, 128: 64}},
     "bv16": {"BV": {64: 16, 128: 16}},

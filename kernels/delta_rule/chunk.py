@@ -103,15 +103,14 @@ def _level(G, gcum_blk, rows, cols, s, BK: tl.constexpr):
     """Level s of the pair decays' doubling (kernels/README.md §12): each 2s-step block's later half (rows t) against
     its earlier half (columns i), through r = G at the later half's first step, one per block and row, so that
     e^{G_t - G_i} = e^{G_t - r} e^{r - G_i} with both factors <= 1. Every pair t > i of a chunk is in exactly one
-    level's cross of s = 1, 2, ..., C / 2. Returns ``(x_decay, y_decay [C, KB], cross [C, C])``: e^{G_t - r} on the
-    later halves' rows and e^{r - G_i} on the earlier halves' (zeros elsewhere), and the pairs' mask."""
+    level's cross of s = 1, 2, ..., C / 2. Returns ``(decay [C, KB], cross [C, C])``: e^{-|G - r|}, which is
+    e^{G_t - r} on the later halves' rows and e^{r - G_i} on the earlier halves' (G never increases), and the pairs'
+    mask; a product masked to the cross (or with a cotangent so masked) sees each row on its side only."""
     span = 2 * s
     later = (rows % span) >= s
     ref = tl.load(gcum_blk + ((rows // span) * span + s)[:, None] * BK + cols[None, :])
-    x_decay = tl.where(later[:, None], tl.exp(tl.minimum(G - ref, 0.0)), 0.0)
-    y_decay = tl.where(later[:, None], 0.0, tl.exp(tl.minimum(ref - G, 0.0)))
     cross = ((rows[:, None] // span) == (rows[None, :] // span)) & later[:, None] & (~later)[None, :]
-    return x_decay, y_decay, cross
+    return tl.exp(-tl.abs(G - ref)), cross
 
 
 @triton.jit
@@ -119,10 +118,10 @@ def _gram_levels(a_mat, aqk, q, k, G, gcum_blk, rows, cols, BK: tl.constexpr, PR
     """Both Grams for one K block by the levels of :func:`_level` (G stored in ``gcum_blk`` before a barrier):
     every entry a product of factors <= 1, the diagonal of Aqk (pair decay 1) as q_t . k_t; no step read twice."""
     for level in range(6):  # a loop, not unrolled: one level's operands in shared memory at a time
-        x_decay, y_decay, cross = _level(G, gcum_blk, rows, cols, 1 << level, BK)
-        y = k * y_decay
-        a_mat += tl.where(cross, tl.dot(k * x_decay, tl.trans(y), input_precision=PREC), 0.0)
-        aqk += tl.where(cross, tl.dot(q * x_decay, tl.trans(y), input_precision=PREC), 0.0)
+        decay, cross = _level(G, gcum_blk, rows, cols, 1 << level, BK)
+        k_dec = k * decay
+        a_mat += tl.where(cross, tl.dot(k_dec, tl.trans(k_dec), input_precision=PREC), 0.0)
+        aqk += tl.where(cross, tl.dot(q * decay, tl.trans(k_dec), input_precision=PREC), 0.0)
     return a_mat, aqk + tl.where(rows[:, None] == rows[None, :], tl.sum(q * k, axis=1)[:, None], 0.0)
 
 
@@ -420,27 +419,28 @@ def _state_bwd_kernel(kg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, dh0_ptr, 
 
 
 @triton.jit
-def _gram_vjps(m_a, m_a_col, m_q, m_q_diag, k, q, G, gcum_blk, rows, cols, C: tl.constexpr, BK: tl.constexpr,
+def _gram_vjps(m_a, beta, m_q, m_q_diag, k, q, G, gcum_blk, rows, cols, C: tl.constexpr, BK: tl.constexpr,
                KB: tl.constexpr, PREC: tl.constexpr):
     """The VJPs of the two Grams P_A[t, i] = sum_c k_tc k_ic e^{G_tc - G_ic} (i < t) and P_q[t, i] = sum_c q_tc k_ic
     e^{G_tc - G_ic} (i <= t), which share their columns (k) and decays: ``(row_a, row_q, col)`` ``[C, KB]`` with
     row_a_t = sum_i m_a[t, i] k_i e^{G_t - G_i}, row_q likewise with m_q, and col_i = sum_t (m_a_col[t, i] k_t +
     m_q[t, i] q_t) e^{G_t - G_i} (the column sides summed: both land on dk), for the K block ``cols``; m_a_col is
-    m_a with rows times beta. By the levels of :func:`_level`, as the forward's :func:`_gram_levels` takes the
-    Grams: per level, row_t = x_decay_t (M y)_t and col_i = y_decay_i (M^T x)_i with M the cotangent on the level's
-    cross; the diagonal of P_q (``m_q_diag [C]``, pair decay 1) adds m_q[t, t] k_t to row_q and m_q[t, t] q_t to
+    m_a with rows times ``beta [C]`` (formed per level, not held). By the levels of :func:`_level`, as the forward's :func:`_gram_levels` takes the
+    Grams: per level, row_t = d_t (M (k o d))_t and col_i = d_i (M^T (x o d))_i with d the level's decay and M the
+    cotangent on its cross (rows of the later halves, columns of the earlier); the diagonal of P_q (``m_q_diag [C]``, pair decay 1) adds m_q[t, t] k_t to row_q and m_q[t, t] q_t to
     col."""
     row_a = tl.zeros([C, KB], dtype=tl.float32)
     row_q = m_q_diag[:, None] * k
     col = m_q_diag[:, None] * q
     for level in range(6):  # a loop, not unrolled: one level's operands in shared memory at a time
-        x_decay, y_decay, cross = _level(G, gcum_blk, rows, cols, 1 << level, BK)
-        y = k * y_decay
+        decay, cross = _level(G, gcum_blk, rows, cols, 1 << level, BK)
+        k_dec = k * decay
         m_q_s = tl.where(cross, m_q, 0.0)
-        row_a += tl.dot(tl.where(cross, m_a, 0.0), y, input_precision=PREC) * x_decay
-        row_q += tl.dot(m_q_s, y, input_precision=PREC) * x_decay
-        col += (tl.dot(tl.trans(tl.where(cross, m_a_col, 0.0)), k * x_decay, input_precision=PREC)
-                + tl.dot(tl.trans(m_q_s), q * x_decay, input_precision=PREC)) * y_decay
+        m_a_s = tl.where(cross, m_a, 0.0)
+        row_a += tl.dot(m_a_s, k_dec, input_precision=PREC) * decay
+        row_q += tl.dot(m_q_s, k_dec, input_precision=PREC) * decay
+        col += (tl.dot(tl.trans(m_a_s * beta[:, None]), k_dec, input_precision=PREC)
+                + tl.dot(tl.trans(m_q_s), q * decay, input_precision=PREC)) * decay
     return row_a, row_q, col
 
 
@@ -492,6 +492,8 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         tl.store(dv_ptr + io_rows * V + cv[None, :], (om[:, None] * t_du).to(dv_ptr.dtype.element_ty),
                  mask=valid[:, None] & (cv < V)[None, :])
         d_om += tl.sum(vals * t_du, axis=1)
+    scalar_rows = ((b * T + t_rows) * H + h).to(tl.int64)
+    tl.store(dom_ptr + scalar_rows, d_om.to(dom_ptr.dtype.element_ty), mask=valid)
     gram_kk = tl.zeros([C, C], dtype=tl.float32)  # SCALAR: the plain Grams, for dG's Gram share
     gram_qk = tl.zeros([C, C], dtype=tl.float32)
     for k0 in range(0, K, KB):
@@ -527,9 +529,21 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
         G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
-        decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
+        # the Gram VJPs first, folded at once into the block's dq, dk, dG and dbeta (fewer [C, KB] tiles live
+        # together). A = beta_t P_A, Aqk = scale P_q: their cotangents on the unscaled Grams (d_a strictly lower)
+        if SCALAR:
+            row_a = tl.dot(m_a, k, input_precision=PREC)
+            row_q = tl.dot(m_q, k, input_precision=PREC)
+            col_k = tl.dot(tl.trans(m_a_col), k, input_precision=PREC) + tl.dot(tl.trans(m_q), q, input_precision=PREC)
+        else:
+            row_a, row_q, col_k = _gram_vjps(d_a, beta, d_p, d_p_diag, k, q, G, gcum_blk, rows, cols, C, BK, KB, PREC)
+        dq = row_q
+        dk = beta[:, None] * row_a + col_k
+        d_beta += tl.sum(k * row_a, axis=1)
+        if not SCALAR:  # SCALAR: the Grams' share of dG is dg_sum's E term
+            d_big = beta[:, None] * k * row_a + q * row_q - k * col_k
+        # then the products with the state (dW from the second pass)
         d_qg = tl.zeros([C, KB], dtype=tl.float32)
-        d_w = _chunk_tile(dw_ptr, chunk_rows, cols, K)
         d_kg = tl.zeros([C, KB], dtype=tl.float32)
         d_gam = tl.zeros([KB], dtype=tl.float32)
         for v0 in range(0, V, BV):
@@ -540,40 +554,30 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
             d_qg += tl.dot(do, tl.trans(s0), input_precision=PREC)
             d_kg += tl.dot(_chunk_tile(new_ptr, chunk_rows, cv, V), tl.trans(ds), input_precision=PREC)
             d_gam += tl.sum(ds * s0, axis=1)
-        bke = beta[:, None] * k * decayed
-        t_dw = tl.dot(tl.trans(t_mat), d_w, input_precision=PREC)  # d(beta k e^G)
-        # A = beta_t P_A, Aqk = scale P_q: their cotangents on the unscaled Grams (d_a is strictly lower)
-        if SCALAR:
-            row_a = tl.dot(m_a, k, input_precision=PREC)
-            row_q = tl.dot(m_q, k, input_precision=PREC)
-            col_k = tl.dot(tl.trans(m_a_col), k, input_precision=PREC) + tl.dot(tl.trans(m_q), q, input_precision=PREC)
-        else:
-            row_a, row_q, col_k = _gram_vjps(d_a, d_a * beta[:, None], d_p, d_p_diag, k, q, G, gcum_blk, rows, cols, C,
-                                             BK, KB, PREC)
-        dq = row_q + scale * d_qg * decayed
-        dk = beta[:, None] * row_a + col_k + d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
-        d_beta += tl.sum(k * row_a, axis=1) + tl.sum(k * decayed * t_dw, axis=1)
-        d_big = beta[:, None] * k * row_a + q * row_q - k * col_k + d_qg * qg + bke * t_dw - d_kg * kg
+        t_again = tl.load(tm_ptr + chunk_rows * C + rows[None, :])  # read again, not held through the Gram VJPs
+        t_dw = tl.dot(tl.trans(t_again), _chunk_tile(dw_ptr, chunk_rows, cols, K), input_precision=PREC)  # d(beta k e^G)
+        decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
+        dq += scale * d_qg * decayed
+        dk += d_kg * tl.exp(last - G) + beta[:, None] * decayed * t_dw
+        d_beta += tl.sum(k * decayed * t_dw, axis=1)
+        d_out = d_qg * qg + beta[:, None] * k * decayed * t_dw - d_kg * kg  # dG's terms outside the Grams
         d_last = tl.sum(d_kg * kg, axis=0) + d_gam * tl.reshape(tl.exp(last), [KB])  # G_C: kg's and gamma's
-        d_big += tl.where((rows == C - 1)[:, None], d_last[None, :], 0.0)
+        d_out += tl.where((rows == C - 1)[:, None], d_last[None, :], 0.0)
         out_mask = valid[:, None] & (cols < K)[None, :]
         tl.store(dq_ptr + io_rows * K + cols[None, :], dq.to(dq_ptr.dtype.element_ty), mask=out_mask)
         tl.store(dk_ptr + io_rows * K + cols[None, :], dk.to(dk_ptr.dtype.element_ty), mask=out_mask)
         if SCALAR:  # G_t feeds every channel's G_tc: the terms outside the Grams, summed over K
-            d_out = d_qg * qg + bke * t_dw - d_kg * kg
-            dg_sum += tl.sum(tl.where((rows == C - 1)[:, None], d_out + d_last[None, :], d_out), axis=1)
+            dg_sum += tl.sum(d_out, axis=1)
         else:
-            dg = tl.cumsum(d_big, axis=0, reverse=True)
+            dg = tl.cumsum(d_big + d_out, axis=0, reverse=True)
             g_raw = _rows_of(g_ptr, b, c, h, T, H, K, rows, cols, C)
             dg = tl.where(g_raw >= LOG_ZERO, dg, 0.0)  # below the floor exp(g) is 0 whatever g: no gradient
             tl.store(dg_ptr + io_rows * K + cols[None, :], dg.to(dg_ptr.dtype.element_ty), mask=out_mask)
-    scalar_rows = ((b * T + t_rows) * H + h).to(tl.int64)
     if SCALAR:
         dg = tl.cumsum(dg_sum, axis=0, reverse=True)
         dg = tl.where(_scalars_of(g_ptr, b, c, h, T, H, rows, C) >= LOG_ZERO, dg, 0.0)
         tl.store(dg_ptr + scalar_rows, dg.to(dg_ptr.dtype.element_ty), mask=valid)
     tl.store(dbeta_ptr + scalar_rows, d_beta.to(dbeta_ptr.dtype.element_ty), mask=valid)
-    tl.store(dom_ptr + scalar_rows, d_om.to(dom_ptr.dtype.element_ty), mask=valid)
 
 
 def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_state: Optional[torch.Tensor],
