@@ -100,17 +100,23 @@ def main():
     parser.add_argument("--precision", default="tf32")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--no-fla", action="store_true", help="leave fla's chunk_kda out (its autotuning takes minutes)")
+    parser.add_argument("--per-head", action="store_true",
+                        help="one log-decay per head (g [B, T, H]: Gated DeltaNet's shape, the kernels' scalar "
+                             "specialisation) instead of KDA's per channel; fla's chunk_kda is then left out")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     result = {**provenance(torch.cuda.get_device_name()), "dtype": "bfloat16", "precision": args.precision,
+              "g": "per head" if args.per_head else "per channel",
               "variants": {name: VARIANTS[name] for name in args.variants.split(",")}, "shapes": {}}
     default = copy.deepcopy(delta_chunk.LAUNCH)
     os.makedirs(args.out, exist_ok=True)
     for shape in args.shapes.split(","):
         inputs = make_inputs(*SHAPES[shape], torch.bfloat16, "cuda")
+        if args.per_head:
+            inputs = (*inputs[:4], inputs[4][..., 0].detach().float().contiguous().requires_grad_())
         runs = result["shapes"].setdefault(shape, {"bthd": list(SHAPES[shape])})
         try:
-            if not args.no_fla:
+            if not args.no_fla and not args.per_head:
                 import fla  # noqa: F401
                 runs["fla_kda"] = measure(fla_kda, inputs)
                 print(shape, "fla_kda", json.dumps(runs["fla_kda"]), flush=True)

@@ -270,7 +270,8 @@ def render_delta_kernels(name: str) -> str:
                          run.get("peak_mib", ""), run.get("kept_mib", "")])
     table = markdown(["shape", "variant", "fwd+bwd ms", "kernels µs", "µs per kernel", "peak MiB",
                       "kept for the backward MiB"], rows)
-    return f"{provenance(name, result)}, {result.get('dtype', '')}, precision {result.get('precision', '')}\n\n{table}\n"
+    gate = f", g {result['g']}" if "g" in result else ""
+    return f"{provenance(name, result)}, {result.get('dtype', '')}, precision {result.get('precision', '')}{gate}\n\n{table}\n"
 
 
 def render_index(_: str) -> str:
