@@ -21,7 +21,7 @@ from .bidirectional_ops import (chunk_generalized_bidirectional_op, chunk_hdla_b
                                 fused_recurrent_hdla_bidirectional_op, generalized_bidirectional_path, own_write,
                                 per_direction)
 from .custom_ops import _generalized_path, _hdla_path, chunk_generalized_op, chunk_hdla_op, fused_recurrent_hdla_op
-from .delta_rule.chunk import MAX_HEAD_DIM as DELTA_MAX_HEAD_DIM
+from .delta_rule.chunk import LAUNCH as DELTA_LAUNCH, MAX_HEAD_DIM as DELTA_MAX_HEAD_DIM
 from .delta_rule.steps import chunk_token_steps, hdla_steps
 from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
@@ -34,14 +34,28 @@ def _scale(scale: Optional[float]) -> float:
     return 1.0 if scale is None else float(scale)
 
 
+# The fewest programs of the delta rule's serial passes (B * H * V / BV, V taken as K) with which auto routes a mixer
+# there by default: every case timed faster had >= 256 (H200: the LM shape 256, 512 px 384, 224 px 1536); with few
+# (high-res backbones: 48 at (8, 4096, 3, 64), 12 at 2048 px) its serial passes leave the GPU idle, which the
+# generalized kernels' two-level scan does not.
+DELTA_DEFAULT_MIN_PROGRAMS = 256
+
+
+def delta_rule_programs(q: torch.Tensor) -> int:
+    """The programs of the delta rule's serial passes for q ``[B, T, H, K]`` (V taken as K)."""
+    block = DELTA_LAUNCH["BV"][64 if q.shape[-1] <= 64 else 128]
+    return q.shape[0] * q.shape[2] * -(-q.shape[-1] // block)
+
+
 def on_delta_rule(q: torch.Tensor, by_default: bool = False) -> bool:
     """Whether an op runs on the delta rule's kernels: under ``HDLA_VISION_KERNELS=delta`` (utils.py) the HDLA ops
     and the seed mixers whose step is a product of delta steps (``layers/seed.py``), and under ``auto`` (the
-    default) the callers that take them ``by_default`` for 16-bit q (the inputs they were timed faster on; fp32
-    takes their exact products, not yet timed). Triton runs, q is fp32 / bf16 / fp16 and its head dim fits their
-    one K tile; never inside an ONNX export."""
+    default) the callers that take them ``by_default``, for 16-bit q (the inputs they were timed faster on; fp32
+    takes their exact products, not yet timed) of at least :data:`DELTA_DEFAULT_MIN_PROGRAMS` serial programs.
+    Triton runs, q is fp32 / bf16 / fp16 and its head dim fits their one K tile; never inside an ONNX export."""
     family = kernel_family()
-    chosen = family == "delta" or (by_default and family == "auto" and q.dtype in (torch.bfloat16, torch.float16))
+    chosen = family == "delta" or (by_default and family == "auto" and q.dtype in (torch.bfloat16, torch.float16)
+                                   and delta_rule_programs(q) >= DELTA_DEFAULT_MIN_PROGRAMS)
     return (chosen and use_triton(q) and q.dtype != torch.float64 and q.shape[-1] <= DELTA_MAX_HEAD_DIM
             and not exporting_to_onnx())
 

@@ -76,22 +76,26 @@ def test_delta_route_prefill_then_decoding_equals_one_pass(name, backend, monkey
 @pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
 def test_auto_takes_the_delta_route_for_the_per_head_decay_mixers(backend, monkeypatch):
     """Under ``HDLA_VISION_KERNELS=auto`` (the default) DeltaNet, Gated DeltaNet and Gated DeltaProduct scan on the
-    delta rule (``delta_by_default``, where the GPU timed it faster: bf16) for 16-bit inputs, KDA and GLA on
-    chunk_generalized, every mixer there for fp32 inputs; a named generalized family keeps every mixer there, and
-    ``delta`` takes them all."""
+    delta rule (``delta_by_default``, where the GPU timed it faster: bf16, >= 256 serial programs) for 16-bit
+    inputs of enough sequences, KDA and GLA on chunk_generalized, every mixer there for fp32 inputs or few
+    sequences; a named generalized family keeps every mixer there, and ``delta`` takes them all."""
+    from hdla_vision.kernels.ops import DELTA_DEFAULT_MIN_PROGRAMS
+
     monkeypatch.delenv(KERNEL_FAMILY_ENV, raising=False)
+    many = DELTA_DEFAULT_MIN_PROGRAMS // HEADS  # head dim 16: one V block per head
     routes = {}
     for family in ("auto", "chunk64", "delta"):
         monkeypatch.setenv(KERNEL_FAMILY_ENV, family)
-        for dtype in (torch.bfloat16, torch.float32):
-            x = torch.randn(1, 20, DIM, dtype=dtype)
+        for dtype, batch in ((torch.bfloat16, many), (torch.float32, many), (torch.bfloat16, many - 1)):
+            x = torch.randn(batch, 8, DIM, dtype=dtype)
             for name, options in DELTA_SHAPED.items():
                 mixer = create_mixer(name, dim=DIM, num_heads=HEADS, directions=("fwd",), **options).to(dtype)
                 q, k, v = mixer.projections(x)
                 features = mixer.features(x, q, k, v, mixer.directions[0])
-                routes[family, dtype, name] = isinstance(features, sm.DeltaSteps)
-    assert {name for (family, dtype, name), on in routes.items() if on and family == "auto"} == \
+                routes[family, dtype, batch, name] = isinstance(features, sm.DeltaSteps)
+    assert {name for (family, dtype, batch, name), on in routes.items() if on and family == "auto"} == \
         {"deltanet", "gated_deltanet", "gated_deltaproduct"}
-    assert not any(on for (family, dtype, _), on in routes.items() if family == "auto" and dtype == torch.float32)
-    assert not any(on for (family, _, _), on in routes.items() if family == "chunk64")
-    assert all(on for (family, _, _), on in routes.items() if family == "delta")
+    assert not any(on for (family, dtype, batch, _), on in routes.items()
+                   if family == "auto" and (dtype == torch.float32 or batch < many))
+    assert not any(on for (family, *_), on in routes.items() if family == "chunk64")
+    assert all(on for (family, *_), on in routes.items() if family == "delta")
