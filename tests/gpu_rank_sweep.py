@@ -73,25 +73,34 @@ def problem(r_ab, r_kv, dk, dv, seed=0):
     )
 
 
-def delta_case(dk, dv, per_head):
-    """One delta-rule case in this process (bf16 inputs, g fp32, against the float64 loop on the rounded inputs,
-    ``tests/ops/test_chunk_delta_rule.py``'s check), forward and reversed."""
+def checked_both_directions(errors_of):
+    """``errors_of(reverse)`` (``{name: relative error}``) forward and reversed: ``{"status": "ok", "worst",
+    "errors"}``, ``"failed"`` (an error >= TOL or NaN) or ``"refused"`` (a ValueError, which must come before any
+    launch: nothing pending may fail after it)."""
     import torch
 
-    from tests.ops.test_chunk_delta_rule import _errors, delta_problem
-
-    p = delta_problem(SHAPE["batch"], SHAPE["seq_len"], SHAPE["heads"], dk, dv, per_head=per_head, beta_ends=True)
     for reverse in (False, True):
         try:
-            errors = _errors(p, "cuda", torch.bfloat16, reverse=reverse)
+            errors = errors_of(reverse)
         except ValueError as exc:
-            torch.cuda.synchronize()  # a refusal must come before any launch: nothing pending fails
+            torch.cuda.synchronize()
             return {"status": "refused", "message": str(exc)}
         torch.cuda.synchronize()
         worst = max(errors.values())
         if not worst < TOL:  # NaN fails too
             return {"status": "failed", "reverse": reverse, "errors": errors}
     return {"status": "ok", "worst": worst, "errors": errors}
+
+
+def delta_case(dk, dv, per_head):
+    """One delta-rule case (bf16 inputs, g fp32, against the float64 loop on the rounded inputs,
+    ``tests/ops/test_chunk_delta_rule.py``'s check)."""
+    import torch
+
+    from tests.ops.test_chunk_delta_rule import _errors, delta_problem
+
+    p = delta_problem(SHAPE["batch"], SHAPE["seq_len"], SHAPE["heads"], dk, dv, per_head=per_head, beta_ends=True)
+    return checked_both_directions(lambda reverse: _errors(p, "cuda", torch.bfloat16, reverse=reverse))
 
 
 def run_case(r_ab, r_kv, dk, dv):
@@ -106,20 +115,16 @@ def run_case(r_ab, r_kv, dk, dv):
 
     inputs = {n: x.cuda() for n, x in problem(r_ab, r_kv, dk, dv).items()}
     op, kind = {HDLA: (chunk_hdla, "hdla"), RECURRENCE: (hdla_recurrence, "hdla")}.get(r_ab, (chunk_generalized, "generalized"))
-    unrounded = 0.0
-    for reverse in (False, True):
-        try:
-            errors = compare_with_loop(op, kind, inputs, reverse=reverse, dtype=torch.bfloat16, round_reference=True)
-            unrounded = max(unrounded, *compare_with_loop(op, kind, inputs, reverse=reverse,
-                                                          dtype=torch.bfloat16).values())
-        except ValueError as exc:
-            torch.cuda.synchronize()  # a refusal must come before any launch: nothing pending fails
-            return {"status": "refused", "message": str(exc)}
-        torch.cuda.synchronize()
-        worst = max(errors.values())
-        if not worst < TOL:  # NaN fails too
-            return {"status": "failed", "reverse": reverse, "errors": errors}
-    return {"status": "ok", "worst": worst, "errors": errors, "worst_unrounded_inputs": unrounded}
+    unrounded = [0.0]
+
+    def errors_of(reverse):
+        errors = compare_with_loop(op, kind, inputs, reverse=reverse, dtype=torch.bfloat16, round_reference=True)
+        unrounded[0] = max(unrounded[0], *compare_with_loop(op, kind, inputs, reverse=reverse,
+                                                            dtype=torch.bfloat16).values())
+        return errors
+
+    result = checked_both_directions(errors_of)
+    return dict(result, worst_unrounded_inputs=unrounded[0]) if result["status"] == "ok" else result
 
 
 def _run_in_subprocess(case, timeout):
