@@ -16,7 +16,7 @@
                               factoring: :func:`_gram_vjps`); dg as the chunk's reverse cumsum of dG.
 
 Every intermediate is fp32, and every product exact fp32 (``ieee``) unless ``precision`` names the tensor cores' tf32
-(:data:`PRECISIONS`; tf32 by default on the GPU). P and dC take K in blocks of KB columns; the launch settings
+(:data:`PRECISIONS`; tf32 by default on the GPU for 16-bit inputs). P and dC take K in blocks of KB columns; the launch settings
 (:data:`LAUNCH`) are the fastest measured on an H200 (``benchmarks/delta_rule_kernels.py``). Head dims up to 128.
 """
 from typing import Optional, Tuple
@@ -40,7 +40,8 @@ LAUNCH = {
     "O": {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=4, num_stages=3)},
     "dS": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=1)},
     "dC": {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)},
-    "BV": {64: 32, 128: 32},  # 32 at d <= 64: twice the serial passes' programs (H200: 2.24 -> 2.10 ms at (8, 4096, 3, 64))
+    # the V block; 32 at d <= 64 too: twice the serial passes' programs (H200: 2.24 -> 2.10 ms at (8, 4096, 3, 64))
+    "BV": {64: 32, 128: 32},
     "KB": {64: 32, 128: 64},  # the K block of the chunk kernels (P, dC)
 }
 
@@ -146,8 +147,9 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
                     LOG_ZERO: tl.constexpr, PREC: tl.constexpr, SCALAR: tl.constexpr, HAS_H: tl.constexpr):
     """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward), Aqk, T, w, u~, kg, qg and
     gamma, each ``[B*H, N, ...]`` fp32. Two passes over K blocks of KB columns: the Grams (sums over K; the pair
-    decays by :func:`_gram_levels`; SCALAR, one decay per head: the plain Grams times the ``[C, C]`` pair decays), then the terms T maps (column blocks). HAS_H (the
-    backward's recompute, given the states h the serial pass stored): U = u~ - w h in place of u~."""
+    decays by :func:`_gram_levels`; SCALAR, one decay per head: the plain Grams times the ``[C, C]`` pair decays),
+    then the terms T maps (column blocks). HAS_H (the backward's recompute, given the states h the serial pass
+    stored): U = u~ - w h in place of u~."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
@@ -425,10 +427,10 @@ def _gram_vjps(m_a, beta, m_q, m_q_diag, k, q, G, gcum_blk, rows, cols, C: tl.co
     e^{G_tc - G_ic} (i <= t), which share their columns (k) and decays: ``(row_a, row_q, col)`` ``[C, KB]`` with
     row_a_t = sum_i m_a[t, i] k_i e^{G_t - G_i}, row_q likewise with m_q, and col_i = sum_t (m_a_col[t, i] k_t +
     m_q[t, i] q_t) e^{G_t - G_i} (the column sides summed: both land on dk), for the K block ``cols``; m_a_col is
-    m_a with rows times ``beta [C]`` (formed per level, not held). By the levels of :func:`_level`, as the forward's :func:`_gram_levels` takes the
-    Grams: per level, row_t = d_t (M (k o d))_t and col_i = d_i (M^T (x o d))_i with d the level's decay and M the
-    cotangent on its cross (rows of the later halves, columns of the earlier); the diagonal of P_q (``m_q_diag [C]``, pair decay 1) adds m_q[t, t] k_t to row_q and m_q[t, t] q_t to
-    col."""
+    m_a with rows times ``beta [C]`` (formed per level, not held). By the levels of :func:`_level`, as the forward's
+    :func:`_gram_levels` takes the Grams: per level, row_t = d_t (M (k o d))_t and col_i = d_i (M^T (x o d))_i with
+    d the level's decay and M the cotangent on its cross (rows of the later halves, columns of the earlier); the
+    diagonal of P_q (``m_q_diag [C]``, pair decay 1) adds m_q[t, t] k_t to row_q and m_q[t, t] q_t to col."""
     row_a = tl.zeros([C, KB], dtype=tl.float32)
     row_q = m_q_diag[:, None] * k
     col = m_q_diag[:, None] * q
@@ -461,9 +463,9 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
     """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12), in three
     passes that keep at most ``[C, KB]`` column blocks live: over V, the products without the state (dAqk, dT's
     value side, dv, d omega); over K, dW = -dU S_0^T (stored in ``dw_ptr``, ``[B*H, N, C, K]`` fp32) and dT's key
-    side dW (beta k e^G)^T, which completes dT and so dA = -(T^T dT T^T); over K again, each block's products with
-    the state (dqg, dkg, dgamma; dW read back),
-    the Gram VJPs, and dq, dk, dg (the chunk's reverse cumsum of dG) and dbeta's share. SCALAR (one decay per
+    side dW (beta k e^G)^T, which completes dT and so dA = -(T^T dT T^T); over K again, each block's Gram VJPs,
+    then its products with the state (dqg, dkg, dgamma; dW read back), and dq, dk, dg (the chunk's reverse cumsum
+    of dG) and dbeta's share. SCALAR (one decay per
     head): the Gram VJPs through the ``[C, C]`` pair decays, and dG summed over K before the cumsum."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
