@@ -11,7 +11,7 @@ implementation needs only its size (no Triton import).
     h     [B*H, N, K, V]   the state entering each chunk
     new   [B*H, N, C, V]   U = u~ - w h
 
-With ``recompute`` the buffer holds h alone (about a tenth of the whole at d = 64, a quarter at 128) and the backward
+With ``recompute`` the buffer holds h alone (an eighth of the whole at d = 64, a quarter at 128) and the backward
 recomputes the rest from the inputs and h (one more launch of the prepare kernel, which then also forms U): the
 :data:`STATE_TERMS` are saved, the others live only during a launch sequence.
 """
