@@ -72,10 +72,10 @@ class GeneralizedMixer(LinearAttentionMixer):
     shared_fields = ("v",)  # v = the projection's values in every seed mixer
     # whether HDLA_VISION_KERNELS=auto (the default) scans on the delta rule's op (delta_route) for 16-bit inputs of
     # enough sequences (kernels.ops.DELTA_DEFAULT_MIN_PROGRAMS): set for the mixers with one decay per head, where it
-    # was faster than chunk_generalized in every measured use (H200, bf16,
-    # fwd+bwd of the op, benchmarks/results/delta_routes_h200: DeltaNet 12.1 -> 5.3 ms at (4, 4096, 16, 128),
-    # 3.3 -> 2.2 at (128, 196, 3, 64); Gated DeltaNet 9.3 -> 5.3 and 3.5 -> 2.2; Gated DeltaProduct n_h = 2 18.2 ->
-    # 11.4 and 4.5 -> 2.1); KDA (12.6 against 12.3 at the LM shape) and GLA (4.8 against 12.3) stay on it
+    # was faster than chunk_generalized in every measured use (H200, bf16, fwd+bwd of the op,
+    # benchmarks/results/delta_routes_h200: DeltaNet 12.1 -> 5.3 ms at (4, 4096, 16, 128), 3.3 -> 2.2 at
+    # (128, 196, 3, 64); Gated DeltaNet 9.3 -> 5.3 and 3.5 -> 2.2; Gated DeltaProduct n_h = 2 18.2 -> 11.4 and
+    # 4.5 -> 2.1); KDA (12.6 against 12.3 at the LM shape) and GLA (4.8 against 12.3) stay on chunk_generalized
     delta_by_default = False
 
     @property
