@@ -84,6 +84,7 @@ import torch
 import torch.nn.functional as F
 
 from hdla_vision.lm import HDLAConfig, HDLAForCausalLM
+from hdla_vision.kernels.utils import kernel_family
 from hdla_vision.layers import CHUNK_BACKENDS, set_chunk_backend
 from hdla_vision.lm import mqar_loglinear as table2
 from hdla_vision.lm.mqar import check_mqar_args, mqar_split, multiquery_ar
@@ -685,7 +686,7 @@ def protocol(args, mixer, length, lr, seed, intermediate_size, params: int, d_mo
         early_stop=args.early_stop, optimizer="AdamW(betas=(0.9, 0.999), eps=1e-8)", schedule=SCHEDULES[args.data],
         grad_clip=None, precision="bf16 autocast" if args.device.startswith("cuda") else "fp32",
         device=torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else args.device,
-        chunk_backend=args.chunk_backend, torch=str(torch.__version__), commit=git_commit(),
+        chunk_backend=args.chunk_backend, kernels=kernel_family(), torch=str(torch.__version__), commit=git_commit(),
         runs_per_gpu=int(os.environ.get("MQAR_RUNS_PER_GPU", "1")),
     )
 
