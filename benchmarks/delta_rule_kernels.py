@@ -36,6 +36,7 @@ VARIANTS = {
                     for k in ("S", "dS")},
     "dc_stages2": {"dC": {64: dict(num_warps=8, num_stages=2), 128: dict(num_warps=8, num_stages=2)}},
     "p_stages2": {"P": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=4, num_stages=2)}},
+    "ds_stages2": {"dS": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=2)}},
     "kb64": {"KB": {64: 64, 128: 64}},
     "kb32": {"KB": {64: 32, 128: 32}},
     "kb16": {"KB": {64: 16, 128: 16}},

@@ -5,7 +5,7 @@
 #    state and every gradient; HDLA's steps; the recompute mode).
 # 2. python -m benchmarks.delta_rule_kernels --no-fla: fwd+bwd and µs per kernel of the delta rule at KDA's shape,
 #    per launch setting ($VARIANTS; default: today's settings, the recompute mode, 32-column K blocks at d = 128, P and
-#    dC with two pipeline stages),
+#    dC with two pipeline stages, dS with two at d = 128),
 #    at the LM and high-res shapes (fla's chunk_kda per kernel is in results/delta_kernels_h200/: its autotuning
 #    takes minutes on a fresh machine).
 # 3. The same with one log-decay per head (--per-head: Gated DeltaNet's shape, the kernels' scalar specialisation),
@@ -20,7 +20,7 @@ source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py > "$OUT/gpu_tests.txt" 2>&1
 stamp "gpu tests done (rc $?)"
-timeout 200 python3 -m benchmarks.delta_rule_kernels --no-fla --shapes lm,hires --variants "${VARIANTS:-base,recompute,kb32,dc_stages2,p_stages2}" \
+timeout 200 python3 -m benchmarks.delta_rule_kernels --no-fla --shapes lm,hires --variants "${VARIANTS:-base,recompute,kb32,dc_stages2,p_stages2,ds_stages2}" \
     --out "$OUT" > "$OUT/delta_rule_kernels.txt" 2>&1
 stamp "per-kernel timing done (rc $?)"
 mkdir -p "$OUT/per_head"
