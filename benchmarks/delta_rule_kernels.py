@@ -4,8 +4,8 @@ chunk_kda at the same shape: the tuning harness of issue 11's KDA-shaped family.
     python -m benchmarks.delta_rule_kernels [--shapes lm,hires] [--precision tf32] [--variants base,...] [--out DIR]
 
 Per shape (B, T, H, d), bf16 inputs, the delta rule at KDA's shape (T steps, write scale = beta): fwd+bwd ms
-(do_bench median), µs per kernel (torch.profiler over five calls), the step's peak memory and what the forward keeps
-for the backward, for each variant of
+(do_bench median), µs per kernel (torch.profiler over five calls) and its TFLOP/s (:func:`kernel_gflop`), the step's
+peak memory and what the forward keeps for the backward, for each variant of
 ``chunk.LAUNCH`` (:data:`VARIANTS`: warps, pipeline stages, V block per kernel; the recompute mode); and fla's
 chunk_kda the same way if fla is installed.
 ``delta_rule_kernels.json`` under ``--out`` (rewritten after every variant), headed by device, date and commit.
@@ -43,6 +43,25 @@ VARIANTS = {
     "bv64": {"BV": {64: 64, 128: 64}},
     "bv16": {"BV": {64: 16, 128: 16}},
 }
+
+
+def kernel_gflop(batch: int, seq_len: int, heads: int, dim: int, per_head: bool = False,
+                 recompute: bool = False) -> dict:
+    """The tensor-core GFLOP each kernel of one fwd+bwd performs (kernels/delta_rule/chunk.py, K = V = dim, chunks of
+    C = 64, masked products counted whole, as the tensor cores run them): the Grams (six levels of two products per
+    K block, or two plain ones per head), T's doubling (six levels of two [C, C] products), w, u~; S's two products
+    per chunk; O's two; dO's two; dS's two; dC's three passes (the Gram VJPs six levels of four products, or four).
+    ``recompute``: P twice, the second also forming U = u~ - w h."""
+    c, k, v = 64, dim, dim
+    chunks = batch * heads * -(-seq_len // c)
+    grams = (4 if per_head else 24) * c * c * k
+    prepare = grams + 24 * c ** 3 + 2 * c * c * k + 2 * c * c * v
+    flop = {"_prepare_kernel": prepare * (2 if recompute else 1) + (2 * c * k * v if recompute else 0),
+            "_state_kernel": 4 * c * k * v, "_output_kernel": 2 * c * k * v + 2 * c * c * v,
+            "_dout_kernel": 2 * c * c * v + 2 * c * k * v, "_state_bwd_kernel": 4 * c * k * v,
+            "_chunk_bwd_kernel": (6 * c * c * v + 2 * c * v * k + 2 * c * c * k + (4 * c * c * k if per_head else 0)
+                                  + 4 * c ** 3 + (8 if per_head else 48) * c * c * k + 4 * c * k * v + 2 * c * c * k)}
+    return {kernel: round(chunks * f / 1e9, 2) for kernel, f in flop.items()}
 
 
 def with_launch(overrides: dict) -> dict:
@@ -86,11 +105,17 @@ def kept_mib(fn, inputs) -> float:
     return round(kept / 2 ** 20, 1)
 
 
-def measure(fn, inputs) -> dict:
+def measure(fn, inputs, gflop=None) -> dict:
+    """fwd+bwd ms, µs per kernel, peak and kept memory; with ``gflop`` (:func:`kernel_gflop`) each kernel's TFLOP/s."""
     try:
         step = fwd_bwd_step(fn, inputs)
-        return {"fwd_bwd_ms": round(median_ms(step), 3), "kernel_us": kernel_us(step), "peak_mib": peak_mib(step),
-                "kept_mib": kept_mib(fn, inputs)}
+        us = kernel_us(step)
+        run = {"fwd_bwd_ms": round(median_ms(step), 3), "kernel_us": us, "peak_mib": peak_mib(step),
+               "kept_mib": kept_mib(fn, inputs)}
+        if gflop:
+            run["kernel_tflops"] = {kernel: round(gflop[kernel] / us[kernel] * 1e3, 1)  # GFLOP per µs = PFLOP/s
+                                    for kernel in gflop if us.get(kernel)}
+        return run
     except Exception as error:  # a setting out of shared memory or registers leaves the others
         return {"failed": f"{type(error).__name__}: {str(error)[:200]}"}
 
@@ -125,7 +150,9 @@ def main():
             pass
         for name in args.variants.split(","):
             delta_chunk.LAUNCH = with_launch(VARIANTS[name])
-            runs[name] = measure(delta_kda(args.precision, VARIANTS[name].get("recompute", False)), inputs)
+            recompute = VARIANTS[name].get("recompute", False)
+            gflop = kernel_gflop(*SHAPES[shape], per_head=args.per_head, recompute=recompute)
+            runs[name] = measure(delta_kda(args.precision, recompute), inputs, gflop)
             delta_chunk.LAUNCH = default
             print(shape, name, json.dumps(runs[name]), flush=True)
             with open(os.path.join(args.out, "delta_rule_kernels.json"), "w") as f:

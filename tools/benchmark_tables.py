@@ -265,7 +265,9 @@ def render_delta_kernels(name: str) -> str:
                 top = sorted(us.items(), key=lambda kv: -kv[1])[:3]
                 detail = ", ".join(f"{k[:32]} {v:.0f}" for k, v in top)
             else:
-                detail = ", ".join(f"{label} {us[kernel]:.0f}" for kernel, label in DELTA_KERNELS.items() if kernel in us)
+                rate = run.get("kernel_tflops", {})
+                detail = ", ".join(f"{label} {us[kernel]:.0f}" + (f" ({rate[kernel]:.0f} TF/s)" if kernel in rate else "")
+                                   for kernel, label in DELTA_KERNELS.items() if kernel in us)
             rows.append([shape, variant, ms(run["fwd_bwd_ms"]), f"{sum(us.values()):.0f}", detail,
                          run.get("peak_mib", ""), run.get("kept_mib", "")])
     table = markdown(["shape", "variant", "fwd+bwd ms", "kernels µs", "µs per kernel", "peak MiB",
