@@ -99,3 +99,34 @@ def test_auto_takes_the_delta_route_for_the_per_head_decay_mixers(backend, monke
                    if family == "auto" and (dtype == torch.float32 or batch < many))
     assert not any(on for (family, *_), on in routes.items() if family == "chunk64")
     assert all(on for (family, *_), on in routes.items() if family == "delta")
+
+
+@pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
+@pytest.mark.parametrize("name,directions", [("gated_deltanet", ("fwd", "bwd")), ("deltanet", ("fwd",))],
+                         ids=["gated_deltanet-bidirectional", "deltanet-causal"])
+def test_default_route_in_bf16_is_as_close_to_fp32_as_the_generalized_kernels(name, directions, backend,
+                                                                               monkeypatch):
+    """The default route of a per-head-decay mixer trained in bf16 autocast (enough sequences for the delta rule)
+    against the fp32 chunk form: output and every parameter gradient within 1.5x the generalized kernels' error at
+    the same inputs, plus 2e-3 (both round to bf16; NaN fails)."""
+    from hdla_vision.kernels.ops import DELTA_DEFAULT_MIN_PROGRAMS
+
+    torch.manual_seed(0)
+    mixer = spread_gates(create_mixer(name, dim=DIM, num_heads=HEADS, directions=directions,
+                                      **DELTA_SHAPED[name])).cuda()
+    x = torch.randn(DELTA_DEFAULT_MIN_PROGRAMS // HEADS, 100, DIM, device="cuda")  # head dim 16: one V block
+    ref, ref_grads = output_and_grads(mixer, x, "torch")
+
+    def errors(family):
+        monkeypatch.setenv(KERNEL_FAMILY_ENV, family)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            q, k, v = mixer.projections(x)
+            routed = isinstance(mixer.features(x, q, k, v, mixer.directions[0]), sm.DeltaSteps)
+            out, grads = output_and_grads(mixer, x)
+        return routed, [rel_err(out.float(), ref)] + [rel_err(a.float(), b) for a, b in zip(grads, ref_grads)
+                                                       if b is not None]
+
+    on_delta, default = errors("auto")
+    on_generalized, generalized = errors("chunk64")
+    assert on_delta and not on_generalized
+    assert all(d < 1.5 * g + 2e-3 for d, g in zip(default, generalized)), (default, generalized)
