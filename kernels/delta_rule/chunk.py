@@ -437,12 +437,12 @@ def _gram_vjps(m_a, beta, m_q, m_q_diag, k, q, G, gcum_blk, rows, cols, C: tl.co
     for level in range(6):  # a loop, not unrolled: one level's operands in shared memory at a time
         decay, cross = _level(G, gcum_blk, rows, cols, 1 << level, BK)
         k_dec = k * decay
-        m_q_s = tl.where(cross, m_q, 0.0)
-        m_a_s = tl.where(cross, m_a, 0.0)
+        m_a_s = tl.where(cross, m_a, 0.0)  # each masked cotangent used up before the next is formed
         row_a += tl.dot(m_a_s, k_dec, input_precision=PREC) * decay
+        col += tl.dot(tl.trans(m_a_s * beta[:, None]), k_dec, input_precision=PREC) * decay
+        m_q_s = tl.where(cross, m_q, 0.0)
         row_q += tl.dot(m_q_s, k_dec, input_precision=PREC) * decay
-        col += (tl.dot(tl.trans(m_a_s * beta[:, None]), k_dec, input_precision=PREC)
-                + tl.dot(tl.trans(m_q_s), q * decay, input_precision=PREC)) * decay
+        col += tl.dot(tl.trans(m_q_s), q * decay, input_precision=PREC) * decay
     return row_a, row_q, col
 
 
