@@ -186,15 +186,14 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
     for k0 in range(0, K, KB):
         cols = k0 + tl.arange(0, KB)
         kmask = (cols < K)[None, :]
-        q = _rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C)
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
         G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
-        decayed, last, kg, qg = _chunk_decays(q, k, G, scale, rows, C)
-        w = tl.dot(t_mat, k * decayed * beta[:, None], input_precision=PREC)
-        tl.store(w_ptr + out_rows * K + cols[None, :], w, mask=kmask)
-        tl.store(kg_ptr + out_rows * K + cols[None, :], kg, mask=kmask)
+        decayed, last, kg, qg = _chunk_decays(_rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C), k, G, scale, rows, C)
+        tl.store(kg_ptr + out_rows * K + cols[None, :], kg, mask=kmask)  # each term stored as soon as it is formed
         tl.store(qg_ptr + out_rows * K + cols[None, :], qg, mask=kmask)
         tl.store(gam_ptr + blk * K + cols[None, :], tl.exp(last), mask=kmask)
+        w = tl.dot(t_mat, k * decayed * beta[:, None], input_precision=PREC)
+        tl.store(w_ptr + out_rows * K + cols[None, :], w, mask=kmask)
     if HAS_H:
         tl.debug_barrier()  # w's rows, stored above, are read back by other threads
     for v0 in range(0, V, BV):
