@@ -51,9 +51,10 @@ NAMES = ("q", "k", "v", "beta", "g", "write", "initial_state")
 
 def _errors(p, backend, dtype, scale=0.5, reverse=False, recompute=False):
     """Relative errors of the output, the final state and every gradient (random cotangents on both outputs), against
-    the float64 loop on the same inputs: rounded to ``dtype`` (g kept fp32, as the mixers' gates are)."""
+    the float64 loop on the same inputs: rounded to ``dtype`` (g at least fp32, as the mixers' gates are)."""
     names = [n for n in NAMES if p[n] is not None]
-    leaves = {n: p[n].to(torch.float32 if n == "g" else dtype).requires_grad_() for n in names}
+    gate_dtype = torch.promote_types(dtype, torch.float32)
+    leaves = {n: p[n].to(gate_dtype if n == "g" else dtype).requires_grad_() for n in names}
     run = on_backend(leaves, backend)
     o, s = chunk_delta_rule(**{n: run.get(n) for n in NAMES}, scale=scale, output_final_state=True, reverse=reverse,
                             recompute=recompute)
