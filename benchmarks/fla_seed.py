@@ -21,13 +21,13 @@ import argparse
 import json
 import os
 import time
-from contextlib import contextmanager
 
 import torch
 import triton
 
 from tools.fla_ops import MIXERS, as_float64
 from benchmarks.kernels import rel_err
+from benchmarks.timing import env_var
 from tools.fla_seed_merge import merge
 from tools.provenance import provenance
 from tools.triton_cache import shorten_autotune
@@ -101,25 +101,10 @@ def bench(fn, x, fwd_bwd):
     return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median")
 
 
-@contextmanager
-def kernel_family_set(family):
-    """``HDLA_VISION_KERNELS`` set to ``family`` inside the block (None: left as it is); the ops read it per call."""
-    before = os.environ.get(KERNEL_FAMILY_ENV)
-    if family is not None:
-        os.environ[KERNEL_FAMILY_ENV] = family
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(KERNEL_FAMILY_ENV, None)
-        else:
-            os.environ[KERNEL_FAMILY_ENV] = before
-
-
 def on_side(side, fn):
     """``fn`` under the kernel family of ``side`` (:data:`SIDES`)."""
     def run(x):
-        with kernel_family_set(SIDES[side]):
+        with env_var(KERNEL_FAMILY_ENV, SIDES[side]):
             return fn(x)
     return run
 

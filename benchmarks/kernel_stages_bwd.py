@@ -23,7 +23,6 @@ the kernels' run time does not depend on their values, and the backward is timed
 (the forward's kernels: ``benchmarks.kernel_stages``). Variants: HDLA, and r_ab = 1 with vector decay.
 """
 import argparse
-import contextlib
 import json
 import os
 
@@ -31,7 +30,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from benchmarks.timing import device_us, profile_steps
+from benchmarks.timing import device_us, env_var, profile_steps
 from hdla_vision.kernels.generalized import bwd
 from tools.provenance import provenance
 
@@ -98,20 +97,9 @@ def _rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-@contextlib.contextmanager
 def scratch_mode(mode):
     """B2's scratch dtypes (``$HDLA_VISION_B2_SCRATCH``: lowp or fp32; None: leave it) inside the block."""
-    name = "HDLA_VISION_B2_SCRATCH"
-    before = os.environ.get(name)
-    if mode is not None:
-        os.environ[name] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+    return env_var("HDLA_VISION_B2_SCRATCH", mode)
 
 
 def time_case(kind, shape, chunk, profile=False, groups=None, diag_limit=None, gates="mild", check_scratch=False,

@@ -1,6 +1,9 @@
 """The benchmarks' one timing rule: ``triton.testing.do_bench`` medians after warm-up."""
+import os
 import statistics
 import time
+from contextlib import contextmanager
+from typing import Optional
 
 import torch
 import triton
@@ -75,3 +78,19 @@ def profile_steps(step, steps: int, cpu: bool = False, record_shapes: bool = Fal
 def device_us(event) -> float:
     """An event's total device µs (``device_time_total``; ``cuda_time_total`` on older torch)."""
     return getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+
+
+@contextmanager
+def env_var(name: str, value: Optional[str]):
+    """``$name`` set to ``value`` inside the block (None: left as it is), restored after; for the settings the ops
+    read at every call (the kernel family, B2's scratch dtypes)."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
