@@ -43,6 +43,18 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
         raise ValueError(f"expected tensors of one shape [B, T, H, K], got {shapes}")
 
 
+def _check_beta(beta: torch.Tensor, k: torch.Tensor) -> None:
+    """Raise ValueError unless beta is ``[B, T, H]`` for k ``[B, T, H, K]``."""
+    if beta.shape != k.shape[:-1]:
+        raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
+
+
+def _check_substep_beta(beta: torch.Tensor, k: torch.Tensor) -> None:
+    """Raise ValueError unless k is ``[B, T, H, n_h, K]`` and beta ``[B, T, H, n_h]`` (a token's sub-steps)."""
+    if k.dim() != 5 or beta.shape != k.shape[:-1]:
+        raise ValueError(f"expected k [B, T, H, n_h, K] and beta [B, T, H, n_h], got {list(k.shape)}, {list(beta.shape)}")
+
+
 def _scalar_log_decay(log_alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """A per-head log decay ``[B, T, H]`` (checked against k ``[B, T, H, K]``), passed to the op as it is."""
     if log_alpha.shape != k.shape[:-1]:
@@ -63,8 +75,7 @@ def gla_factors(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> Generalize
 
 def deltanet_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> GeneralizedStep:
     """DeltaNet: ``S_t = (I - beta k k^T) S_{t-1} + beta k v^T``: ``d = 1``, ``A = beta k``, ``B = k``."""
-    if beta.shape != k.shape[:-1]:
-        raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
+    _check_beta(beta, k)
     bk = (beta.unsqueeze(-1) * k).unsqueeze(-2)  # both the write's key and A: one tensor
     return GeneralizedStep(bk, v.unsqueeze(-2), bk, k.unsqueeze(-2), _no_log_decay(k))
 
@@ -87,8 +98,7 @@ def gated_deltaproduct_factors_5d(k: torch.Tensor, v: torch.Tensor, beta: torch.
     log_alpha ``[B, T, H]`` (the step's g, per head). The sub-steps merge into one rank-n_h step
     (:func:`gated_deltaproduct_factors`).
     """
-    if k.dim() != 5 or beta.shape != k.shape[:-1]:
-        raise ValueError(f"expected k [B, T, H, n_h, K] and beta [B, T, H, n_h], got {list(k.shape)}, {list(beta.shape)}")
+    _check_substep_beta(beta, k)
     g = _scalar_log_decay(log_alpha, k[..., 0, :])
     a, b, kw, vw = gated_deltaproduct_factors(k, v, beta, g)
     return GeneralizedStep(kw, vw, a, b, g)
@@ -155,8 +165,9 @@ class DeltaSteps(NamedTuple):
     §12): a token is n delta-rule sub-steps ``S <- (I - beta_j k_j k_j^T) Diag(exp g_j) S + write_j k_j v_j^T``,
     the token's decay on the first (later ``g_j = 0``). ``k [B, T, H, n, K]`` (unit rows), ``v [B, T, H, n, V]``,
     ``beta`` and ``write`` ``[B, T, H, n]``, ``g`` ``[B, T, H, K]`` per channel or ``[B, T, H]`` per head. The
-    mixers whose step is such a product (GLA, DeltaNet, Gated DeltaNet / DeltaProduct, KDA) give these under
-    ``HDLA_VISION_KERNELS=delta`` (``seed.GeneralizedMixer.delta_route``)."""
+    mixers whose step is such a product (GLA, DeltaNet, Gated DeltaNet / DeltaProduct, KDA) give these on the delta
+    rule's route (``seed.GeneralizedMixer.delta_route``: under ``HDLA_VISION_KERNELS=delta``, and for DeltaNet and
+    Gated DeltaNet / DeltaProduct under auto too)."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -189,8 +200,7 @@ def gla_steps(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> DeltaSteps:
 
 def deltanet_steps(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> DeltaSteps:
     """DeltaNet as one sub-step: reflection and write scale beta, no decay."""
-    if beta.shape != k.shape[:-1]:
-        raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
+    _check_beta(beta, k)
     return DeltaSteps(_one_step(k), _one_step(v), beta.unsqueeze(-1), beta.unsqueeze(-1), _no_log_decay(k))
 
 
@@ -198,16 +208,14 @@ def gated_deltaproduct_steps(k: torch.Tensor, v: torch.Tensor, beta: torch.Tenso
                              log_alpha: torch.Tensor) -> DeltaSteps:
     """Gated DeltaProduct (Gated DeltaNet at n_h = 1) as its n_h sub-steps (write scale beta_j), the scalar gate on
     the first. Args as :func:`gated_deltaproduct_factors_5d`."""
-    if k.dim() != 5 or beta.shape != k.shape[:-1]:
-        raise ValueError(f"expected k [B, T, H, n_h, K] and beta [B, T, H, n_h], got {list(k.shape)}, {list(beta.shape)}")
+    _check_substep_beta(beta, k)
     return DeltaSteps(k, v, beta, beta, _scalar_log_decay(log_alpha, k[..., 0, :]))
 
 
 def kda_steps(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor) -> DeltaSteps:
     """KDA as one sub-step: reflection and write scale beta after the per-channel decay."""
     _check_same_shape(k=k, g=g)
-    if beta.shape != k.shape[:-1]:
-        raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
+    _check_beta(beta, k)
     return DeltaSteps(_one_step(k), _one_step(v), beta.unsqueeze(-1), beta.unsqueeze(-1), g)
 
 
@@ -218,8 +226,7 @@ def kda_factors(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.T
     per channel, ``A = beta k``, ``B = alpha * k``.
     """
     _check_same_shape(k=k, g=g)
-    if beta.shape != k.shape[:-1]:
-        raise ValueError(f"beta must have shape [B, T, H] = {list(k.shape[:-1])}, got {list(beta.shape)}")
+    _check_beta(beta, k)
     bk = (beta.unsqueeze(-1) * k).unsqueeze(-2)  # both the write's key and A: one tensor
     decayed_k = g.exp().to(k.dtype) * k
     return GeneralizedStep(bk, v.unsqueeze(-2), bk, decayed_k.unsqueeze(-2), g)
