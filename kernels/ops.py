@@ -21,7 +21,7 @@ from .bidirectional_ops import (chunk_generalized_bidirectional_op, chunk_hdla_b
                                 fused_recurrent_hdla_bidirectional_op, generalized_bidirectional_path, own_write,
                                 per_direction)
 from .custom_ops import _generalized_path, _hdla_path, chunk_generalized_op, chunk_hdla_op, fused_recurrent_hdla_op
-from .delta_rule.chunk import LAUNCH as DELTA_LAUNCH, MAX_HEAD_DIM as DELTA_MAX_HEAD_DIM
+from .delta_rule.chunk import MAX_HEAD_DIM as DELTA_MAX_HEAD_DIM, value_block as delta_value_block
 from .delta_rule.steps import chunk_token_steps, hdla_steps
 from .generalized.torch_chunk import chunk_form, doubling_unit_lower
 from .hdla.naive import hdla_decay_factors
@@ -43,8 +43,7 @@ DELTA_DEFAULT_MIN_PROGRAMS = 256
 
 def delta_rule_programs(q: torch.Tensor) -> int:
     """The programs of the delta rule's serial passes for q ``[B, T, H, K]`` (V taken as K)."""
-    block = DELTA_LAUNCH["BV"][64 if q.shape[-1] <= 64 else 128]
-    return q.shape[0] * q.shape[2] * -(-q.shape[-1] // block)
+    return q.shape[0] * q.shape[2] * -(-q.shape[-1] // delta_value_block(q.shape[-1], q.shape[-1]))
 
 
 def on_delta_rule(q: torch.Tensor, by_default: bool = False) -> bool:

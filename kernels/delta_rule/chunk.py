@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, next_power_of_2, per_batch_slice, use_triton
-from .terms import CHUNK, carve, padded_head_dim, recomputed_terms, saved_numel, saved_terms
+from .terms import CHUNK, RECOMPUTED_TERMS, carve, padded_head_dim, saved_numel, saved_terms
 from .torch_chunk import torch_chunk_delta_rule
 
 MAX_HEAD_DIM = 128
@@ -298,6 +298,12 @@ def _check(q, k, v, beta, g, write, initial_state):
         raise ValueError("q, k, v, beta, g, write and initial_state must be on one device")
 
 
+def value_block(dk: int, dv: int) -> int:
+    """BV, the V block of every kernel (the serial passes run B*H*ceil(V / BV) programs): ``LAUNCH["BV"]`` for the
+    head-dim tile, at most V rounded up to a power of two, at least 16 (S's loads within shared memory)."""
+    return max(16, min(LAUNCH["BV"][64 if padded_head_dim(dk) <= 64 else 128], next_power_of_2(dv)))
+
+
 def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str]) -> dict:
     """Tiles and operand precision of a call (ValueError for a K over one tile or an unknown precision). tf32 is the
     GPU's default for 16-bit inputs (bf16 parity 5e-3 on the H200), exact fp32 (ieee) for fp32 inputs, as the
@@ -311,9 +317,8 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
     precision = precision or ("tf32" if q.is_cuda and q.dtype != torch.float32 else "ieee")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    bv = max(16, min(LAUNCH["BV"][64 if bk <= 64 else 128], next_power_of_2(dv)))  # S's loads within shared memory
     size = 64 if bk <= 64 else 128
-    return dict(BK=bk, BV=bv, KB=min(bk, LAUNCH["KB"][size]), PREC=precision, SCALAR=g.dim() == 3)
+    return dict(BK=bk, BV=value_block(dk, dv), KB=min(bk, LAUNCH["KB"][size]), PREC=precision, SCALAR=g.dim() == 3)
 
 
 def _terms(saved: torch.Tensor, q: torch.Tensor, v: torch.Tensor, scalar: bool, recompute: bool) -> dict:
@@ -323,9 +328,8 @@ def _terms(saved: torch.Tensor, q: torch.Tensor, v: torch.Tensor, scalar: bool, 
     shape = (batch, seq_len, heads, dk, v.shape[-1], scalar)
     terms = carve(saved, *shape, saved_terms(recompute))
     if recompute:
-        others = recomputed_terms(True)
-        terms.update(carve(torch.empty(saved_numel(*shape, others), device=q.device, dtype=torch.float32), *shape,
-                           others))
+        terms.update(carve(torch.empty(saved_numel(*shape, RECOMPUTED_TERMS), device=q.device, dtype=torch.float32),
+                           *shape, RECOMPUTED_TERMS))
     return terms
 
 

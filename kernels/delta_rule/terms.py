@@ -41,9 +41,8 @@ def saved_layout(batch: int, seq_len: int, heads: int, dk: int, dv: int, scalar:
     return tuple(term for term in layout if terms is None or term[0] in terms)
 
 
-def recomputed_terms(recompute: bool) -> Optional[Tuple[str, ...]]:
-    """The terms outside the saved buffer: None (none) or, with ``recompute``, all but :data:`STATE_TERMS`."""
-    return tuple(name for name, _ in saved_layout(1, 1, 1, 1, 1) if name not in STATE_TERMS) if recompute else None
+# the terms the recompute mode remakes in the backward: all but STATE_TERMS
+RECOMPUTED_TERMS = tuple(name for name, _ in saved_layout(1, 1, 1, 1, 1) if name not in STATE_TERMS)
 
 
 def saved_terms(recompute: bool) -> Optional[Tuple[str, ...]]:
