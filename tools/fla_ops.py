@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from hdla_vision.kernels import chunk_delta_substeps, chunk_generalized, on_delta_rule
 from hdla_vision.layers import seed_mixers as sm
+from hdla_vision.layers.mixer import activation_recompute
 from hdla_vision.layers.seed import DeltaNetMixer, GatedDeltaNetMixer, GatedDeltaProductMixer
 
 
@@ -47,9 +48,10 @@ def _ours_by_route(q, factors, steps, scale, op, mixer=None):
     """Our side as the mixers run it: on the delta rule's route (``on_delta_rule``: under ``HDLA_VISION_KERNELS=
     delta``, or under auto for a ``mixer`` class whose ``delta_by_default`` is set) the delta rule's sub-step op on
     the mixer's ``*_steps`` (``steps()``), else ``op`` on its factor function's step (``factors()``); the float64
-    reference (``op`` another than ``chunk_generalized``) always the latter."""
+    reference (``op`` another than ``chunk_generalized``) always the latter. The delta rule saves for its backward
+    what the mixers have it save (its recompute mode while activation recompute is on)."""
     if op is chunk_generalized and on_delta_rule(q, mixer is not None and mixer.delta_by_default):
-        return chunk_delta_substeps(q, *steps(), scale=scale)[0]
+        return chunk_delta_substeps(q, *steps(), scale=scale, recompute=activation_recompute())[0]
     return _ours(q, factors(), scale, op)
 
 
