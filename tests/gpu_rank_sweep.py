@@ -143,8 +143,13 @@ def _run_in_subprocess(case, timeout):
 def sweep(cases, jobs, timeout=900):
     """Run ``cases`` in parallel subprocesses; return ``{(r_ab, r_kv, K, V): result}``."""
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = {case: pool.submit(_run_in_subprocess, case, timeout) for case in cases}
-        return {case: fut.result() for case, fut in futures.items()}
+        futures = {pool.submit(_run_in_subprocess, case, timeout): case for case in cases}
+        results = {}
+        for fut in concurrent.futures.as_completed(futures):  # a line per case: a run cut short shows its progress
+            case = futures[fut]
+            results[case] = fut.result()
+            print(case, results[case]["status"], results[case].get("worst", ""), file=sys.stderr, flush=True)
+        return {case: results[case] for case in cases}
 
 
 def markdown_table(results):
