@@ -29,9 +29,9 @@ def use_triton(x: torch.Tensor) -> bool:
 #            length (custom_ops._path: chunk16's per-head dg is less exact; the fused bidirectional path is faster);
 #   delta:   the HDLA ops (one and both directions) on the delta rule's kernels over two steps per token
 #            (delta_rule/, kernels/README.md §12; head dims up to 128; the registered op chunk_delta_rule), and the
-#            seed mixers that are products of delta steps (layers/seed.py); the generalized ops as auto. ~2.4x
-#            fla's KDA on an H200 so far (benchmarks/results/delta_kernels_h200). Under auto only DeltaNet and Gated
-#            DeltaNet / DeltaProduct take it, for 16-bit inputs of enough sequences (ops.on_delta_rule).
+#            seed mixers that are products of delta steps (layers/seed.py); the generalized ops as auto. ~1.7x
+#            fla's KDA on an H200 so far (benchmarks/results/delta_kernels_h200). Under auto DeltaNet, Gated
+#            DeltaNet / DeltaProduct and KDA take it, for 16-bit inputs of enough sequences (ops.on_delta_rule).
 KERNEL_FAMILY_ENV = "HDLA_VISION_KERNELS"
 KERNEL_FAMILIES = ("auto", "chunk16", "chunk64", "delta")
 DEFAULT_KERNEL_FAMILY = "auto"

@@ -75,9 +75,9 @@ def test_delta_route_prefill_then_decoding_equals_one_pass(name, backend, monkey
 
 @pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
 def test_auto_takes_the_delta_route_for_the_per_head_decay_mixers(backend, monkeypatch):
-    """Under ``HDLA_VISION_KERNELS=auto`` (the default) DeltaNet, Gated DeltaNet and Gated DeltaProduct scan on the
-    delta rule (``delta_by_default``, where the GPU timed it faster: bf16, >= 256 serial programs) for 16-bit
-    inputs of enough sequences, KDA and GLA on chunk_generalized, every mixer there for fp32 inputs or few
+    """Under ``HDLA_VISION_KERNELS=auto`` (the default) DeltaNet, Gated DeltaNet, Gated DeltaProduct and KDA scan on
+    the delta rule (``delta_by_default``, where the GPU timed it faster: bf16, >= 256 serial programs) for 16-bit
+    inputs of enough sequences, GLA on chunk_generalized, every mixer there for fp32 inputs or few
     sequences; a named generalized family keeps every mixer there, and ``delta`` takes them all."""
     from hdla_vision.kernels.ops import DELTA_DEFAULT_MIN_PROGRAMS
 
@@ -94,7 +94,7 @@ def test_auto_takes_the_delta_route_for_the_per_head_decay_mixers(backend, monke
                 features = mixer.features(x, q, k, v, mixer.directions[0])
                 routes[family, dtype, batch, name] = isinstance(features, sm.DeltaSteps)
     assert {name for (family, dtype, batch, name), on in routes.items() if on and family == "auto"} == \
-        {"deltanet", "gated_deltanet", "gated_deltaproduct"}
+        {"deltanet", "gated_deltanet", "gated_deltaproduct", "kda"}
     assert not any(on for (family, dtype, batch, _), on in routes.items()
                    if family == "auto" and (dtype == torch.float32 or batch < many))
     assert not any(on for (family, *_), on in routes.items() if family == "chunk64")
@@ -102,12 +102,13 @@ def test_auto_takes_the_delta_route_for_the_per_head_decay_mixers(backend, monke
 
 
 @pytest.mark.parametrize("backend", backends("cuda"), indirect=True)
-@pytest.mark.parametrize("name,directions", [("gated_deltanet", ("fwd", "bwd")), ("deltanet", ("fwd",))],
-                         ids=["gated_deltanet-bidirectional", "deltanet-causal"])
+@pytest.mark.parametrize("name,directions", [("gated_deltanet", ("fwd", "bwd")), ("deltanet", ("fwd",)),
+                                             ("kda", ("fwd",))],
+                         ids=["gated_deltanet-bidirectional", "deltanet-causal", "kda-causal"])
 def test_default_route_in_bf16_is_as_close_to_fp32_as_the_generalized_kernels(name, directions, backend,
                                                                                monkeypatch):
-    """The default route of a per-head-decay mixer trained in bf16 autocast (enough sequences for the delta rule)
-    against the fp32 chunk form: output and every parameter gradient within 1.5x the generalized kernels' error at
+    """The default route of a mixer that auto sends to the delta rule, trained in bf16 autocast (enough sequences
+    for it) against the fp32 chunk form: output and every parameter gradient within 1.5x the generalized kernels' error at
     the same inputs, plus 2e-3 (both round to bf16; NaN fails)."""
     from hdla_vision.kernels.ops import DELTA_DEFAULT_MIN_PROGRAMS
 

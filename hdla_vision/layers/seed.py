@@ -75,7 +75,9 @@ class GeneralizedMixer(LinearAttentionMixer):
     # was faster than chunk_generalized in every measured use (H200, bf16, fwd+bwd of the op,
     # benchmarks/results/delta_routes_h200: DeltaNet 12.1 -> 5.3 ms at (4, 4096, 16, 128), 3.3 -> 2.2 at
     # (128, 196, 3, 64); Gated DeltaNet 9.3 -> 5.3 and 3.5 -> 2.2; Gated DeltaProduct n_h = 2 18.2 -> 11.4 and
-    # 4.5 -> 2.1); KDA (12.6 against 12.3 at the LM shape) and GLA (4.8 against 12.3) stay on chunk_generalized
+    # 4.5 -> 2.1), and for KDA (2.96 -> 2.27 at the vision shape; at the LM shape its route took 12.6 against 12.3
+    # with kernels summing to 11.8 ms, and stage 5 of the kernels, benchmarks/README.md, took them to 8.3 ms); GLA
+    # (4.8 on chunk_generalized against 12.3: rank 0 has no inverse to pay for) stays there
     delta_by_default = False
 
     @property
@@ -249,6 +251,7 @@ class KDAMixer(_DecayOptions, GeneralizedMixer):
     """KDA: ``S_t = (I - beta k k^T) Diag(alpha_t) S_{t-1} + beta k v^T`` (per-channel alpha)."""
 
     mixer_name = "kda"
+    delta_by_default = True
 
     def make_gates(self):
         return nn.ModuleDict({"beta": BetaGate(self.dim, self.num_heads, **self.factory_kwargs),
