@@ -6,7 +6,8 @@ chunk_kda at the same shape: the tuning harness of issue 11's KDA-shaped family.
 Per shape (B, T, H, d), bf16 inputs, the delta rule at KDA's shape (T steps, write scale = beta): fwd+bwd ms
 (do_bench median), µs per kernel (torch.profiler over five calls) and its TFLOP/s (:func:`kernel_gflop`), the step's
 peak memory and what the forward keeps for the backward, for each variant of
-``chunk.LAUNCH`` (:data:`VARIANTS`: warps, pipeline stages, V block per kernel; the recompute mode); and fla's
+``chunk.LAUNCH`` (:data:`VARIANTS`: warps, pipeline stages, V block per kernel; the recompute mode; the bf16 state
+path); and fla's
 chunk_kda the same way if fla is installed.
 ``delta_rule_kernels.json`` under ``--out`` (rewritten after every variant), headed by device, date and commit.
 """
@@ -24,10 +25,18 @@ from hdla_vision.kernels.delta_rule import chunk as delta_chunk
 from tools.provenance import provenance
 
 # name -> {kernel: {bk: settings}} overrides of chunk.LAUNCH (BV: {bk: block}); "recompute": True runs the op in
-# its recompute mode (the backward remakes the chunk terms; kernels/delta_rule/terms.py)
+# its recompute mode (the backward remakes the chunk terms; kernels/delta_rule/terms.py); "precision" replaces
+# --precision (bf16: the state path on bf16 operands and bf16 terms, chunk.py's module docstring)
+BF16 = {"precision": "bf16"}
 VARIANTS = {
     "base": {},
     "recompute": {"recompute": True},
+    "bf16": BF16,
+    "bf16_recompute": {**BF16, "recompute": True},
+    "bf16_serial_s3": {**BF16, **{k: {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=8, num_stages=3)}
+                                  for k in ("S", "dS")}},
+    "bf16_serial_w4": {**BF16, **{k: {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=4, num_stages=2)}
+                                  for k in ("S", "dS")}},
     "warps4": {k: {64: dict(num_warps=4, num_stages=1), 128: dict(num_warps=4, num_stages=1)} for k in ("P", "dC")},
     "warps16": {k: {64: dict(num_warps=16, num_stages=1), 128: dict(num_warps=16, num_stages=1)} for k in ("P", "dC")},
     "serial_w4s3": {k: {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=4, num_stages=3)}
@@ -67,7 +76,7 @@ def kernel_gflop(batch: int, seq_len: int, heads: int, dim: int, per_head: bool 
 def with_launch(overrides: dict) -> dict:
     launch = copy.deepcopy(delta_chunk.LAUNCH)
     for kernel, table in overrides.items():
-        if kernel != "recompute":
+        if kernel in launch:
             launch[kernel].update(table)
     return launch
 
@@ -152,7 +161,7 @@ def main():
             delta_chunk.LAUNCH = with_launch(VARIANTS[name])
             recompute = VARIANTS[name].get("recompute", False)
             gflop = kernel_gflop(*SHAPES[shape], per_head=args.per_head, recompute=recompute)
-            runs[name] = measure(delta_kda(args.precision, recompute), inputs, gflop)
+            runs[name] = measure(delta_kda(VARIANTS[name].get("precision", args.precision), recompute), inputs, gflop)
             delta_chunk.LAUNCH = default
             print(shape, name, json.dumps(runs[name]), flush=True)
             with open(os.path.join(args.out, "delta_rule_kernels.json"), "w") as f:

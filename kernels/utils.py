@@ -17,7 +17,12 @@ def next_power_of_2(n: int) -> int:
 
 def use_triton(x: torch.Tensor) -> bool:
     """Triton runs CUDA tensors, and CPU tensors when ``TRITON_INTERPRET=1``."""
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return x.is_cuda or interpreted(x)
+
+
+def interpreted(x: torch.Tensor) -> bool:
+    """Triton's interpreter runs x: a CPU tensor under ``TRITON_INTERPRET=1``."""
+    return not x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # The Triton kernel family of the chunk ops (kernels/README.md §8):

@@ -16,7 +16,10 @@
                               factoring: :func:`_gram_vjps`); dg as the chunk's reverse cumsum of dG.
 
 Every intermediate is fp32, and every product exact fp32 (``ieee``) unless ``precision`` names the tensor cores' tf32
-(:data:`PRECISIONS`; tf32 by default on the GPU for 16-bit inputs). P and dC take K in blocks of KB columns; the launch settings
+(:data:`PRECISIONS`; tf32 by default on the GPU for 16-bit inputs), or ``bf16``: P and dC on tf32, the state path
+(S, O, dO, dS, whose products the serial passes wait on) on bf16 operands with fp32 accumulation and the terms only
+it reads (Aqk, w, kg, qg: terms.HALF_TERMS) stored in bf16, as fla's kernels store theirs; the states, U and the
+cotangents stay fp32, rounded only as operands. P and dC take K in blocks of KB columns; the launch settings
 (:data:`LAUNCH`) are the fastest measured on an H200 (``benchmarks/delta_rule_kernels.py``). Head dims up to 128.
 """
 from typing import Optional, Tuple
@@ -25,14 +28,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, next_power_of_2, per_batch_slice, use_triton
-from .terms import CHUNK, RECOMPUTED_TERMS, carve, padded_head_dim, saved_numel, saved_terms
+from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, interpreted, next_power_of_2, per_batch_slice, use_triton
+from .terms import CHUNK, RECOMPUTED_TERMS, carve, half_terms, padded_head_dim, saved_numel, saved_terms
 from .torch_chunk import torch_chunk_delta_rule
 
 MAX_HEAD_DIM = 128
 # tl.dot's input_precision for the fp32 operands: exact (the default, and what the interpreter tests check), or the
-# tensor cores' tf32 (one or three products) for the GPU's timing
-PRECISIONS = ("ieee", "tf32x3", "tf32")
+# tensor cores' tf32 (one or three products) for the GPU's timing; bf16: tf32 in P and dC, bf16 operands in the state
+# path (module docstring)
+PRECISIONS = ("ieee", "tf32x3", "tf32", "bf16")
 # each kernel's launch settings by head-dim tile (BK <= 64, BK = 128): warps, pipeline stages and the V block (BV)
 LAUNCH = {
     "P": {64: dict(num_warps=4, num_stages=1), 128: dict(num_warps=4, num_stages=1)},
@@ -49,6 +53,18 @@ LAUNCH = {
 def _launch(kernel: str, bk: int) -> dict:
     """``LAUNCH[kernel]``'s settings for a head-dim tile ``bk``."""
     return LAUNCH[kernel][64 if bk <= 64 else 128]
+
+
+@triton.jit
+def _mma(a, b, PREC: tl.constexpr):
+    """``a @ b`` with fp32 accumulation: bf16 operands (PREC "bf16"; "bf16_emulated" rounds them to bf16 and
+    multiplies in fp32, for the interpreter, whose bf16 dot is wrong), else fp32 ones at ``input_precision`` PREC."""
+    if PREC == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif PREC == "bf16_emulated":
+        return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -144,12 +160,13 @@ def _inverse(a_mat, rows, PREC: tl.constexpr):
 def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_ptr, tm_ptr, w_ptr, u_ptr, kg_ptr,
                     qg_ptr, gam_ptr, h_ptr, T, H, K, V, NT, scale,
                     C: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr, SCALAR: tl.constexpr, HAS_H: tl.constexpr):
+                    LOG_ZERO: tl.constexpr, PREC: tl.constexpr, SPREC: tl.constexpr, SCALAR: tl.constexpr,
+                    HAS_H: tl.constexpr):
     """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward), Aqk, T, w, u~, kg, qg and
-    gamma, each ``[B*H, N, ...]`` fp32. Two passes over K blocks of KB columns: the Grams (sums over K; the pair
-    decays by :func:`_gram_levels`; SCALAR, one decay per head: the plain Grams times the ``[C, C]`` pair decays),
-    then the terms T maps (column blocks). HAS_H (the backward's recompute, given the states h the serial pass
-    stored): U = u~ - w h in place of u~."""
+    gamma, each ``[B*H, N, ...]`` in its pointer's dtype (fp32, or bf16 for the terms only the state path reads).
+    Two passes over K blocks of KB columns: the Grams (sums over K; the pair decays by :func:`_gram_levels`; SCALAR,
+    one decay per head: the plain Grams times the ``[C, C]`` pair decays), then the terms T maps (column blocks). HAS_H (the backward's recompute, given the states h the serial pass
+    stored): U = u~ - w h in place of u~, the product at the state path's precision SPREC, as S forms it."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
@@ -181,7 +198,7 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
             a_mat, aqk = _gram_levels(a_mat, aqk, q, k, G, gcum_blk, rows, cols, BK, PREC)
     out_rows = (blk * C + rows)[:, None]
     t_mat = _inverse(a_mat * beta[:, None], rows, PREC)
-    tl.store(aqk_ptr + out_rows * C + rows[None, :], scale * aqk)
+    tl.store(aqk_ptr + out_rows * C + rows[None, :], (scale * aqk).to(aqk_ptr.dtype.element_ty))
     tl.store(tm_ptr + out_rows * C + rows[None, :], t_mat)
     for k0 in range(0, K, KB):
         cols = k0 + tl.arange(0, KB)
@@ -189,11 +206,11 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
         G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
         decayed, last, kg, qg = _chunk_decays(_rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C), k, G, scale, rows, C)
-        tl.store(kg_ptr + out_rows * K + cols[None, :], kg, mask=kmask)  # each term stored as soon as it is formed
-        tl.store(qg_ptr + out_rows * K + cols[None, :], qg, mask=kmask)
+        tl.store(kg_ptr + out_rows * K + cols[None, :], kg.to(kg_ptr.dtype.element_ty), mask=kmask)  # stored once formed
+        tl.store(qg_ptr + out_rows * K + cols[None, :], qg.to(qg_ptr.dtype.element_ty), mask=kmask)
         tl.store(gam_ptr + blk * K + cols[None, :], tl.exp(last), mask=kmask)
         w = tl.dot(t_mat, k * decayed * beta[:, None], input_precision=PREC)
-        tl.store(w_ptr + out_rows * K + cols[None, :], w, mask=kmask)
+        tl.store(w_ptr + out_rows * K + cols[None, :], w.to(w_ptr.dtype.element_ty), mask=kmask)
     if HAS_H:
         tl.debug_barrier()  # w's rows, stored above, are read back by other threads
     for v0 in range(0, V, BV):
@@ -204,7 +221,7 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
             for k0 in range(0, K, KB):
                 cols = k0 + tl.arange(0, KB)
                 w = tl.load(w_ptr + out_rows * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
-                u -= tl.dot(w, _state_block(h_ptr + blk * K * V, K, V, k0, v0, KB, BV), input_precision=PREC)
+                u -= _mma(w, _state_block(h_ptr + blk * K * V, K, V, k0, v0, KB, BV), SPREC)
         tl.store(u_ptr + out_rows * V + vcols[None, :], u, mask=(vcols < V)[None, :])
 
 
@@ -225,7 +242,8 @@ def _state_tile(ptr, bh, K, V, i_v, BK: tl.constexpr, BV: tl.constexpr, LOAD: tl
 
 @triton.jit
 def _chunk_tile(ptr, chunk_rows, cols, D):
-    """Columns ``cols`` of a chunk's ``[C, D]`` rows (``chunk_rows`` ``[C, 1]``) of a saved fp32 term (zeros past D)."""
+    """Columns ``cols`` of a chunk's ``[C, D]`` rows (``chunk_rows`` ``[C, 1]``) of a saved term, in its stored dtype
+    (zeros past D)."""
     return tl.load(ptr + chunk_rows * D + cols[None, :], mask=(cols < D)[None, :], other=0.0)
 
 
@@ -248,9 +266,9 @@ def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, final_p
         kg = _chunk_tile(kg_ptr, chunk_rows, ck, K)
         u = _chunk_tile(u_ptr, chunk_rows, cv, V)
         gam = tl.load(gam_ptr + blk * K + ck, mask=ck < K, other=0.0)
-        new = u - tl.dot(w, state, input_precision=PREC)
+        new = u - _mma(w, state, PREC)
         tl.store(new_ptr + chunk_rows * V + cv[None, :], new, mask=(cv < V)[None, :])
-        state = gam[:, None] * state + tl.dot(tl.trans(kg), new, input_precision=PREC)
+        state = gam[:, None] * state + _mma(tl.trans(kg), new, PREC)
     tl.store(final_ptr + bh * K * V + state_offs, state, mask=state_mask)
 
 
@@ -269,7 +287,7 @@ def _output_kernel(qg_ptr, aqk_ptr, h_ptr, new_ptr, o_ptr, T, H, K, V, NT,
     state = _state_tile(h_ptr + blk * K * V, 0, K, V, i_v, BK, BV, True)[0]
     aqk = tl.load(aqk_ptr + chunk_rows * C + rows[None, :])
     new = _chunk_tile(new_ptr, chunk_rows, cv, V)
-    o = tl.dot(qg, state, input_precision=PREC) + tl.dot(aqk, new, input_precision=PREC)
+    o = _mma(qg, state, PREC) + _mma(aqk, new, PREC)
     t = c * C + rows
     offs = ((b * T + t) * H + h).to(tl.int64)[:, None] * V + cv[None, :]
     tl.store(o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t < T)[:, None] & vmask[None, :])
@@ -309,7 +327,9 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
     GPU's default for 16-bit inputs (bf16 parity 5e-3 on the H200), exact fp32 (ieee) for fp32 inputs, as the
     generalized kernels take them: tf32 there put a Gated DeltaNet mixer's gate-weight gradients 1-3e-2 from the
     fp32 chunk form (sums over tokens cancel); with tf32x3 the backward chunk kernel at K = 64 needs 340 KB of
-    shared memory, more than sm_90a's 227."""
+    shared memory, more than sm_90a's 227. ``SPREC``: the state path's products (S, O, dO, dS and P's U = u~ - w h):
+    PREC, or for ``bf16`` bf16 operands ("bf16_emulated" under the interpreter), P and dC then on tf32; ``HALF``:
+    the terms only the state path reads stored in bf16 (terms.HALF_TERMS)."""
     dk = q.shape[-1]
     if dk > MAX_HEAD_DIM:
         raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
@@ -318,18 +338,22 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     size = 64 if bk <= 64 else 128
-    return dict(BK=bk, BV=value_block(dk, dv), KB=min(bk, LAUNCH["KB"][size]), PREC=precision, SCALAR=g.dim() == 3)
+    half = half_terms(precision)
+    state_precision = ("bf16_emulated" if interpreted(q) else "bf16") if half else precision
+    return dict(BK=bk, BV=value_block(dk, dv), KB=min(bk, LAUNCH["KB"][size]), PREC="tf32" if half else precision,
+                SPREC=state_precision, HALF=half, SCALAR=g.dim() == 3)
 
 
-def _terms(saved: torch.Tensor, q: torch.Tensor, v: torch.Tensor, scalar: bool, recompute: bool) -> dict:
+def _terms(saved: torch.Tensor, q: torch.Tensor, v: torch.Tensor, cfg: dict, recompute: bool) -> dict:
     """Every term of :mod:`.terms` as a view: those in ``saved``, and with ``recompute`` the others in a fresh
     buffer (alive while the views are)."""
     batch, seq_len, heads, dk = q.shape
-    shape = (batch, seq_len, heads, dk, v.shape[-1], scalar)
-    terms = carve(saved, *shape, saved_terms(recompute))
+    shape = (batch, seq_len, heads, dk, v.shape[-1], cfg["SCALAR"])
+    terms = carve(saved, *shape, saved_terms(recompute), half=cfg["HALF"])
     if recompute:
-        terms.update(carve(torch.empty(saved_numel(*shape, RECOMPUTED_TERMS), device=q.device, dtype=torch.float32),
-                           *shape, RECOMPUTED_TERMS))
+        fresh = torch.empty(saved_numel(*shape, RECOMPUTED_TERMS, half=cfg["HALF"]), device=q.device,
+                            dtype=torch.float32)
+        terms.update(carve(fresh, *shape, RECOMPUTED_TERMS, half=cfg["HALF"]))
     return terms
 
 
@@ -341,7 +365,7 @@ def _prepare(q, k, v, beta, g, write, z: dict, u: torch.Tensor, scale: float, cf
                                                z["kg"], z["qg"], z["gamma"], z["h"], seq_len, heads, dk, v.shape[-1],
                                                n_chunks, scale, C=CHUNK, BK=cfg["BK"], KB=cfg["KB"],
                                                BV=cfg["BV"], LOG_ZERO=LOG_ZERO_FP32, PREC=cfg["PREC"],
-                                               SCALAR=cfg["SCALAR"], HAS_H=with_state,
+                                               SPREC=cfg["SPREC"], SCALAR=cfg["SCALAR"], HAS_H=with_state,
                                                **_launch("P", cfg["BK"]))
 
 
@@ -357,20 +381,21 @@ def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Opt
     q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
-    bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
+    bk, bv, sprec = cfg["BK"], cfg["BV"], cfg["SPREC"]
     f32 = dict(device=q.device, dtype=torch.float32)
-    saved = torch.empty(saved_numel(batch, seq_len, heads, dk, dv, cfg["SCALAR"], saved_terms(recompute)), **f32)
-    z = _terms(saved, q, v, cfg["SCALAR"], recompute)
+    saved = torch.empty(saved_numel(batch, seq_len, heads, dk, dv, cfg["SCALAR"], saved_terms(recompute), cfg["HALF"]),
+                        **f32)
+    z = _terms(saved, q, v, cfg, recompute)
     u = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
     final = torch.empty(bh, dk, dv, **f32)
     _prepare(q, k, v, beta, g, write, z, u, scale, cfg, with_state=False)
     h0 = initial_state.contiguous() if initial_state is not None else final
     _state_kernel[(cdiv(dv, bv), bh)](z["w"], u, z["kg"], z["gamma"], h0, z["h"], z["new"], final, dk, dv,
-                                      n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=prec,
+                                      n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=sprec,
                                       **_launch("S", bk))
     o = torch.empty(batch, seq_len, heads, dv, device=q.device, dtype=q.dtype)
     _output_kernel[(n_chunks, cdiv(dv, bv), bh)](z["qg"], z["aqk"], z["h"], z["new"], o, seq_len, heads, dk, dv,
-                                                 n_chunks, C=CHUNK, BK=bk, BV=bv, PREC=prec, **_launch("O", bk))
+                                                 n_chunks, C=CHUNK, BK=bk, BV=bv, PREC=sprec, **_launch("O", bk))
     return o, final.view(batch, heads, dk, dv), saved
 
 
@@ -386,10 +411,10 @@ def _dout_kernel(do_ptr, aqk_ptr, qg_ptr, ds_ptr, du_ptr, T, H, K, V, NT, C: tl.
     do = _rows_of(do_ptr, b, c, h, T, H, V, rows, cv, C)
     aqk = tl.load(aqk_ptr + chunk_rows * C + rows[None, :])
     qg = _chunk_tile(qg_ptr, chunk_rows, tl.arange(0, BK), K)
-    tl.store(du_ptr + chunk_rows * V + cv[None, :], tl.dot(tl.trans(aqk), do, input_precision=PREC),
+    tl.store(du_ptr + chunk_rows * V + cv[None, :], _mma(tl.trans(aqk), do, PREC),
              mask=(cv < V)[None, :])
     state_offs = tl.arange(0, BK)[:, None] * V + cv[None, :]
-    tl.store(ds_ptr + blk * K * V + state_offs, tl.dot(tl.trans(qg), do, input_precision=PREC),
+    tl.store(ds_ptr + blk * K * V + state_offs, _mma(tl.trans(qg), do, PREC),
              mask=(tl.arange(0, BK) < K)[:, None] & (cv < V)[None, :])
 
 
@@ -417,9 +442,9 @@ def _state_bwd_kernel(kg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, dh0_ptr, 
         gam = tl.load(gam_ptr + blk * K + ck, mask=ck < K, other=0.0)
         tl.debug_barrier()  # every thread has read the slots before any overwrites them
         tl.store(ds_ptr + blk * K * V + state_offs, ds, mask=state_mask)
-        du = aqk_do + tl.dot(kg, ds, input_precision=PREC)
+        du = aqk_do + _mma(kg, ds, PREC)
         tl.store(du_slot, du, mask=(cv < V)[None, :])
-        ds = gam[:, None] * ds + q_do - tl.dot(tl.trans(w), du, input_precision=PREC)
+        ds = gam[:, None] * ds + q_do - _mma(tl.trans(w), du, PREC)
     tl.store(dh0_ptr + bh64 * K * V + state_offs, ds, mask=state_mask)
 
 
@@ -594,22 +619,22 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
     dv = v.shape[-1]
     cfg = _settings(q, g, dv, precision)
     q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
-    z = _terms(saved, q, v, cfg["SCALAR"], recompute)
+    z = _terms(saved, q, v, cfg, recompute)
     if recompute:
         _prepare(q, k, v, beta, g, write, z, z["new"], scale, cfg, with_state=True)
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
-    bk, bv, prec = cfg["BK"], cfg["BV"], cfg["PREC"]
+    bk, bv, prec, sprec = cfg["BK"], cfg["BV"], cfg["PREC"], cfg["SPREC"]
     f32 = dict(device=q.device, dtype=torch.float32)
     ds = torch.empty(bh, n_chunks, dk, dv, **f32)
     du = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
     dh0 = torch.empty(bh, dk, dv, **f32)
     do = do.contiguous()
     _dout_kernel[(n_chunks, cdiv(dv, bv), bh)](do, z["aqk"], z["qg"], ds, du, seq_len, heads, dk, dv, n_chunks,
-                                               C=CHUNK, BK=bk, BV=bv, PREC=prec, **_launch("O", bk))
+                                               C=CHUNK, BK=bk, BV=bv, PREC=sprec, **_launch("O", bk))
     _state_bwd_kernel[(cdiv(dv, bv), bh)](z["kg"], z["w"], z["gamma"], dht.contiguous() if dht is not None else dh0,
                                           ds, du, dh0, dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv,
-                                          HAS_DHT=dht is not None, PREC=prec, **_launch("dS", bk))
+                                          HAS_DHT=dht is not None, PREC=sprec, **_launch("dS", bk))
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
     d_w = torch.empty(bh, n_chunks, CHUNK, dk, **f32)
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
@@ -630,7 +655,8 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
     Args: q, k ``[B, T, H, K]`` (k unit rows), g ``[B, T, H, K]`` per channel or ``[B, T, H]`` per head (g <= 0;
         its own kernels' specialisation), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
         initial_state ``[B, H, K, V]`` or None; ``precision``: every product's fp32 operands as :data:`PRECISIONS`
-        names them (``tl.dot``'s ``input_precision``; None: tf32 for 16-bit inputs on CUDA, else exact);
+        names them (``tl.dot``'s ``input_precision``; None: tf32 for 16-bit inputs on CUDA, else exact; ``bf16``:
+        the state path's products on bf16 operands, its terms stored in bf16, the rest tf32);
         ``reverse``: the scan from the last step to the first (on time-flipped copies of the inputs, for now);
         ``recompute``: the Triton path saves only the states entering each chunk for the backward, which remakes
         the other terms from the inputs (:mod:`.terms`; less memory, one more prepare launch).

@@ -11,6 +11,9 @@ implementation needs only its size (no Triton import).
     h     [B*H, N, K, V]   the state entering each chunk
     new   [B*H, N, C, V]   U = u~ - w h
 
+With the ``bf16`` precision (chunk.PRECISIONS) the :data:`HALF_TERMS`, which only the state path reads (S, O, dO,
+dS: as bf16 tensor-core operands), are stored in bf16, each in half the fp32 elements of its place.
+
 With ``recompute`` the buffer holds h alone (an eighth of the whole at d = 64, a quarter at 128) and the backward
 recomputes the rest from the inputs and h (one more launch of the prepare kernel, which then also forms U): the
 :data:`STATE_TERMS` are saved, the others live only during a launch sequence.
@@ -22,6 +25,12 @@ import torch
 
 CHUNK = 64  # steps per chunk, of every kernel in chunk.py
 STATE_TERMS = ("h",)  # what the recompute mode saves: the serial pass's output, which no parallel kernel remakes
+HALF_TERMS = ("aqk", "w", "kg", "qg")  # bf16 under the bf16 precision: read only by the state path's products
+
+
+def half_terms(precision: Optional[str]) -> bool:
+    """Whether ``precision`` (chunk.PRECISIONS) stores the :data:`HALF_TERMS` in bf16."""
+    return precision == "bf16"
 
 
 def padded_head_dim(dk: int) -> int:
@@ -50,18 +59,27 @@ def saved_terms(recompute: bool) -> Optional[Tuple[str, ...]]:
     return STATE_TERMS if recompute else None
 
 
+def _fp32_numel(name: str, shape: Tuple[int, ...], half: bool) -> int:
+    """The fp32 elements a term takes in the buffer (a bf16 term half its elements, an even count: C rows per
+    chunk)."""
+    return math.prod(shape) // (2 if half and name in HALF_TERMS else 1)
+
+
 def saved_numel(batch: int, seq_len: int, heads: int, dk: int, dv: int, scalar: bool = False,
-                terms: Optional[Sequence[str]] = None) -> int:
-    """The buffer's length (fp32 elements) for ``terms`` (None: all)."""
-    return sum(math.prod(shape) for _, shape in saved_layout(batch, seq_len, heads, dk, dv, scalar, terms))
+                terms: Optional[Sequence[str]] = None, half: bool = False) -> int:
+    """The buffer's length (fp32 elements) for ``terms`` (None: all); ``half``: the :data:`HALF_TERMS` in bf16."""
+    return sum(_fp32_numel(name, shape, half)
+               for name, shape in saved_layout(batch, seq_len, heads, dk, dv, scalar, terms))
 
 
 def carve(buffer: torch.Tensor, batch: int, seq_len: int, heads: int, dk: int, dv: int,
-          scalar: bool = False, terms: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
-    """The terms (None: all) as contiguous views of ``buffer`` (``[saved_numel(...)]`` fp32)."""
+          scalar: bool = False, terms: Optional[Sequence[str]] = None, half: bool = False) -> Dict[str, torch.Tensor]:
+    """The terms (None: all) as contiguous views of ``buffer`` (``[saved_numel(...)]`` fp32); ``half``: the
+    :data:`HALF_TERMS` as bf16 views."""
     views, start = {}, 0
     for name, shape in saved_layout(batch, seq_len, heads, dk, dv, scalar, terms):
-        size = math.prod(shape)
-        views[name] = buffer[start:start + size].view(shape)
+        size = _fp32_numel(name, shape, half)
+        region = buffer[start:start + size]
+        views[name] = (region.view(torch.bfloat16) if size < math.prod(shape) else region).view(shape)
         start += size
     return views

@@ -49,7 +49,7 @@ def reference(p, scale, reverse=False):
 NAMES = ("q", "k", "v", "beta", "g", "write", "initial_state")
 
 
-def _errors(p, backend, dtype, scale=0.5, reverse=False, recompute=False):
+def _errors(p, backend, dtype, scale=0.5, reverse=False, recompute=False, precision=None):
     """Relative errors of the output, the final state and every gradient (random cotangents on both outputs), against
     the float64 loop on the same inputs: rounded to ``dtype`` (g at least fp32, as the mixers' gates are)."""
     names = [n for n in NAMES if p[n] is not None]
@@ -57,7 +57,7 @@ def _errors(p, backend, dtype, scale=0.5, reverse=False, recompute=False):
     leaves = {n: p[n].to(gate_dtype if n == "g" else dtype).requires_grad_() for n in names}
     run = on_backend(leaves, backend)
     o, s = chunk_delta_rule(**{n: run.get(n) for n in NAMES}, scale=scale, output_final_state=True, reverse=reverse,
-                            recompute=recompute)
+                            recompute=recompute, precision=precision)
     exact = {n: leaves[n].detach().double().clone().requires_grad_() for n in names}
     o_ref, s_ref = reference({**p, **exact}, scale, reverse)
     gen = torch.Generator().manual_seed(1)
@@ -110,6 +110,37 @@ def test_fp32_inputs_take_exact_products_on_the_gpu(backend):
 
 
 RECOMPUTE_CASES = [case for case in SMALL if case[0] in ("T130_gates-20_resets_beta_ends", "T70_d48_per_head")]
+# the interpreter's casts to bf16 truncate (the GPU rounds to nearest), which about doubles the bf16 path's error there
+EMULATED_BF16_TOL = 2e-2
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
+@pytest.mark.parametrize("backend,case", backend_cases(_case_id, interpreter=RECOMPUTE_CASES, cuda=LARGE),
+                         indirect=["backend"])
+def test_bf16_state_path_matches_the_float64_loop(backend, case, recompute):
+    """``precision="bf16"``: the state path (S, O, dO, dS) on bf16 operands with Aqk, w, kg, qg stored in bf16, P and
+    dC on tf32; bf16 inputs on the GPU under 1e-2 of the float64 loop. Under the interpreter (fp32 inputs, the
+    operands rounded to bf16 and multiplied in fp32, since its bf16 dot is wrong) it checks the path's layout and
+    indexing: a misplaced term is off by O(1)."""
+    errors = _errors(delta_problem(**case[1]), backend, torch.bfloat16 if backend == "cuda" else torch.float32,
+                     recompute=recompute, precision="bf16")
+    assert max(errors.values()) < (CUDA_TOL if backend == "cuda" else EMULATED_BF16_TOL), errors
+
+
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+def test_bf16_state_path_stores_its_terms_in_half_the_space(backend):
+    """With ``precision="bf16"`` Aqk, w, kg and qg take half their fp32 space in the saved buffer, and the fake
+    implementation gives the same size."""
+    from hdla_vision.kernels import custom_ops
+    from hdla_vision.kernels.delta_rule.terms import HALF_TERMS, saved_layout, saved_numel
+
+    p = delta_problem(1, 70, 2, 16, 8)
+    args = [p[n].float() for n in ("q", "k", "v", "beta", "g", "write")]
+    saved = custom_ops.chunk_delta_rule_op(*args, 0.5, None, False, "bf16", False)[2]
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = custom_ops.chunk_delta_rule_op(*(mode.from_tensor(a) for a in args), 0.5, None, False, "bf16", False)[2]
+    half_numel = sum(torch.Size(shape).numel() for name, shape in saved_layout(1, 70, 2, 16, 8) if name in HALF_TERMS)
+    assert fake.shape == saved.shape == (saved_numel(1, 70, 2, 16, 8) - half_numel // 2,)
 
 
 @pytest.mark.parametrize("backend,case", backend_cases(_case_id, interpreter=RECOMPUTE_CASES, cuda=LARGE),
