@@ -1,4 +1,5 @@
 """Shared helpers for kernel tests: random problems and their float64 references."""
+import math
 from typing import NamedTuple
 
 import torch
@@ -23,6 +24,13 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     x, ref = x.double(), ref.double()
     scale = ref.norm()
     return ((x - ref).norm() / (scale if scale > 0 else 1.0)).item()
+
+
+def worst(errors: dict) -> float:
+    """The largest of ``{name: relative error}``, NaN if any is NaN: ``max`` alone returns a NaN only where it comes
+    first (each later comparison with it is False), so ``max(errors.values()) < tol`` can pass a NaN."""
+    values = list(errors.values())
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
 
 
 def with_resets(g: torch.Tensor, fraction: float, gen: torch.Generator) -> torch.Tensor:
