@@ -50,6 +50,9 @@ VARIANTS = {
     "kb32": {"KB": {64: 32, 128: 32}},
     "kb16": {"KB": {64: 16, 128: 16}},
     "bv64": {"BV": {64: 64, 128: 64}},
+    "o_bv64": {"BV_O": {64: 64, 128: 64}},  # O and dO read qg and Aqk once per 64 / 128 value columns
+    "o_bv128": {"BV_O": {64: 64, 128: 128}, "O": {128: dict(num_warps=8, num_stages=3)}},
+    "bf16_o_bv128": {**BF16, "BV_O": {64: 64, 128: 128}, "O": {128: dict(num_warps=8, num_stages=3)}},
     "bv16": {"BV": {64: 16, 128: 16}},
 }
 

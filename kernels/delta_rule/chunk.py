@@ -46,6 +46,7 @@ LAUNCH = {
     "dC": {64: dict(num_warps=8, num_stages=1), 128: dict(num_warps=8, num_stages=1)},
     # the V block; 32 at d <= 64 too: twice the serial passes' programs (H200: 2.24 -> 2.10 ms at (8, 4096, 3, 64))
     "BV": {64: 32, 128: 32},
+    "BV_O": {64: 32, 128: 32},  # the V block of the parallel O and dO, which read qg and Aqk once per V block
     "KB": {64: 32, 128: 64},  # the K block of the chunk kernels (P, dC)
 }
 
@@ -316,10 +317,11 @@ def _check(q, k, v, beta, g, write, initial_state):
         raise ValueError("q, k, v, beta, g, write and initial_state must be on one device")
 
 
-def value_block(dk: int, dv: int) -> int:
-    """BV, the V block of every kernel (the serial passes run B*H*ceil(V / BV) programs): ``LAUNCH["BV"]`` for the
-    head-dim tile, at most V rounded up to a power of two, at least 16 (S's loads within shared memory)."""
-    return max(16, min(LAUNCH["BV"][64 if padded_head_dim(dk) <= 64 else 128], next_power_of_2(dv)))
+def value_block(dk: int, dv: int, kernel: str = "BV") -> int:
+    """BV, the V block of the serial passes (B*H*ceil(V / BV) programs) and of dC (``kernel`` "BV"), or of O and dO
+    ("BV_O"): ``LAUNCH[kernel]`` for the head-dim tile, at most V rounded up to a power of two, at least 16 (S's
+    loads within shared memory)."""
+    return max(16, min(LAUNCH[kernel][64 if padded_head_dim(dk) <= 64 else 128], next_power_of_2(dv)))
 
 
 def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str]) -> dict:
@@ -340,7 +342,8 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
     size = 64 if bk <= 64 else 128
     half = half_terms(precision)
     state_precision = ("bf16_emulated" if interpreted(q) else "bf16") if half else precision
-    return dict(BK=bk, BV=value_block(dk, dv), KB=min(bk, LAUNCH["KB"][size]), PREC="tf32" if half else precision,
+    return dict(BK=bk, BV=value_block(dk, dv), BV_O=value_block(dk, dv, "BV_O"), KB=min(bk, LAUNCH["KB"][size]),
+                PREC="tf32" if half else precision,
                 SPREC=state_precision, HALF=half, SCALAR=g.dim() == 3)
 
 
@@ -394,8 +397,9 @@ def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Opt
                                       n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=sprec,
                                       **_launch("S", bk))
     o = torch.empty(batch, seq_len, heads, dv, device=q.device, dtype=q.dtype)
-    _output_kernel[(n_chunks, cdiv(dv, bv), bh)](z["qg"], z["aqk"], z["h"], z["new"], o, seq_len, heads, dk, dv,
-                                                 n_chunks, C=CHUNK, BK=bk, BV=bv, PREC=sprec, **_launch("O", bk))
+    bv_o = cfg["BV_O"]
+    _output_kernel[(n_chunks, cdiv(dv, bv_o), bh)](z["qg"], z["aqk"], z["h"], z["new"], o, seq_len, heads, dk, dv,
+                                                   n_chunks, C=CHUNK, BK=bk, BV=bv_o, PREC=sprec, **_launch("O", bk))
     return o, final.view(batch, heads, dk, dv), saved
 
 
@@ -630,8 +634,9 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
     du = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
     dh0 = torch.empty(bh, dk, dv, **f32)
     do = do.contiguous()
-    _dout_kernel[(n_chunks, cdiv(dv, bv), bh)](do, z["aqk"], z["qg"], ds, du, seq_len, heads, dk, dv, n_chunks,
-                                               C=CHUNK, BK=bk, BV=bv, PREC=sprec, **_launch("O", bk))
+    _dout_kernel[(n_chunks, cdiv(dv, cfg["BV_O"]), bh)](do, z["aqk"], z["qg"], ds, du, seq_len, heads, dk, dv,
+                                                        n_chunks, C=CHUNK, BK=bk, BV=cfg["BV_O"], PREC=sprec,
+                                                        **_launch("O", bk))
     _state_bwd_kernel[(cdiv(dv, bv), bh)](z["kg"], z["w"], z["gamma"], dht.contiguous() if dht is not None else dh0,
                                           ds, du, dh0, dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv,
                                           HAS_DHT=dht is not None, PREC=sprec, **_launch("dS", bk))

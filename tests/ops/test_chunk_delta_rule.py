@@ -222,6 +222,16 @@ def test_batches_past_a_grid_axis_run_in_slices(backend, monkeypatch):
     assert [shape[0] for shape in calls] == [1, 1, 1]
 
 
+@pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
+def test_output_kernels_take_their_own_value_block(backend, monkeypatch):
+    """O and dO on a V block (``LAUNCH["BV_O"]``) other than the serial passes' (here 32 against 16, V = 40: two
+    blocks against three, the last partly past V) give the float64 loop's outputs and gradients."""
+    monkeypatch.setitem(delta_chunk.LAUNCH, "BV", {64: 16, 128: 16})
+    monkeypatch.setitem(delta_chunk.LAUNCH, "BV_O", {64: 32, 128: 32})
+    errors = _errors(delta_problem(1, 70, 1, 16, 40), backend, torch.float32)
+    assert worst(errors) < FP32_TOL, errors
+
+
 @pytest.mark.parametrize("name,change,message", [
     ("k", lambda p: p.update(k=p["k"][..., :-1]), "k must be"),
     ("g", lambda p: p.update(g=p["g"][:, :-1]), "g must be"),
