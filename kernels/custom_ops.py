@@ -578,13 +578,13 @@ def chunk_delta_rule_op(
 
 @chunk_delta_rule_op.register_fake
 def _(q, k, v, beta, g, write, scale, initial_state, output_final_state, precision=None, recompute=False):
-    from .delta_rule.terms import half_terms, saved_numel, saved_terms
+    from .delta_rule.terms import half_terms, resolved_precision, saved_numel, saved_terms
 
     batch, seq_len, heads, dk = q.shape
     dv = v.shape[-1]
     state = q.new_empty(batch, heads, dk, dv, dtype=torch.float32) if output_final_state else _empty(q)
     saved = q.new_empty(saved_numel(batch, seq_len, heads, dk, dv, g.dim() == 3, saved_terms(recompute),
-                                    half_terms(precision)), dtype=torch.float32)
+                                    half_terms(resolved_precision(precision, q))), dtype=torch.float32)
     return q.new_empty(batch, seq_len, heads, dv), state, saved
 
 

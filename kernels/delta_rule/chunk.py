@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from ..utils import LOG_ZERO_FP32, cdiv, check_log_decay, interpreted, next_power_of_2, per_batch_slice, use_triton
-from .terms import CHUNK, RECOMPUTED_TERMS, carve, half_terms, padded_head_dim, saved_numel, saved_terms
+from .terms import (CHUNK, RECOMPUTED_TERMS, carve, half_terms, padded_head_dim, resolved_precision, saved_numel,
+                    saved_terms)
 from .torch_chunk import torch_chunk_delta_rule
 
 MAX_HEAD_DIM = 128
@@ -336,7 +337,7 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
     if dk > MAX_HEAD_DIM:
         raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
     bk = padded_head_dim(dk)
-    precision = precision or ("tf32" if q.is_cuda and q.dtype != torch.float32 else "ieee")
+    precision = resolved_precision(precision, q)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     size = 64 if bk <= 64 else 128

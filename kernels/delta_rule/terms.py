@@ -28,8 +28,15 @@ STATE_TERMS = ("h",)  # what the recompute mode saves: the serial pass's output,
 HALF_TERMS = ("aqk", "w", "kg", "qg")  # bf16 under the bf16 precision: read only by the state path's products
 
 
+def resolved_precision(precision: Optional[str], q: torch.Tensor) -> str:
+    """The products' precision of a call (chunk.PRECISIONS): ``precision``, or by default tf32 for 16-bit inputs on
+    CUDA and exact fp32 (ieee) otherwise (chunk._settings says why). The fake implementation resolves it here too,
+    since the saved buffer's size depends on it (:func:`half_terms`)."""
+    return precision or ("tf32" if q.is_cuda and q.dtype != torch.float32 else "ieee")
+
+
 def half_terms(precision: Optional[str]) -> bool:
-    """Whether ``precision`` (chunk.PRECISIONS) stores the :data:`HALF_TERMS` in bf16."""
+    """Whether ``precision`` (resolved: :func:`resolved_precision`) stores the :data:`HALF_TERMS` in bf16."""
     return precision == "bf16"
 
 
