@@ -26,13 +26,15 @@ from tools.provenance import provenance
 
 # name -> {kernel: {bk: settings}} overrides of chunk.LAUNCH (BV: {bk: block}); "recompute": True runs the op in
 # its recompute mode (the backward remakes the chunk terms; kernels/delta_rule/terms.py); "precision" replaces
-# --precision (bf16: the state path on bf16 operands and bf16 terms, chunk.py's module docstring)
+# --precision (bf16: the state path on bf16 operands and bf16 terms, chunk.py's module docstring); "fast_gates" times
+# today's settings on gates with fast-forgetting channels (issue 11: <= 1.2x the mild gates' time)
 BF16 = {"precision": "bf16"}
 VARIANTS = {
     "base": {},
     "recompute": {"recompute": True},
     "bf16": BF16,
     "bf16_recompute": {**BF16, "recompute": True},
+    "fast_gates": {"fast_gates": True},
     "bf16_serial_s3": {**BF16, **{k: {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=8, num_stages=3)}
                                   for k in ("S", "dS")}},
     "bf16_serial_w4": {**BF16, **{k: {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=4, num_stages=2)}
@@ -79,7 +81,7 @@ def kernel_gflop(batch: int, seq_len: int, heads: int, dim: int, per_head: bool 
 def with_launch(overrides: dict) -> dict:
     launch = copy.deepcopy(delta_chunk.LAUNCH)
     for kernel, table in overrides.items():
-        if kernel in launch:
+        if kernel in launch:  # the others say how to run the op, not how to launch it
             launch[kernel].update(table)
     return launch
 
@@ -132,6 +134,16 @@ def measure(fn, inputs, gflop=None) -> dict:
         return {"failed": f"{type(error).__name__}: {str(error)[:200]}"}
 
 
+def delta_inputs(shape: str, per_head: bool, fast_gates: bool = False):
+    """(q, k, v, beta, g) in bf16 at ``shape`` (benchmarks.kernels.make_inputs; ``fast_gates``: every eighth channel at
+    log-decay -20 per step); ``per_head``: g one fp32 log-decay per head (its first channel's, so -20 everywhere with
+    ``fast_gates``)."""
+    inputs = make_inputs(*SHAPES[shape], torch.bfloat16, "cuda", fast_forgetting=fast_gates)
+    if per_head:
+        inputs = (*inputs[:4], inputs[4][..., 0].detach().float().contiguous().requires_grad_())
+    return inputs
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="lm,hires")
@@ -149,9 +161,7 @@ def main():
     default = copy.deepcopy(delta_chunk.LAUNCH)
     os.makedirs(args.out, exist_ok=True)
     for shape in args.shapes.split(","):
-        inputs = make_inputs(*SHAPES[shape], torch.bfloat16, "cuda")
-        if args.per_head:
-            inputs = (*inputs[:4], inputs[4][..., 0].detach().float().contiguous().requires_grad_())
+        inputs = delta_inputs(shape, args.per_head)
         runs = result["shapes"].setdefault(shape, {"bthd": list(SHAPES[shape])})
         try:
             if not args.no_fla and not args.per_head:
@@ -164,7 +174,9 @@ def main():
             delta_chunk.LAUNCH = with_launch(VARIANTS[name])
             recompute = VARIANTS[name].get("recompute", False)
             gflop = kernel_gflop(*SHAPES[shape], per_head=args.per_head, recompute=recompute)
-            runs[name] = measure(delta_kda(VARIANTS[name].get("precision", args.precision), recompute), inputs, gflop)
+            variant_inputs = delta_inputs(shape, args.per_head, True) if VARIANTS[name].get("fast_gates") else inputs
+            runs[name] = measure(delta_kda(VARIANTS[name].get("precision", args.precision), recompute), variant_inputs,
+                                 gflop)
             delta_chunk.LAUNCH = default
             print(shape, name, json.dumps(runs[name]), flush=True)
             with open(os.path.join(args.out, "delta_rule_kernels.json"), "w") as f:

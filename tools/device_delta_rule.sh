@@ -5,8 +5,8 @@
 # 1. python -m benchmarks.delta_rule_kernels --no-fla: fwd+bwd and µs per kernel of the delta rule at KDA's shape,
 #    per launch setting ($VARIANTS; default: today's settings, the bf16 state path alone, in the recompute mode and
 #    with its serial passes on three pipeline stages or four warps; O and dO on 128-column V blocks, with and
-#    without the bf16 state path), at the LM and high-res shapes (fla's chunk_kda
-#    per kernel is in results/delta_kernels_h200/: its autotuning takes minutes on a fresh machine).
+#    without the bf16 state path; today's settings on fast-forgetting gates), at the LM and high-res shapes
+#    (fla's chunk_kda per kernel is in results/delta_kernels_h200/: its autotuning takes minutes on a fresh machine).
 # 2. The same with one log-decay per head (--per-head: Gated DeltaNet's shape, the kernels' scalar specialisation)
 #    ($HEAD_VARIANTS: today's settings and the bf16 state path).
 # 3. python -m benchmarks.delta_rule --cuda-graphs --no-fla: fwd and fwd+bwd of HDLA through the delta rule, the
@@ -20,7 +20,7 @@
 source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
 timeout 200 python3 -m benchmarks.delta_rule_kernels --no-fla --shapes lm,hires \
-    --variants "${VARIANTS:-base,bf16,bf16_recompute,bf16_serial_s3,bf16_serial_w4,o_bv128,bf16_o_bv128}" \
+    --variants "${VARIANTS:-base,bf16,bf16_recompute,bf16_serial_s3,bf16_serial_w4,o_bv128,bf16_o_bv128,fast_gates}" \
     --out "$OUT" > "$OUT/delta_rule_kernels.txt" 2>&1
 stamp "per-kernel timing done (rc $?)"
 mkdir -p "$OUT/per_head"
