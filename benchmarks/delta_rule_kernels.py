@@ -55,6 +55,7 @@ VARIANTS = {
     "o_bv64": {"BV_O": {64: 64, 128: 64}},  # O and dO read qg and Aqk once per 64 / 128 value columns
     "o_bv128": {"BV_O": {64: 64, 128: 128}, "O": {128: dict(num_warps=8, num_stages=3)}},
     "bf16_o_bv128": {**BF16, "BV_O": {64: 64, 128: 128}, "O": {128: dict(num_warps=8, num_stages=3)}},
+    "dc_bv64": {"BV_C": {64: 64, 128: 64}},  # dC's state products reduce over 64 value columns instead of 32
     "bv16": {"BV": {64: 16, 128: 16}},
 }
 

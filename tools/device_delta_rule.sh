@@ -5,10 +5,11 @@
 # 1. python -m benchmarks.delta_rule_kernels --no-fla: fwd+bwd and µs per kernel of the delta rule at KDA's shape,
 #    per launch setting ($VARIANTS; default: today's settings, the bf16 state path alone, in the recompute mode and
 #    with its serial passes on three pipeline stages or four warps; O and dO on 128-column V blocks, with and
-#    without the bf16 state path; today's settings on fast-forgetting gates), at the LM and high-res shapes
-#    (fla's chunk_kda per kernel is in results/delta_kernels_h200/: its autotuning takes minutes on a fresh machine).
+#    without the bf16 state path; dC's V loops on 64 columns; today's settings on fast-forgetting gates), at the LM
+#    and high-res shapes (fla's chunk_kda per kernel is in results/delta_kernels_h200/: its autotuning takes minutes
+#    on a fresh machine).
 # 2. The same with one log-decay per head (--per-head: Gated DeltaNet's shape, the kernels' scalar specialisation)
-#    ($HEAD_VARIANTS: today's settings and the bf16 state path).
+#    ($HEAD_VARIANTS: today's settings, the bf16 state path, dC's V loops on 64 columns).
 # 3. python -m benchmarks.delta_rule --cuda-graphs --no-fla: fwd and fwd+bwd of HDLA through the delta rule, the
 #    delta rule at KDA's shape and today's chunk_hdla, eager and as CUDA graphs, per precision ($PRECISIONS: tf32,
 #    bf16), at $SHAPES (default: the LM shape; "none" leaves it out); their bf16 parity against float64.
@@ -20,11 +21,11 @@
 source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
 timeout 200 python3 -m benchmarks.delta_rule_kernels --no-fla --shapes lm,hires \
-    --variants "${VARIANTS:-base,bf16,bf16_recompute,bf16_serial_s3,bf16_serial_w4,o_bv128,bf16_o_bv128,fast_gates}" \
+    --variants "${VARIANTS:-base,bf16,bf16_recompute,bf16_serial_s3,bf16_serial_w4,o_bv128,bf16_o_bv128,dc_bv64,fast_gates}" \
     --out "$OUT" > "$OUT/delta_rule_kernels.txt" 2>&1
 stamp "per-kernel timing done (rc $?)"
 mkdir -p "$OUT/per_head"
-timeout 80 python3 -m benchmarks.delta_rule_kernels --per-head --shapes lm,hires --variants "${HEAD_VARIANTS:-base,bf16}" \
+timeout 100 python3 -m benchmarks.delta_rule_kernels --per-head --shapes lm,hires --variants "${HEAD_VARIANTS:-base,bf16,dc_bv64}" \
     --out "$OUT/per_head" > "$OUT/delta_rule_kernels_per_head.txt" 2>&1
 stamp "per-kernel timing, per-head decay, done (rc $?)"
 if [ "${SHAPES:-lm}" != none ]; then
@@ -32,7 +33,7 @@ if [ "${SHAPES:-lm}" != none ]; then
         --precisions "${PRECISIONS:-tf32,bf16}" --out "$OUT" > "$OUT/delta_rule.txt" 2>&1
     stamp "benchmark done (rc $?)"
 fi
-timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py ${TESTS:-} \
+timeout "${TEST_S:-130}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py ${TESTS:-} \
     > "$OUT/gpu_tests.txt" 2>&1
 stamp "gpu tests done (rc $?)"
 cat "$OUT/timeline.txt"

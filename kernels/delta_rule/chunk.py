@@ -48,6 +48,7 @@ LAUNCH = {
     # the V block; 32 at d <= 64 too: twice the serial passes' programs (H200: 2.24 -> 2.10 ms at (8, 4096, 3, 64))
     "BV": {64: 32, 128: 32},
     "BV_O": {64: 32, 128: 32},  # the V block of the parallel O and dO, which read qg and Aqk once per V block
+    "BV_C": {64: 32, 128: 32},  # the V block of dC's loops over V (the reduction width of its state products)
     "KB": {64: 32, 128: 64},  # the K block of the chunk kernels (P, dC)
 }
 
@@ -319,8 +320,8 @@ def _check(q, k, v, beta, g, write, initial_state):
 
 
 def value_block(dk: int, dv: int, kernel: str = "BV") -> int:
-    """BV, the V block of the serial passes (B*H*ceil(V / BV) programs) and of dC (``kernel`` "BV"), or of O and dO
-    ("BV_O"): ``LAUNCH[kernel]`` for the head-dim tile, at most V rounded up to a power of two, at least 16 (S's
+    """BV, the V block of the serial passes (B*H*ceil(V / BV) programs; ``kernel`` "BV"), of O and dO ("BV_O") or of
+    dC's loops over V ("BV_C"): ``LAUNCH[kernel]`` for the head-dim tile, at most V rounded up to a power of two, at least 16 (S's
     loads within shared memory)."""
     return max(16, min(LAUNCH[kernel][64 if padded_head_dim(dk) <= 64 else 128], next_power_of_2(dv)))
 
@@ -343,7 +344,8 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
     size = 64 if bk <= 64 else 128
     half = half_terms(precision)
     state_precision = ("bf16_emulated" if interpreted(q) else "bf16") if half else precision
-    return dict(BK=bk, BV=value_block(dk, dv), BV_O=value_block(dk, dv, "BV_O"), KB=min(bk, LAUNCH["KB"][size]),
+    return dict(BK=bk, BV=value_block(dk, dv), BV_O=value_block(dk, dv, "BV_O"), BV_C=value_block(dk, dv, "BV_C"),
+                KB=min(bk, LAUNCH["KB"][size]),
                 PREC="tf32" if half else precision,
                 SPREC=state_precision, HALF=half, SCALAR=g.dim() == 3)
 
@@ -645,8 +647,8 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
     d_w = torch.empty(bh, n_chunks, CHUNK, dk, **f32)
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
                                       ds, du, d_w, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, BK=bk,
-                                      KB=cfg["KB"], BV=bv, LOG_ZERO=LOG_ZERO_FP32, PREC=prec, SCALAR=cfg["SCALAR"],
-                                      **_launch("dC", bk))
+                                      KB=cfg["KB"], BV=cfg["BV_C"], LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
+                                      SCALAR=cfg["SCALAR"], **_launch("dC", bk))
     return (*grads, dh0.view(batch, heads, dk, dv) if initial_state is not None else None)
 
 

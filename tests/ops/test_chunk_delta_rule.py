@@ -223,11 +223,13 @@ def test_batches_past_a_grid_axis_run_in_slices(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", backends("interpreter"), indirect=True)
-def test_output_kernels_take_their_own_value_block(backend, monkeypatch):
-    """O and dO on a V block (``LAUNCH["BV_O"]``) other than the serial passes' (here 32 against 16, V = 40: two
-    blocks against three, the last partly past V) give the float64 loop's outputs and gradients."""
+def test_parallel_kernels_take_their_own_value_blocks(backend, monkeypatch):
+    """O and dO (``LAUNCH["BV_O"]``) and dC's loops over V (``"BV_C"``) on V blocks other than the serial passes'
+    (here 32 against 16, V = 40: two blocks against three, the last partly past V) give the float64 loop's outputs
+    and gradients."""
     monkeypatch.setitem(delta_chunk.LAUNCH, "BV", {64: 16, 128: 16})
     monkeypatch.setitem(delta_chunk.LAUNCH, "BV_O", {64: 32, 128: 32})
+    monkeypatch.setitem(delta_chunk.LAUNCH, "BV_C", {64: 32, 128: 32})
     errors = _errors(delta_problem(1, 70, 1, 16, 40), backend, torch.float32)
     assert worst(errors) < FP32_TOL, errors
 
