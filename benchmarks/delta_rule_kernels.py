@@ -34,6 +34,7 @@ VARIANTS = {
     "recompute": {"recompute": True},
     "bf16": BF16,
     "bf16_recompute": {**BF16, "recompute": True},
+    "bf16_dc": {"precision": "bf16_dc"},  # dC's products with U, dU, dO and the states on bf16 operands too
     "fast_gates": {"fast_gates": True},
     "bf16_serial_s3": {**BF16, **{k: {64: dict(num_warps=4, num_stages=3), 128: dict(num_warps=8, num_stages=3)}
                                   for k in ("S", "dS")}},

@@ -6,7 +6,7 @@ report each kernel's registers, local-memory spills, shared memory and whether i
     python -m tools.aot_check --bidirectional # the bidirectional ops (both directions in one launch)
     python -m tools.aot_check --host --ops hdla --shapes hires --s4-group 1,4   # host time, nothing launched
     python -m tools.aot_check --ops delta_kda,delta_gdn --shapes lm,hires   # the delta rule's kernels
-    python -m tools.aot_check --ops delta_kda_bf16 --shapes lm    # the delta rule with its bf16 state path
+    python -m tools.aot_check --ops delta_kda_bf16,delta_gdn_bf16_dc --shapes lm   # other precisions (chunk.PRECISIONS)
 
 A launch ``kernel[grid](...)`` inside :func:`compile_only` compiles exactly what the GPU would
 (the same specialisation, constexprs, num_warps and num_stages) through Triton's own pipeline down to
@@ -189,9 +189,10 @@ def compile_op(op: str, shape, backward: bool, bidirectional: bool = False) -> L
     from hdla_vision.kernels.delta_rule.chunk import chunk_delta_rule
 
     fn = kernels.chunk_hdla if op == "hdla" else kernels.chunk_generalized
-    if op.startswith("delta_"):  # tf32 products, the GPU's default for 16-bit inputs (delta_*_bf16: the bf16 state path)
-        fn = functools.partial(chunk_delta_rule, precision="bf16" if op.endswith("_bf16") else "tf32")
-        op = op.removesuffix("_bf16")
+    if op.startswith("delta_"):  # tf32 products, the GPU's default for 16-bit inputs; delta_kda_<precision>: another
+        op, _, precision = op.partition("_")[2].partition("_")
+        op = "delta_" + op
+        fn = functools.partial(chunk_delta_rule, precision=precision or "tf32")
     inputs = op_inputs(op, *shape)
     if bidirectional:
         inputs = stacked_by_direction(op, inputs)

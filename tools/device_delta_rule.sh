@@ -3,37 +3,38 @@
 # KDA's structure, HDLA over two steps per token), forward and backward. Timings first (the call's limit cuts the
 # tests, not them), then the GPU tests.
 # 1. python -m benchmarks.delta_rule_kernels --no-fla: fwd+bwd and µs per kernel of the delta rule at KDA's shape,
-#    per launch setting ($VARIANTS; default: today's settings, the bf16 state path alone, in the recompute mode and
-#    with its serial passes on three pipeline stages or four warps; O and dO on 128-column V blocks, with and
-#    without the bf16 state path; dC's V loops on 64 columns; today's settings on fast-forgetting gates), at the LM
-#    and high-res shapes (fla's chunk_kda per kernel is in results/delta_kernels_h200/: its autotuning takes minutes
-#    on a fresh machine).
+#    per launch setting ($VARIANTS, most wanted first: today's settings; the bf16 state path, alone and with dC's
+#    state products in bf16 (bf16_dc); today's settings on fast-forgetting gates; bf16 with O and dO on 128-column V
+#    blocks; dC's V loops on 64 columns; bf16 in the recompute mode, with its serial passes on three pipeline stages
+#    or four warps; O and dO on 128-column blocks alone), at the LM and high-res shapes (fla's chunk_kda per kernel
+#    is in results/delta_kernels_h200/: its autotuning takes minutes on a fresh machine).
 # 2. The same with one log-decay per head (--per-head: Gated DeltaNet's shape, the kernels' scalar specialisation)
-#    ($HEAD_VARIANTS: today's settings, the bf16 state path, dC's V loops on 64 columns).
+#    ($HEAD_VARIANTS: today's settings, bf16, bf16_dc, dC's V loops on 64 columns).
 # 3. python -m benchmarks.delta_rule --cuda-graphs --no-fla: fwd and fwd+bwd of HDLA through the delta rule, the
 #    delta rule at KDA's shape and today's chunk_hdla, eager and as CUDA graphs, per precision ($PRECISIONS: tf32,
-#    bf16), at $SHAPES (default: the LM shape; "none" leaves it out); their bf16 parity against float64.
-# 4. pytest -m gpu tests/ops/test_chunk_delta_rule.py $TESTS (against the float64 loop at d = 64 and 128: output,
-#    final state and every gradient; HDLA's steps; the recompute mode; the bf16 state path) in what time is left.
+#    bf16, bf16_dc), at $SHAPES (default: the LM shape; "none" leaves it out); their bf16 parity against float64.
+# 4. pytest -m gpu tests/ops/test_chunk_delta_rule.py $TESTS (default "-k bf16": the bf16 state path, bf16_dc and
+#    its recompute mode against the float64 loop at d = 64 and 128: output, final state and every gradient; TESTS=" "
+#    for every GPU test of the file: the others passed at b245086) in what time is left.
 # Usage on the device, repository root (carry .whl):   COMMIT=<sha> bash tools/device_delta_rule.sh
 # Writes under $OUT: delta_rule_kernels.{json,txt}, per_head/delta_rule_kernels.json, delta_rule_kernels_per_head.txt,
 # delta_rule.{json,txt}, gpu_tests.txt, timeline.txt.
 source tools/device_setup.sh
 stamp "start ${COMMIT:-?}"
 timeout 200 python3 -m benchmarks.delta_rule_kernels --no-fla --shapes lm,hires \
-    --variants "${VARIANTS:-base,bf16,bf16_recompute,bf16_serial_s3,bf16_serial_w4,o_bv128,bf16_o_bv128,dc_bv64,fast_gates}" \
+    --variants "${VARIANTS:-base,bf16,bf16_dc,fast_gates,bf16_o_bv128,dc_bv64,bf16_recompute,bf16_serial_s3,bf16_serial_w4,o_bv128}" \
     --out "$OUT" > "$OUT/delta_rule_kernels.txt" 2>&1
 stamp "per-kernel timing done (rc $?)"
 mkdir -p "$OUT/per_head"
-timeout 100 python3 -m benchmarks.delta_rule_kernels --per-head --shapes lm,hires --variants "${HEAD_VARIANTS:-base,bf16,dc_bv64}" \
+timeout 110 python3 -m benchmarks.delta_rule_kernels --per-head --shapes lm,hires --variants "${HEAD_VARIANTS:-base,bf16,bf16_dc,dc_bv64}" \
     --out "$OUT/per_head" > "$OUT/delta_rule_kernels_per_head.txt" 2>&1
 stamp "per-kernel timing, per-head decay, done (rc $?)"
 if [ "${SHAPES:-lm}" != none ]; then
-    timeout 120 python3 -m benchmarks.delta_rule --cuda-graphs --no-fla --shapes "${SHAPES:-lm}" \
-        --precisions "${PRECISIONS:-tf32,bf16}" --out "$OUT" > "$OUT/delta_rule.txt" 2>&1
+    timeout 150 python3 -m benchmarks.delta_rule --cuda-graphs --no-fla --shapes "${SHAPES:-lm}" \
+        --precisions "${PRECISIONS:-tf32,bf16,bf16_dc}" --out "$OUT" > "$OUT/delta_rule.txt" 2>&1
     stamp "benchmark done (rc $?)"
 fi
-timeout "${TEST_S:-130}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py ${TESTS:-} \
+timeout "${TEST_S:-100}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py ${TESTS:--k bf16} \
     > "$OUT/gpu_tests.txt" 2>&1
 stamp "gpu tests done (rc $?)"
 cat "$OUT/timeline.txt"

@@ -19,7 +19,8 @@ Every intermediate is fp32, and every product exact fp32 (``ieee``) unless ``pre
 (:data:`PRECISIONS`; tf32 by default on the GPU for 16-bit inputs), or ``bf16``: P and dC on tf32, the state path
 (S, O, dO, dS, whose products the serial passes wait on) on bf16 operands with fp32 accumulation and the terms only
 it reads (Aqk, w, kg, qg: terms.HALF_TERMS) stored in bf16, as fla's kernels store theirs; the states, U and the
-cotangents stay fp32, rounded only as operands. P and dC take K in blocks of KB columns; the launch settings
+cotangents stay fp32, rounded only as operands; ``bf16_dc`` rounds dC's products with U, dU, dO and the states to
+bf16 operands too (T's and the Grams' VJPs stay tf32). P and dC take K in blocks of KB columns; the launch settings
 (:data:`LAUNCH`) are the fastest measured on an H200 (``benchmarks/delta_rule_kernels.py``). Head dims up to 128.
 """
 from typing import Optional, Tuple
@@ -36,8 +37,8 @@ from .torch_chunk import torch_chunk_delta_rule
 MAX_HEAD_DIM = 128
 # tl.dot's input_precision for the fp32 operands: exact (the default, and what the interpreter tests check), or the
 # tensor cores' tf32 (one or three products) for the GPU's timing; bf16: tf32 in P and dC, bf16 operands in the state
-# path (module docstring)
-PRECISIONS = ("ieee", "tf32x3", "tf32", "bf16")
+# path (module docstring); bf16_dc: also in dC's products with U, dU, dO and the states
+PRECISIONS = ("ieee", "tf32x3", "tf32", "bf16", "bf16_dc")
 # each kernel's launch settings by head-dim tile (BK <= 64, BK = 128): warps, pipeline stages and the V block (BV)
 LAUNCH = {
     "P": {64: dict(num_warps=4, num_stages=1), 128: dict(num_warps=4, num_stages=1)},
@@ -332,8 +333,9 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
     generalized kernels take them: tf32 there put a Gated DeltaNet mixer's gate-weight gradients 1-3e-2 from the
     fp32 chunk form (sums over tokens cancel); with tf32x3 the backward chunk kernel at K = 64 needs 340 KB of
     shared memory, more than sm_90a's 227. ``SPREC``: the state path's products (S, O, dO, dS and P's U = u~ - w h):
-    PREC, or for ``bf16`` bf16 operands ("bf16_emulated" under the interpreter), P and dC then on tf32; ``HALF``:
-    the terms only the state path reads stored in bf16 (terms.HALF_TERMS)."""
+    PREC, or for ``bf16`` and ``bf16_dc`` bf16 operands ("bf16_emulated" under the interpreter), P and dC then on
+    tf32 but for ``CPREC``, dC's products with U, dU, dO and the states, which ``bf16_dc`` also takes in bf16;
+    ``HALF``: the terms only the state path reads stored in bf16 (terms.HALF_TERMS)."""
     dk = q.shape[-1]
     if dk > MAX_HEAD_DIM:
         raise ValueError(f"the Triton kernels take K up to {MAX_HEAD_DIM} (one tile), got K = {dk}")
@@ -345,9 +347,9 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
     half = half_terms(precision)
     state_precision = ("bf16_emulated" if interpreted(q) else "bf16") if half else precision
     return dict(BK=bk, BV=value_block(dk, dv), BV_O=value_block(dk, dv, "BV_O"), BV_C=value_block(dk, dv, "BV_C"),
-                KB=min(bk, LAUNCH["KB"][size]),
-                PREC="tf32" if half else precision,
-                SPREC=state_precision, HALF=half, SCALAR=g.dim() == 3)
+                KB=min(bk, LAUNCH["KB"][size]), PREC="tf32" if half else precision, SPREC=state_precision,
+                CPREC=state_precision if precision == "bf16_dc" else ("tf32" if half else precision), HALF=half,
+                SCALAR=g.dim() == 3)
 
 
 def _terms(saved: torch.Tensor, q: torch.Tensor, v: torch.Tensor, cfg: dict, recompute: bool) -> dict:
@@ -494,14 +496,16 @@ def _state_block(ptr, K, V, k0, v0, KB: tl.constexpr, BV: tl.constexpr):
 def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum_ptr, tm_ptr, h_ptr,
                       new_ptr, ds_ptr, du_ptr, dw_ptr, dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dom_ptr, T, H, K, V, NT,
                       scale, C: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-                      LOG_ZERO: tl.constexpr, PREC: tl.constexpr, SCALAR: tl.constexpr):
+                      LOG_ZERO: tl.constexpr, PREC: tl.constexpr, CPREC: tl.constexpr, SCALAR: tl.constexpr):
     """Every input gradient of chunk ``program_id(0)`` from its h, U, dS_C and dU (kernels/README.md §12), in three
     passes that keep at most ``[C, KB]`` column blocks live: over V, the products without the state (dAqk, dT's
     value side, dv, d omega); over K, dW = -dU S_0^T (stored in ``dw_ptr``, ``[B*H, N, C, K]`` fp32) and dT's key
     side dW (beta k e^G)^T, which completes dT and so dA = -(T^T dT T^T); over K again, each block's Gram VJPs,
     then its products with the state (dqg, dkg, dgamma; dW read back), and dq, dk, dg (the chunk's reverse cumsum
     of dG) and dbeta's share. SCALAR (one decay per
-    head): the Gram VJPs through the ``[C, C]`` pair decays, and dG summed over K before the cumsum."""
+    head): the Gram VJPs through the ``[C, C]`` pair decays, and dG summed over K before the cumsum. CPREC: the
+    products with U, dU, dO and the states (dAqk, dT's value side, dv, dW, dqg, dkg); PREC the others (T's and the
+    Grams' VJPs)."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
@@ -523,9 +527,9 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         du = _chunk_tile(du_ptr, chunk_rows, cv, V)
         do = _rows_of(do_ptr, b, c, h, T, H, V, rows, cv, C)
         vals = _rows_of(v_ptr, b, c, h, T, H, V, rows, cv, C)
-        d_aqk += tl.dot(do, tl.trans(u), input_precision=PREC)
-        d_t += tl.dot(du, tl.trans(vals * om[:, None]), input_precision=PREC)
-        t_du = tl.dot(tl.trans(t_mat), du, input_precision=PREC)  # d(omega v)
+        d_aqk += _mma(do, tl.trans(u), CPREC)
+        d_t += _mma(du, tl.trans(vals * om[:, None]), CPREC)
+        t_du = _mma(tl.trans(t_mat), du, CPREC)  # d(omega v)
         tl.store(dv_ptr + io_rows * V + cv[None, :], (om[:, None] * t_du).to(dv_ptr.dtype.element_ty),
                  mask=valid[:, None] & (cv < V)[None, :])
         d_om += tl.sum(vals * t_du, axis=1)
@@ -538,7 +542,7 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
         d_w = tl.zeros([C, KB], dtype=tl.float32)
         for v0 in range(0, V, BV):
             du = _chunk_tile(du_ptr, chunk_rows, v0 + tl.arange(0, BV), V)
-            d_w -= tl.dot(du, tl.trans(_state_block(h_blk, K, V, k0, v0, KB, BV)), input_precision=PREC)
+            d_w -= _mma(du, tl.trans(_state_block(h_blk, K, V, k0, v0, KB, BV)), CPREC)
         tl.store(dw_ptr + chunk_rows * K + cols[None, :], d_w, mask=(cols < K)[None, :])
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
         G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
@@ -588,8 +592,8 @@ def _chunk_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, do_ptr, gcum
             s0 = _state_block(h_blk, K, V, k0, v0, KB, BV)
             ds = _state_block(ds_blk, K, V, k0, v0, KB, BV)
             do = _rows_of(do_ptr, b, c, h, T, H, V, rows, cv, C)
-            d_qg += tl.dot(do, tl.trans(s0), input_precision=PREC)
-            d_kg += tl.dot(_chunk_tile(new_ptr, chunk_rows, cv, V), tl.trans(ds), input_precision=PREC)
+            d_qg += _mma(do, tl.trans(s0), CPREC)
+            d_kg += _mma(_chunk_tile(new_ptr, chunk_rows, cv, V), tl.trans(ds), CPREC)
             d_gam += tl.sum(ds * s0, axis=1)
         t_again = tl.load(tm_ptr + chunk_rows * C + rows[None, :])  # read again, not held through the Gram VJPs
         t_dw = tl.dot(tl.trans(t_again), _chunk_tile(dw_ptr, chunk_rows, cols, K), input_precision=PREC)  # d(beta k e^G)
@@ -648,7 +652,7 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],
                                       ds, du, d_w, *grads, seq_len, heads, dk, dv, n_chunks, scale, C=CHUNK, BK=bk,
                                       KB=cfg["KB"], BV=cfg["BV_C"], LOG_ZERO=LOG_ZERO_FP32, PREC=prec,
-                                      SCALAR=cfg["SCALAR"], **_launch("dC", bk))
+                                      CPREC=cfg["CPREC"], SCALAR=cfg["SCALAR"], **_launch("dC", bk))
     return (*grads, dh0.view(batch, heads, dk, dv) if initial_state is not None else None)
 
 
@@ -664,7 +668,8 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
         its own kernels' specialisation), v ``[B, T, H, V]``, beta and write ``[B, T, H]``,
         initial_state ``[B, H, K, V]`` or None; ``precision``: every product's fp32 operands as :data:`PRECISIONS`
         names them (``tl.dot``'s ``input_precision``; None: tf32 for 16-bit inputs on CUDA, else exact; ``bf16``:
-        the state path's products on bf16 operands, its terms stored in bf16, the rest tf32);
+        the state path's products on bf16 operands, its terms stored in bf16, the rest tf32; ``bf16_dc``: also
+        the backward chunk kernel's products with U, dU, dO and the states);
         ``reverse``: the scan from the last step to the first (on time-flipped copies of the inputs, for now);
         ``recompute``: the Triton path saves only the states entering each chunk for the backward, which remakes
         the other terms from the inputs (:mod:`.terms`; less memory, one more prepare launch).

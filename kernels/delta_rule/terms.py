@@ -11,7 +11,7 @@ implementation needs only its size (no Triton import).
     h     [B*H, N, K, V]   the state entering each chunk
     new   [B*H, N, C, V]   U = u~ - w h
 
-With the ``bf16`` precision (chunk.PRECISIONS) the :data:`HALF_TERMS`, which only the state path reads (S, O, dO,
+With the ``bf16`` and ``bf16_dc`` precisions (chunk.PRECISIONS) the :data:`HALF_TERMS`, which only the state path reads (S, O, dO,
 dS: as bf16 tensor-core operands), are stored in bf16, each in half the fp32 elements of its place.
 
 With ``recompute`` the buffer holds h alone (an eighth of the whole at d = 64, a quarter at 128) and the backward
@@ -37,7 +37,7 @@ def resolved_precision(precision: Optional[str], q: torch.Tensor) -> str:
 
 def half_terms(precision: Optional[str]) -> bool:
     """Whether ``precision`` (resolved: :func:`resolved_precision`) stores the :data:`HALF_TERMS` in bf16."""
-    return precision == "bf16"
+    return precision in ("bf16", "bf16_dc")
 
 
 def padded_head_dim(dk: int) -> int:

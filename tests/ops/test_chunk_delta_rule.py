@@ -114,16 +114,18 @@ RECOMPUTE_CASES = [case for case in SMALL if case[0] in ("T130_gates-20_resets_b
 EMULATED_BF16_TOL = 2e-2
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
+@pytest.mark.parametrize("precision,recompute", [("bf16", False), ("bf16", True), ("bf16_dc", False)],
+                         ids=["bf16", "bf16-recompute", "bf16_dc"])
 @pytest.mark.parametrize("backend,case", backend_cases(_case_id, interpreter=RECOMPUTE_CASES, cuda=LARGE),
                          indirect=["backend"])
-def test_bf16_state_path_matches_the_float64_loop(backend, case, recompute):
+def test_bf16_state_path_matches_the_float64_loop(backend, case, precision, recompute):
     """``precision="bf16"``: the state path (S, O, dO, dS) on bf16 operands with Aqk, w, kg, qg stored in bf16, P and
-    dC on tf32; bf16 inputs on the GPU under 1e-2 of the float64 loop. Under the interpreter (fp32 inputs, the
-    operands rounded to bf16 and multiplied in fp32, since its bf16 dot is wrong) it checks the path's layout and
-    indexing: a misplaced term is off by O(1)."""
+    dC on tf32 (``bf16_dc``: dC's products with U, dU, dO and the states on bf16 operands too); bf16 inputs on the
+    GPU under 1e-2 of the float64 loop. Under the interpreter (fp32 inputs, the operands rounded to bf16 and
+    multiplied in fp32, since its bf16 dot is wrong) it checks the path's layout and indexing: a misplaced term is
+    off by O(1)."""
     errors = _errors(delta_problem(**case[1]), backend, torch.bfloat16 if backend == "cuda" else torch.float32,
-                     recompute=recompute, precision="bf16")
+                     recompute=recompute, precision=precision)
     assert worst(errors) < (CUDA_TOL if backend == "cuda" else EMULATED_BF16_TOL), errors
 
 
