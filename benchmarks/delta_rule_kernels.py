@@ -57,6 +57,10 @@ VARIANTS = {
     "o_bv128": {"BV_O": {64: 64, 128: 128}, "O": {128: dict(num_warps=8, num_stages=3)}},
     "bf16_o_bv128": {**BF16, "BV_O": {64: 64, 128: 128}, "O": {128: dict(num_warps=8, num_stages=3)}},
     "dc_bv64": {"BV_C": {64: 64, 128: 64}},  # dC's state products reduce over 64 value columns instead of 32
+    # the serial passes as a two-level scan over groups of 8 / 16 chunks (for few programs: hires, long)
+    "group8": {"GROUP": {64: 8, 128: 8}},
+    "group16": {"GROUP": {64: 16, 128: 16}},
+    "bf16_group16": {**BF16, "GROUP": {64: 16, 128: 16}},
     "bv16": {"BV": {64: 16, 128: 16}},
 }
 

@@ -15,6 +15,11 @@
                               products with the state; dT, dA = -(T^T dT T^T); the two Gram VJPs (the forward's
                               factoring: :func:`_gram_vjps`); dg as the chunk's reverse cumsum of dG.
 
+With ``LAUNCH["GROUP"]`` chunks per group, S and dS run as a two-level scan (:func:`_serial_pass`): both are affine in
+the state, S_end = P S_0 + E over a group, so each group's E (from zeros) and P (the identity's columns, no inputs)
+come from one parallel launch, :func:`_group_combine_kernel` walks the groups, and a third launch reruns every
+group from its start, storing what the one-pass scan stores.
+
 Every intermediate is fp32, and every product exact fp32 (``ieee``) unless ``precision`` names the tensor cores' tf32
 (:data:`PRECISIONS`; tf32 by default on the GPU for 16-bit inputs), or ``bf16``: P and dC on tf32, the state path
 (S, O, dO, dS, whose products the serial passes wait on) on bf16 operands with fp32 accumulation and the terms only
@@ -51,6 +56,10 @@ LAUNCH = {
     "BV_O": {64: 32, 128: 32},  # the V block of the parallel O and dO, which read qg and Aqk once per V block
     "BV_C": {64: 32, 128: 32},  # the V block of dC's loops over V (the reduction width of its state products)
     "KB": {64: 32, 128: 64},  # the K block of the chunk kernels (P, dC)
+    # chunks per group of the serial passes' two-level scan (0: one pass over the sequence; untimed, so off), and
+    # the launch of its serial level over the groups (each step reads a [K, K] transition)
+    "GROUP": {64: 0, 128: 0},
+    "combine": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=2)},
 }
 
 
@@ -252,27 +261,90 @@ def _chunk_tile(ptr, chunk_rows, cols, D):
 
 
 @triton.jit
-def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, final_ptr, K, V, NT,
-                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr):
-    """S: the serial pass over chunks for V block ``program_id(0)``: U = u~ - w S, S <- gamma S + kg^T U, the state
-    fp32 in registers; stores h (the state entering each chunk), U and the final state."""
-    i_v = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+def _group_of(NT, NG):
+    """``(pid, bh, n0, n1)`` of a serial pass's program over a group of chunks: ``program_id(1)`` = bh * n_groups +
+    group, the group's chunks ``[n0, n1)`` of head bh (NG chunks per group; one group when NG = NT)."""
+    pid = tl.program_id(1).to(tl.int64)
+    n_groups = tl.cdiv(NT, NG)
+    n0 = (pid % n_groups) * NG
+    return pid, pid // n_groups, n0, tl.minimum(n0 + NG, NT)
+
+
+@triton.jit
+def _summary_columns(i_c, K, V, BK: tl.constexpr, BV: tl.constexpr):
+    """A summary program's columns (:func:`_state_kernel`'s SUMMARY): the first ceil(V / BV) programs take V blocks
+    of the values, the others K blocks of the identity. Returns ``(start [BK, BV]`` (zeros, or the identity's
+    columns), ``value_cols [BV]`` (the value columns, all masked off on an identity program), ``end_offs [BK, BV]``
+    and ``end_mask`` into a ``[K, V + K]`` summary (values, then the identity's image))."""
+    ck = tl.arange(0, BK)
+    n_vb = tl.cdiv(V, BV)
+    is_ident = i_c >= n_vb
+    j = (i_c - n_vb) * BV + tl.arange(0, BV)  # the identity's columns
+    cv = tl.where(is_ident, V + BV, i_c * BV + tl.arange(0, BV))  # past V (masked) on an identity program
+    start = tl.where((ck[:, None] == j[None, :]) & is_ident, 1.0, 0.0)
+    end_offs = ck[:, None] * (V + K) + tl.where(is_ident, V + j, cv)[None, :]
+    end_mask = (ck < K)[:, None] & tl.where(is_ident, j < K, cv < V)[None, :]
+    return start, cv, end_offs, end_mask
+
+
+@triton.jit
+def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, end_ptr, K, V, NT, NG,
+                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
+                  SUMMARY: tl.constexpr):
+    """S: the serial pass over a group of chunks (:func:`_group_of`; the whole sequence when NG = NT) for V block
+    ``program_id(0)``: U = u~ - w S, S <- gamma S + kg^T U, the state fp32 in registers, starting from
+    ``h0_ptr[program_id(1)]`` (HAS_H0: the initial state, or the group's start from :func:`_group_combine_kernel`)
+    or zeros; stores h (the state entering each chunk), U and the end state (``end_ptr[program_id(1)]``).
+    SUMMARY (the two-level scan's first level, kernels/README.md §12): no h or U stored; the programs also run K
+    blocks of the identity with u~ = 0, so the end states ``[K, V + K]`` are the group's map S_0 -> S_end: its
+    image of zero (values) and its transition (identity columns)."""
+    i_c = tl.program_id(0)
+    pid, bh, n0, n1 = _group_of(NT, NG)
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
-    cv = i_v * BV + tl.arange(0, BV)
-    state, state_offs, state_mask = _state_tile(h0_ptr, bh, K, V, i_v, BK, BV, HAS_H0)
-    for n in range(NT):
+    if SUMMARY:
+        state, cv, end_offs, end_mask = _summary_columns(i_c, K, V, BK, BV)
+        end_ptr = end_ptr + pid * K * (V + K)
+    else:
+        cv = i_c * BV + tl.arange(0, BV)
+        state, end_offs, end_mask = _state_tile(h0_ptr, pid, K, V, i_c, BK, BV, HAS_H0)
+        end_ptr = end_ptr + pid * K * V
+    for n in range(n0, n1):
         blk = bh * NT + n
-        tl.store(h_ptr + blk * K * V + state_offs, state, mask=state_mask)
+        if not SUMMARY:
+            tl.store(h_ptr + blk * K * V + end_offs, state, mask=end_mask)
         chunk_rows = (blk * C + rows)[:, None]
         w = _chunk_tile(w_ptr, chunk_rows, ck, K)
         kg = _chunk_tile(kg_ptr, chunk_rows, ck, K)
         u = _chunk_tile(u_ptr, chunk_rows, cv, V)
         gam = tl.load(gam_ptr + blk * K + ck, mask=ck < K, other=0.0)
         new = u - _mma(w, state, PREC)
-        tl.store(new_ptr + chunk_rows * V + cv[None, :], new, mask=(cv < V)[None, :])
+        if not SUMMARY:
+            tl.store(new_ptr + chunk_rows * V + cv[None, :], new, mask=(cv < V)[None, :])
         state = gam[:, None] * state + _mma(tl.trans(kg), new, PREC)
+    tl.store(end_ptr + end_offs, state, mask=end_mask)
+
+
+@triton.jit
+def _group_combine_kernel(summary_ptr, start_ptr, starts_ptr, final_ptr, K, V, N_GROUPS, BK: tl.constexpr,
+                          BV: tl.constexpr, HAS_START: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr):
+    """The two-level scan's second level for V block ``program_id(0)`` of head ``program_id(1)``: serial over its
+    groups (from the last with REVERSE, the backward's order), storing the state each group starts from, then
+    S <- P_g S + E_g with the group's summary ``[K, V + K]`` (E_g its value columns, P_g its identity image);
+    ``start_ptr`` the first group's start (HAS_START) or zeros, ``final_ptr`` what leaves the last."""
+    i_v = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    ck = tl.arange(0, BK)
+    state, state_offs, state_mask = _state_tile(start_ptr, bh, K, V, i_v, BK, BV, HAS_START)
+    cv = i_v * BV + tl.arange(0, BV)
+    for i in range(N_GROUPS):
+        g = (N_GROUPS - 1 - i) if REVERSE else i
+        blk = bh * N_GROUPS + g
+        tl.store(starts_ptr + blk * K * V + state_offs, state, mask=state_mask)
+        summary = summary_ptr + blk * K * (V + K) + ck[:, None] * (V + K)
+        transition = tl.load(summary + V + ck[None, :], mask=(ck < K)[:, None] & (ck < K)[None, :], other=0.0)
+        image = tl.load(summary + cv[None, :], mask=state_mask, other=0.0)
+        state = _mma(transition, state, PREC) + image
     tl.store(final_ptr + bh * K * V + state_offs, state, mask=state_mask)
 
 
@@ -377,6 +449,43 @@ def _prepare(q, k, v, beta, g, write, z: dict, u: torch.Tensor, scale: float, cf
                                                **_launch("P", cfg["BK"]))
 
 
+def group_size(n_chunks: int, bk: int) -> int:
+    """Chunks per group of the serial passes (``LAUNCH["GROUP"]``; all of them when that is 0 or covers them)."""
+    size = LAUNCH["GROUP"][64 if bk <= 64 else 128]
+    return size if 0 < size < n_chunks else n_chunks
+
+
+def _serial_pass(kernel, terms, outputs, start: Optional[torch.Tensor], end: torch.Tensor, dk: int, dv: int,
+                 bh: int, n_chunks: int, cfg: dict, name: str) -> None:
+    """S (``kernel`` :func:`_state_kernel`, forward) or dS (:func:`_state_bwd_kernel`, backward from the last chunk)
+    over every head: ``terms`` the chunk terms the kernel reads, ``outputs`` its per-chunk stores (h and U, or the
+    dS_C and dU slots), ``start`` the state entering the scan (h0 or dht; None: zeros) and ``end`` ``[B*H, K, V]``
+    what leaves it (the final state or dh0). With groups (:func:`group_size`) a two-level scan (kernels/README.md
+    §12): each group's map in parallel (SUMMARY), the groups' starts serially (:func:`_group_combine_kernel`), then
+    every group's chunks in parallel from its start."""
+    bk, bv = cfg["BK"], cfg["BV"]
+    start = start.contiguous() if start is not None else None
+    size = group_size(n_chunks, bk)
+    n_groups = cdiv(n_chunks, size)
+    common = dict(C=CHUNK, BK=bk, BV=bv, PREC=cfg["SPREC"], **_launch(name, bk))
+    has_start = "HAS_H0" if kernel is _state_kernel else "HAS_DHT"
+    if n_groups == 1:
+        kernel[(cdiv(dv, bv), bh)](*terms, start if start is not None else end, *outputs, end, dk, dv, n_chunks,
+                                   n_chunks, SUMMARY=False, **{has_start: start is not None}, **common)
+        return
+    f32 = dict(device=end.device, dtype=torch.float32)
+    summary = torch.empty(bh * n_groups, dk, dv + dk, **f32)
+    kernel[(cdiv(dv, bv) + cdiv(dk, bv), bh * n_groups)](*terms, summary, *outputs, summary, dk, dv, n_chunks, size,
+                                                         SUMMARY=True, **{has_start: False}, **common)
+    starts = torch.empty(bh * n_groups, dk, dv, **f32)
+    _group_combine_kernel[(cdiv(dv, bv), bh)](summary, start if start is not None else end, starts, end, dk, dv,
+                                              n_groups, BK=bk, BV=bv, HAS_START=start is not None, PREC=cfg["PREC"],
+                                              REVERSE=kernel is _state_bwd_kernel, **_launch("combine", bk))
+    # each group's end goes to the summary's memory, read by then (the combine gave the one that leaves the scan)
+    kernel[(cdiv(dv, bv), bh * n_groups)](*terms, starts, *outputs, summary, dk, dv, n_chunks, size, SUMMARY=False,
+                                          **{has_start: True}, **common)
+
+
 def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Optional[torch.Tensor],
                        precision: Optional[str],
                        recompute: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -389,7 +498,7 @@ def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Opt
     q, k, v, beta, g, write = (x.contiguous() for x in (q, k, v, beta, g, write))
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
-    bk, bv, sprec = cfg["BK"], cfg["BV"], cfg["SPREC"]
+    bk, sprec = cfg["BK"], cfg["SPREC"]
     f32 = dict(device=q.device, dtype=torch.float32)
     saved = torch.empty(saved_numel(batch, seq_len, heads, dk, dv, cfg["SCALAR"], saved_terms(recompute), cfg["HALF"]),
                         **f32)
@@ -397,10 +506,8 @@ def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Opt
     u = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
     final = torch.empty(bh, dk, dv, **f32)
     _prepare(q, k, v, beta, g, write, z, u, scale, cfg, with_state=False)
-    h0 = initial_state.contiguous() if initial_state is not None else final
-    _state_kernel[(cdiv(dv, bv), bh)](z["w"], u, z["kg"], z["gamma"], h0, z["h"], z["new"], final, dk, dv,
-                                      n_chunks, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None, PREC=sprec,
-                                      **_launch("S", bk))
+    _serial_pass(_state_kernel, (z["w"], u, z["kg"], z["gamma"]), (z["h"], z["new"]), initial_state, final, dk, dv,
+                 bh, n_chunks, cfg, "S")
     o = torch.empty(batch, seq_len, heads, dv, device=q.device, dtype=q.dtype)
     bv_o = cfg["BV_O"]
     _output_kernel[(n_chunks, cdiv(dv, bv_o), bh)](z["qg"], z["aqk"], z["h"], z["new"], o, seq_len, heads, dk, dv,
@@ -428,33 +535,46 @@ def _dout_kernel(do_ptr, aqk_ptr, qg_ptr, ds_ptr, du_ptr, T, H, K, V, NT, C: tl.
 
 
 @triton.jit
-def _state_bwd_kernel(kg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, dh0_ptr, K, V, NT, C: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr, PREC: tl.constexpr):
-    """The serial pass backwards over chunks, on :func:`_dout_kernel`'s products (read from the slots it then
-    overwrites): dU = Aqk^T dO + kg dS_C and dS_0 = gamma dS_C + qg^T dO - w^T dU enters the chunk before; stores
-    dS_C (the cotangent of the state leaving each chunk) and dU per chunk, and dh0."""
-    i_v = tl.program_id(0)
-    bh64 = tl.program_id(1).to(tl.int64)
+def _state_bwd_kernel(kg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, end_ptr, K, V, NT, NG, C: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr, PREC: tl.constexpr,
+                      SUMMARY: tl.constexpr):
+    """The serial pass backwards over a group of chunks (:func:`_group_of`; the whole sequence when NG = NT), on
+    :func:`_dout_kernel`'s products (read from the slots it then overwrites): dU = Aqk^T dO + kg dS_C and dS_0 =
+    gamma dS_C + qg^T dO - w^T dU enters the chunk before, from ``dht_ptr[program_id(1)]`` (HAS_DHT: the final
+    state's cotangent, or what enters the group from its right) or zeros; stores dS_C (the cotangent of the state
+    leaving each chunk) and dU per chunk, and the end (dh0 for the whole sequence) in ``end_ptr[program_id(1)]``.
+    SUMMARY: as :func:`_state_kernel`'s, the slots only read, the identity's K blocks with no dO terms: the group's
+    map dS_C -> dS_0 as ``[K, V + K]``."""
+    i_c = tl.program_id(0)
+    pid, bh, n0, n1 = _group_of(NT, NG)
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
-    cv = i_v * BV + tl.arange(0, BV)
-    ds, state_offs, state_mask = _state_tile(dht_ptr, bh64, K, V, i_v, BK, BV, HAS_DHT)
-    for i in range(NT):
-        n = NT - 1 - i
-        blk = bh64 * NT + n
+    if SUMMARY:
+        ds, cv, end_offs, end_mask = _summary_columns(i_c, K, V, BK, BV)
+        end_ptr = end_ptr + pid * K * (V + K)
+    else:
+        cv = i_c * BV + tl.arange(0, BV)
+        ds, end_offs, end_mask = _state_tile(dht_ptr, pid, K, V, i_c, BK, BV, HAS_DHT)
+        end_ptr = end_ptr + pid * K * V
+    slot_offs = ck[:, None] * V + cv[None, :]
+    slot_mask = (ck < K)[:, None] & (cv < V)[None, :]
+    for i in range(n1 - n0):
+        blk = bh * NT + n1 - 1 - i
         chunk_rows = (blk * C + rows)[:, None]
         du_slot = du_ptr + chunk_rows * V + cv[None, :]
-        q_do = tl.load(ds_ptr + blk * K * V + state_offs, mask=state_mask, other=0.0)  # qg^T dO
+        q_do = tl.load(ds_ptr + blk * K * V + slot_offs, mask=slot_mask, other=0.0)  # qg^T dO
         aqk_do = tl.load(du_slot, mask=(cv < V)[None, :], other=0.0)  # Aqk^T dO
         kg = _chunk_tile(kg_ptr, chunk_rows, ck, K)
         w = _chunk_tile(w_ptr, chunk_rows, ck, K)
         gam = tl.load(gam_ptr + blk * K + ck, mask=ck < K, other=0.0)
-        tl.debug_barrier()  # every thread has read the slots before any overwrites them
-        tl.store(ds_ptr + blk * K * V + state_offs, ds, mask=state_mask)
+        if not SUMMARY:
+            tl.debug_barrier()  # every thread has read the slots before any overwrites them
+            tl.store(ds_ptr + blk * K * V + slot_offs, ds, mask=slot_mask)
         du = aqk_do + _mma(kg, ds, PREC)
-        tl.store(du_slot, du, mask=(cv < V)[None, :])
+        if not SUMMARY:
+            tl.store(du_slot, du, mask=(cv < V)[None, :])
         ds = gam[:, None] * ds + q_do - _mma(tl.trans(w), du, PREC)
-    tl.store(dh0_ptr + bh64 * K * V + state_offs, ds, mask=state_mask)
+    tl.store(end_ptr + end_offs, ds, mask=end_mask)
 
 
 @triton.jit
@@ -635,7 +755,7 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
         _prepare(q, k, v, beta, g, write, z, z["new"], scale, cfg, with_state=True)
     n_chunks = cdiv(seq_len, CHUNK)
     bh = batch * heads
-    bk, bv, prec, sprec = cfg["BK"], cfg["BV"], cfg["PREC"], cfg["SPREC"]
+    bk, prec, sprec = cfg["BK"], cfg["PREC"], cfg["SPREC"]
     f32 = dict(device=q.device, dtype=torch.float32)
     ds = torch.empty(bh, n_chunks, dk, dv, **f32)
     du = torch.empty(bh, n_chunks, CHUNK, dv, **f32)
@@ -644,9 +764,8 @@ def delta_rule_backward(do, dht, q, k, v, beta, g, write, scale: float, initial_
     _dout_kernel[(n_chunks, cdiv(dv, cfg["BV_O"]), bh)](do, z["aqk"], z["qg"], ds, du, seq_len, heads, dk, dv,
                                                         n_chunks, C=CHUNK, BK=bk, BV=cfg["BV_O"], PREC=sprec,
                                                         **_launch("O", bk))
-    _state_bwd_kernel[(cdiv(dv, bv), bh)](z["kg"], z["w"], z["gamma"], dht.contiguous() if dht is not None else dh0,
-                                          ds, du, dh0, dk, dv, n_chunks, C=CHUNK, BK=bk, BV=bv,
-                                          HAS_DHT=dht is not None, PREC=sprec, **_launch("dS", bk))
+    _serial_pass(_state_bwd_kernel, (z["kg"], z["w"], z["gamma"]), (ds, du), dht, dh0, dk, dv, bh, n_chunks, cfg,
+                 "dS")
     grads = [torch.empty_like(x) for x in (q, k, v, beta, g, write)]
     d_w = torch.empty(bh, n_chunks, CHUNK, dk, **f32)
     _chunk_bwd_kernel[(n_chunks, bh)](q, k, v, beta, g, write, do, z["gcum"], z["tm"], z["h"], z["new"],

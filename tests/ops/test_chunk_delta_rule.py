@@ -236,6 +236,24 @@ def test_parallel_kernels_take_their_own_value_blocks(backend, monkeypatch):
     assert worst(errors) < FP32_TOL, errors
 
 
+GROUP_CASES = [  # groups of two chunks: the last group short; K and V over one block of BV = 32, both partly past
+    ("T300_d48_v40_gates-20_beta_ends", dict(batch=2, seq_len=300, heads=1, dk=48, dv=40, g_min=-20.0, beta_ends=True)),
+    ("T130_per_head_no_h0", dict(batch=1, seq_len=130, heads=2, dk=16, dv=8, h0=False, per_head=True)),
+]
+
+
+@pytest.mark.parametrize("backend,case", backend_cases(_case_id, interpreter=GROUP_CASES, cuda=LARGE[:2]),
+                         indirect=["backend"])
+def test_two_level_scan_matches_the_float64_loop(backend, case, monkeypatch):
+    """The serial passes as a two-level scan (``LAUNCH["GROUP"]``: here two chunks per group): each group's map
+    (its image of zero and its transition, from the identity's columns) in parallel, the groups' starts serially,
+    then each group's chunks from its start; forward and backward, with and without an initial state, equal to the
+    float64 loop (output, final state, every gradient)."""
+    monkeypatch.setitem(delta_chunk.LAUNCH, "GROUP", {64: 2, 128: 2})
+    errors = _errors(delta_problem(**case[1]), backend, torch.bfloat16 if backend == "cuda" else torch.float32)
+    assert worst(errors) < (CUDA_TOL if backend == "cuda" else FP32_TOL), errors
+
+
 @pytest.mark.parametrize("name,change,message", [
     ("k", lambda p: p.update(k=p["k"][..., :-1]), "k must be"),
     ("g", lambda p: p.update(g=p["g"][:, :-1]), "g must be"),
