@@ -56,9 +56,11 @@ LAUNCH = {
     "BV_O": {64: 32, 128: 32},  # the V block of the parallel O and dO, which read qg and Aqk once per V block
     "BV_C": {64: 32, 128: 32},  # the V block of dC's loops over V (the reduction width of its state products)
     "KB": {64: 32, 128: 64},  # the K block of the chunk kernels (P, dC)
-    # chunks per group of the serial passes' two-level scan (0: one pass over the sequence; untimed, so off), and
-    # the launch of its serial level over the groups (each step reads a [K, K] transition)
+    # chunks per group of the serial passes' two-level scan (0: one pass over the sequence; untimed, so off), taken
+    # only below GROUP_PROGRAMS one-pass programs (B*H*V/BV; about one per SM of an H100 / H200), and the launch of
+    # its serial level over the groups (each step reads a [K, K] transition)
     "GROUP": {64: 0, 128: 0},
+    "GROUP_PROGRAMS": 132,
     "combine": {64: dict(num_warps=4, num_stages=2), 128: dict(num_warps=8, num_stages=2)},
 }
 
@@ -449,10 +451,11 @@ def _prepare(q, k, v, beta, g, write, z: dict, u: torch.Tensor, scale: float, cf
                                                **_launch("P", cfg["BK"]))
 
 
-def group_size(n_chunks: int, bk: int) -> int:
-    """Chunks per group of the serial passes (``LAUNCH["GROUP"]``; all of them when that is 0 or covers them)."""
+def group_size(n_chunks: int, bk: int, programs: int) -> int:
+    """Chunks per group of the serial passes (``LAUNCH["GROUP"]``) when their one-pass ``programs`` are fewer than
+    ``LAUNCH["GROUP_PROGRAMS"]``; all of them (one pass) otherwise, or when the groups would cover them."""
     size = LAUNCH["GROUP"][64 if bk <= 64 else 128]
-    return size if 0 < size < n_chunks else n_chunks
+    return size if 0 < size < n_chunks and programs < LAUNCH["GROUP_PROGRAMS"] else n_chunks
 
 
 def _serial_pass(kernel, terms, outputs, start: Optional[torch.Tensor], end: torch.Tensor, dk: int, dv: int,
@@ -465,7 +468,7 @@ def _serial_pass(kernel, terms, outputs, start: Optional[torch.Tensor], end: tor
     every group's chunks in parallel from its start."""
     bk, bv = cfg["BK"], cfg["BV"]
     start = start.contiguous() if start is not None else None
-    size = group_size(n_chunks, bk)
+    size = group_size(n_chunks, bk, bh * cdiv(dv, bv))
     n_groups = cdiv(n_chunks, size)
     common = dict(C=CHUNK, BK=bk, BV=bv, PREC=cfg["SPREC"], **_launch(name, bk))
     has_start = "HAS_H0" if kernel is _state_kernel else "HAS_DHT"

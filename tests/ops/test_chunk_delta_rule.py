@@ -250,6 +250,7 @@ def test_two_level_scan_matches_the_float64_loop(backend, case, monkeypatch):
     then each group's chunks from its start; forward and backward, with and without an initial state, equal to the
     float64 loop (output, final state, every gradient)."""
     monkeypatch.setitem(delta_chunk.LAUNCH, "GROUP", {64: 2, 128: 2})
+    assert delta_chunk.group_size(5, 64, delta_chunk.LAUNCH["GROUP_PROGRAMS"]) == 5  # enough programs: one pass
     errors = _errors(delta_problem(**case[1]), backend, torch.bfloat16 if backend == "cuda" else torch.float32)
     assert worst(errors) < (CUDA_TOL if backend == "cuda" else FP32_TOL), errors
 
