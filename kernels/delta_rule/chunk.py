@@ -290,6 +290,20 @@ def _summary_columns(i_c, K, V, BK: tl.constexpr, BV: tl.constexpr):
 
 
 @triton.jit
+def _serial_start(start_ptr, end_ptr, pid, K, V, BK: tl.constexpr, BV: tl.constexpr, LOAD: tl.constexpr,
+                  SUMMARY: tl.constexpr):
+    """A serial pass's program ``pid`` over column block ``program_id(0)``: ``(start [BK, BV]`` (``start_ptr[pid]``
+    if LOAD, else zeros; a SUMMARY program's from :func:`_summary_columns`), its value columns, ``end_ptr`` moved to
+    the program's end state, the end's offsets and mask)."""
+    i_c = tl.program_id(0)
+    if SUMMARY:
+        start, cv, end_offs, end_mask = _summary_columns(i_c, K, V, BK, BV)
+        return start, cv, end_ptr + pid * K * (V + K), end_offs, end_mask
+    start, end_offs, end_mask = _state_tile(start_ptr, pid, K, V, i_c, BK, BV, LOAD)
+    return start, i_c * BV + tl.arange(0, BV), end_ptr + pid * K * V, end_offs, end_mask
+
+
+@triton.jit
 def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, end_ptr, K, V, NT, NG,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
                   SUMMARY: tl.constexpr):
@@ -300,17 +314,10 @@ def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, end_ptr
     SUMMARY (the two-level scan's first level, kernels/README.md §12): no h or U stored; the programs also run K
     blocks of the identity with u~ = 0, so the end states ``[K, V + K]`` are the group's map S_0 -> S_end: its
     image of zero (values) and its transition (identity columns)."""
-    i_c = tl.program_id(0)
     pid, bh, n0, n1 = _group_of(NT, NG)
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
-    if SUMMARY:
-        state, cv, end_offs, end_mask = _summary_columns(i_c, K, V, BK, BV)
-        end_ptr = end_ptr + pid * K * (V + K)
-    else:
-        cv = i_c * BV + tl.arange(0, BV)
-        state, end_offs, end_mask = _state_tile(h0_ptr, pid, K, V, i_c, BK, BV, HAS_H0)
-        end_ptr = end_ptr + pid * K * V
+    state, cv, end_ptr, end_offs, end_mask = _serial_start(h0_ptr, end_ptr, pid, K, V, BK, BV, HAS_H0, SUMMARY)
     for n in range(n0, n1):
         blk = bh * NT + n
         if not SUMMARY:
@@ -548,17 +555,10 @@ def _state_bwd_kernel(kg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, end_ptr, 
     leaving each chunk) and dU per chunk, and the end (dh0 for the whole sequence) in ``end_ptr[program_id(1)]``.
     SUMMARY: as :func:`_state_kernel`'s, the slots only read, the identity's K blocks with no dO terms: the group's
     map dS_C -> dS_0 as ``[K, V + K]``."""
-    i_c = tl.program_id(0)
     pid, bh, n0, n1 = _group_of(NT, NG)
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
-    if SUMMARY:
-        ds, cv, end_offs, end_mask = _summary_columns(i_c, K, V, BK, BV)
-        end_ptr = end_ptr + pid * K * (V + K)
-    else:
-        cv = i_c * BV + tl.arange(0, BV)
-        ds, end_offs, end_mask = _state_tile(dht_ptr, pid, K, V, i_c, BK, BV, HAS_DHT)
-        end_ptr = end_ptr + pid * K * V
+    ds, cv, end_ptr, end_offs, end_mask = _serial_start(dht_ptr, end_ptr, pid, K, V, BK, BV, HAS_DHT, SUMMARY)
     slot_offs = ck[:, None] * V + cv[None, :]
     slot_mask = (ck < K)[:, None] & (cv < V)[None, :]
     for i in range(n1 - n0):
