@@ -42,7 +42,7 @@ if [ "${SHAPES:-lm}" != none ]; then
         --precisions "${PRECISIONS:-tf32,bf16_dc}" --out "$OUT" > "$OUT/delta_rule.txt" 2>&1
     stamp "benchmark done (rc $?)"
 fi
-timeout "${TEST_S:-90}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py \
+timeout "${TEST_S:-70}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_chunk_delta_rule.py \
     -k "${TESTS_K-bf16 or two_level}" \
     > "$OUT/gpu_tests.txt" 2>&1
 stamp "gpu tests done (rc $?)"
