@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from hdla_vision.kernels import chunk_delta_substeps, chunk_generalized, on_delta_rule
 from hdla_vision.layers import seed_mixers as sm
 from hdla_vision.layers.mixer import activation_recompute
-from hdla_vision.layers.seed import DeltaNetMixer, GatedDeltaNetMixer, GatedDeltaProductMixer
+from hdla_vision.layers.seed import DeltaNetMixer, GatedDeltaNetMixer, GatedDeltaProductMixer, GLAMixer, KDAMixer
 
 
 def _rand(gen, device, *shape):
@@ -44,13 +44,13 @@ def _ours(q, step, scale, op):
     return op(q, k, v, a, b, step.g, scale=scale)[0]
 
 
-def _ours_by_route(q, factors, steps, scale, op, mixer=None):
+def _ours_by_route(q, factors, steps, scale, op, mixer):
     """Our side as the mixers run it: on the delta rule's route (``on_delta_rule``: under ``HDLA_VISION_KERNELS=
-    delta``, or under auto for a ``mixer`` class whose ``delta_by_default`` is set) the delta rule's sub-step op on
+    delta``, or under auto where the ``mixer`` class's ``delta_by_default`` is set) the delta rule's sub-step op on
     the mixer's ``*_steps`` (``steps()``), else ``op`` on its factor function's step (``factors()``); the float64
     reference (``op`` another than ``chunk_generalized``) always the latter. The delta rule saves for its backward
     what the mixers have it save (its recompute mode while activation recompute is on)."""
-    if op is chunk_generalized and on_delta_rule(q, mixer is not None and mixer.delta_by_default):
+    if op is chunk_generalized and on_delta_rule(q, mixer.delta_by_default):
         return chunk_delta_substeps(q, *steps(), scale=scale, recompute=activation_recompute())[0]
     return _ours(q, factors(), scale, op)
 
@@ -69,7 +69,7 @@ def gla_fla(x, scale):
 
 def gla_ours(x, scale, op=chunk_generalized):
     return _ours_by_route(x["q"], lambda: sm.gla_factors(x["k"], x["v"], x["g"]),
-                          lambda: sm.gla_steps(x["k"], x["v"], x["g"]), scale, op)
+                          lambda: sm.gla_steps(x["k"], x["v"], x["g"]), scale, op, GLAMixer)
 
 
 # ---- DeltaNet: S = (I - beta k k^T) S + beta k v^T ------------------------------------------
@@ -121,7 +121,7 @@ def kda_fla(x, scale):
 
 def kda_ours(x, scale, op=chunk_generalized):
     return _ours_by_route(x["q"], lambda: sm.kda_factors(x["k"], x["v"], x["beta"], x["g"]),
-                          lambda: sm.kda_steps(x["k"], x["v"], x["beta"], x["g"]), scale, op)
+                          lambda: sm.kda_steps(x["k"], x["v"], x["beta"], x["g"]), scale, op, KDAMixer)
 
 
 # ---- RWKV-7 (diagonal plus rank 1): S = (Diag(w) - (a * kh) kh^T) S + k v^T -----------------
