@@ -166,8 +166,8 @@ class DeltaSteps(NamedTuple):
     the token's decay on the first (later ``g_j = 0``). ``k [B, T, H, n, K]`` (unit rows), ``v [B, T, H, n, V]``,
     ``beta`` and ``write`` ``[B, T, H, n]``, ``g`` ``[B, T, H, K]`` per channel or ``[B, T, H]`` per head. The
     mixers whose step is such a product (GLA, DeltaNet, Gated DeltaNet / DeltaProduct, KDA) give these on the delta
-    rule's route (``seed.GeneralizedMixer.delta_route``: under ``HDLA_VISION_KERNELS=delta``, and for all of them but GLA
-    under auto too)."""
+    rule's route (``seed.GeneralizedMixer.delta_route``: under ``HDLA_VISION_KERNELS=delta``, and for all of them
+    but GLA under auto too)."""
 
     k: torch.Tensor
     v: torch.Tensor

@@ -180,8 +180,9 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
     """P: chunk ``program_id(0)``'s terms (module docstring): G (kept for the backward), Aqk, T, w, u~, kg, qg and
     gamma, each ``[B*H, N, ...]`` in its pointer's dtype (fp32, or bf16 for the terms only the state path reads).
     Two passes over K blocks of KB columns: the Grams (sums over K; the pair decays by :func:`_gram_levels`; SCALAR,
-    one decay per head: the plain Grams times the ``[C, C]`` pair decays), then the terms T maps (column blocks). HAS_H (the backward's recompute, given the states h the serial pass
-    stored): U = u~ - w h in place of u~, the product at the state path's precision SPREC, as S forms it."""
+    one decay per head: the plain Grams times the ``[C, C]`` pair decays), then the terms T maps (column blocks).
+    HAS_H (the backward's recompute, given the states h the serial pass stored): U = u~ - w h in place of u~, the
+    product at the state path's precision SPREC, as S forms it."""
     c, b, h, blk = _this_chunk(H, NT, 1)
     rows = tl.arange(0, C)
     beta = _scalars_of(beta_ptr, b, c, h, T, H, rows, C)
@@ -221,7 +222,8 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, om_ptr, gcum_ptr, aqk_
         k = _rows_of(k_ptr, b, c, h, T, H, K, rows, cols, C)
         G = _load_G(gcum_blk, rows, cols, BK, KB, SCALAR)
         decayed, last, kg, qg = _chunk_decays(_rows_of(q_ptr, b, c, h, T, H, K, rows, cols, C), k, G, scale, rows, C)
-        tl.store(kg_ptr + out_rows * K + cols[None, :], kg.to(kg_ptr.dtype.element_ty), mask=kmask)  # stored once formed
+        # each term stored as soon as it is formed
+        tl.store(kg_ptr + out_rows * K + cols[None, :], kg.to(kg_ptr.dtype.element_ty), mask=kmask)
         tl.store(qg_ptr + out_rows * K + cols[None, :], qg.to(qg_ptr.dtype.element_ty), mask=kmask)
         tl.store(gam_ptr + blk * K + cols[None, :], tl.exp(last), mask=kmask)
         w = tl.dot(t_mat, k * decayed * beta[:, None], input_precision=PREC)
@@ -403,8 +405,8 @@ def _check(q, k, v, beta, g, write, initial_state):
 
 def value_block(dk: int, dv: int, kernel: str = "BV") -> int:
     """BV, the V block of the serial passes (B*H*ceil(V / BV) programs; ``kernel`` "BV"), of O and dO ("BV_O") or of
-    dC's loops over V ("BV_C"): ``LAUNCH[kernel]`` for the head-dim tile, at most V rounded up to a power of two, at least 16 (S's
-    loads within shared memory)."""
+    dC's loops over V ("BV_C"): ``LAUNCH[kernel]`` for the head-dim tile, at most V rounded up to a power of two, at
+    least 16 (S's loads within shared memory)."""
     return max(16, min(LAUNCH[kernel][64 if padded_head_dim(dk) <= 64 else 128], next_power_of_2(dv)))
 
 
