@@ -428,11 +428,11 @@ def _settings(q: torch.Tensor, g: torch.Tensor, dv: int, precision: Optional[str
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     size = 64 if bk <= 64 else 128
     half = half_terms(precision)
+    chunk_precision = "tf32" if half else precision  # P's and dC's products
     state_precision = ("bf16_emulated" if interpreted(q) else "bf16") if half else precision
     return dict(BK=bk, BV=value_block(dk, dv), BV_O=value_block(dk, dv, "BV_O"), BV_C=value_block(dk, dv, "BV_C"),
-                KB=min(bk, LAUNCH["KB"][size]), PREC="tf32" if half else precision, SPREC=state_precision,
-                CPREC=state_precision if precision == "bf16_dc" else ("tf32" if half else precision), HALF=half,
-                SCALAR=g.dim() == 3)
+                KB=min(bk, LAUNCH["KB"][size]), PREC=chunk_precision, SPREC=state_precision,
+                CPREC=state_precision if precision == "bf16_dc" else chunk_precision, HALF=half, SCALAR=g.dim() == 3)
 
 
 def _terms(saved: torch.Tensor, q: torch.Tensor, v: torch.Tensor, cfg: dict, recompute: bool) -> dict:
