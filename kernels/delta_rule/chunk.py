@@ -307,11 +307,11 @@ def _serial_start(start_ptr, end_ptr, pid, K, V, BK: tl.constexpr, BV: tl.conste
 
 @triton.jit
 def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, end_ptr, K, V, NT, NG,
-                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
+                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_START: tl.constexpr, PREC: tl.constexpr,
                   SUMMARY: tl.constexpr):
     """S: the serial pass over a group of chunks (:func:`_group_of`; the whole sequence when NG = NT) for V block
     ``program_id(0)``: U = u~ - w S, S <- gamma S + kg^T U, the state fp32 in registers, starting from
-    ``h0_ptr[program_id(1)]`` (HAS_H0: the initial state, or the group's start from :func:`_group_combine_kernel`)
+    ``h0_ptr[program_id(1)]`` (HAS_START: the initial state, or the group's start from :func:`_group_combine_kernel`)
     or zeros; stores h (the state entering each chunk), U and the end state (``end_ptr[program_id(1)]``).
     SUMMARY (the two-level scan's first level, kernels/README.md §12): no h or U stored; the programs also run K
     blocks of the identity with u~ = 0, so the end states ``[K, V + K]`` are the group's map S_0 -> S_end: its
@@ -319,7 +319,7 @@ def _state_kernel(w_ptr, u_ptr, kg_ptr, gam_ptr, h0_ptr, h_ptr, new_ptr, end_ptr
     pid, bh, n0, n1 = _group_of(NT, NG)
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
-    state, cv, end_ptr, end_offs, end_mask = _serial_start(h0_ptr, end_ptr, pid, K, V, BK, BV, HAS_H0, SUMMARY)
+    state, cv, end_ptr, end_offs, end_mask = _serial_start(h0_ptr, end_ptr, pid, K, V, BK, BV, HAS_START, SUMMARY)
     for n in range(n0, n1):
         blk = bh * NT + n
         if not SUMMARY:
@@ -480,22 +480,21 @@ def _serial_pass(kernel, terms, outputs, start: Optional[torch.Tensor], end: tor
     size = group_size(n_chunks, bk, bh * cdiv(dv, bv))
     n_groups = cdiv(n_chunks, size)
     common = dict(C=CHUNK, BK=bk, BV=bv, PREC=cfg["SPREC"], **_launch(name, bk))
-    has_start = "HAS_H0" if kernel is _state_kernel else "HAS_DHT"
     if n_groups == 1:
         kernel[(cdiv(dv, bv), bh)](*terms, start if start is not None else end, *outputs, end, dk, dv, n_chunks,
-                                   n_chunks, SUMMARY=False, **{has_start: start is not None}, **common)
+                                   n_chunks, SUMMARY=False, HAS_START=start is not None, **common)
         return
     f32 = dict(device=end.device, dtype=torch.float32)
     summary = torch.empty(bh * n_groups, dk, dv + dk, **f32)
     kernel[(cdiv(dv, bv) + cdiv(dk, bv), bh * n_groups)](*terms, summary, *outputs, summary, dk, dv, n_chunks, size,
-                                                         SUMMARY=True, **{has_start: False}, **common)
+                                                         SUMMARY=True, HAS_START=False, **common)
     starts = torch.empty(bh * n_groups, dk, dv, **f32)
     _group_combine_kernel[(cdiv(dv, bv), bh)](summary, start if start is not None else end, starts, end, dk, dv,
                                               n_groups, BK=bk, BV=bv, HAS_START=start is not None, PREC=cfg["PREC"],
                                               REVERSE=kernel is _state_bwd_kernel, **_launch("combine", bk))
     # each group's end goes to the summary's memory, read by then (the combine gave the one that leaves the scan)
     kernel[(cdiv(dv, bv), bh * n_groups)](*terms, starts, *outputs, summary, dk, dv, n_chunks, size, SUMMARY=False,
-                                          **{has_start: True}, **common)
+                                          HAS_START=True, **common)
 
 
 def delta_rule_forward(q, k, v, beta, g, write, scale: float, initial_state: Optional[torch.Tensor],
@@ -548,11 +547,11 @@ def _dout_kernel(do_ptr, aqk_ptr, qg_ptr, ds_ptr, du_ptr, T, H, K, V, NT, C: tl.
 
 @triton.jit
 def _state_bwd_kernel(kg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, end_ptr, K, V, NT, NG, C: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr, PREC: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, HAS_START: tl.constexpr, PREC: tl.constexpr,
                       SUMMARY: tl.constexpr):
     """The serial pass backwards over a group of chunks (:func:`_group_of`; the whole sequence when NG = NT), on
     :func:`_dout_kernel`'s products (read from the slots it then overwrites): dU = Aqk^T dO + kg dS_C and dS_0 =
-    gamma dS_C + qg^T dO - w^T dU enters the chunk before, from ``dht_ptr[program_id(1)]`` (HAS_DHT: the final
+    gamma dS_C + qg^T dO - w^T dU enters the chunk before, from ``dht_ptr[program_id(1)]`` (HAS_START: the final
     state's cotangent, or what enters the group from its right) or zeros; stores dS_C (the cotangent of the state
     leaving each chunk) and dU per chunk, and the end (dh0 for the whole sequence) in ``end_ptr[program_id(1)]``.
     SUMMARY: as :func:`_state_kernel`'s, the slots only read, the identity's K blocks with no dO terms: the group's
@@ -560,7 +559,7 @@ def _state_bwd_kernel(kg_ptr, w_ptr, gam_ptr, dht_ptr, ds_ptr, du_ptr, end_ptr, 
     pid, bh, n0, n1 = _group_of(NT, NG)
     rows = tl.arange(0, C)
     ck = tl.arange(0, BK)
-    ds, cv, end_ptr, end_offs, end_mask = _serial_start(dht_ptr, end_ptr, pid, K, V, BK, BV, HAS_DHT, SUMMARY)
+    ds, cv, end_ptr, end_offs, end_mask = _serial_start(dht_ptr, end_ptr, pid, K, V, BK, BV, HAS_START, SUMMARY)
     slot_offs = ck[:, None] * V + cv[None, :]
     slot_mask = (ck < K)[:, None] & (cv < V)[None, :]
     for i in range(n1 - n0):
